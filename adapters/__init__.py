@@ -1,0 +1,1 @@
+"""Integrations with outside systems, installed as ``purgatory.adapters``."""

@@ -1,0 +1,41 @@
+"""kafka-purgatory: Apache Kafka's broker purgatory as a Python framework.
+
+Hierarchical timing wheels (:class:`SystemTimer`), delayed operations finished exactly once
+(:class:`DelayedOperation`), sharded watcher lists and the expiration reaper
+(:class:`DelayedOperationPurgatory`).
+"""
+
+from ._errors import InvalidOperationError, PurgatoryClosedError, PurgatoryError, PurgatoryFullError
+from ._logging import configure_logging
+from ._operation import DelayedOperation
+from ._outcome import Outcome
+from ._purgatory import DelayedOperationPurgatory, ExpiredOperationReaper, PurgatoryListener
+from ._system_timer import SystemTimer
+from ._timer import Timer
+from ._timer_task import TimerTask, TimerTaskEntry
+from ._timer_task_list import TimerTaskList
+from ._timing_wheel import TimingWheel
+from .testing import MockTime, MockTimer
+
+__all__ = [
+    "DelayedOperation",
+    "DelayedOperationPurgatory",
+    "ExpiredOperationReaper",
+    "InvalidOperationError",
+    "MockTime",
+    "MockTimer",
+    "Outcome",
+    "PurgatoryClosedError",
+    "PurgatoryError",
+    "PurgatoryFullError",
+    "PurgatoryListener",
+    "SystemTimer",
+    "Timer",
+    "TimerTask",
+    "TimerTaskEntry",
+    "TimerTaskList",
+    "TimingWheel",
+    "configure_logging",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,58 @@
+"""structlog configuration: configured once, JSON in production, console on a terminal."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import MutableMapping
+from typing import Any, Literal
+
+import structlog
+
+__all__ = ["configure_logging"]
+
+_configured = threading.Lock()
+_done = False
+
+_SECRET_WORDS = ("password", "secret", "sasl_password", "ssl_key_password", "token")
+
+
+def _mask_secrets(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    # Defence in depth: settings hold credentials as SecretStr, but a caller might log a raw
+    # value under a telling name. Never let it reach a sink.
+    for key in event:
+        if any(word in key.lower() for word in _SECRET_WORDS):
+            event[key] = "**********"
+    return event
+
+
+def configure_logging(
+    level: str = "INFO", fmt: Literal["auto", "json", "console"] = "auto", *, force: bool = False
+) -> None:
+    """Configure structlog for the process (once; later calls are ignored unless ``force``)."""
+    global _done
+    with _configured:
+        if _done and not force:
+            return
+        _done = True
+        use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+        renderer: structlog.typing.Processor = (
+            structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
+        )
+        processors: list[structlog.typing.Processor] = [
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _mask_secrets,
+            structlog.processors.StackInfoRenderer(),
+        ]
+        if use_json:
+            processors.append(structlog.processors.format_exc_info)  # the console renders its own
+        processors.append(renderer)
+        structlog.configure(
+            processors=processors,
+            wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level]),
+            logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+            cache_logger_on_first_use=False,
+        )

@@ -1,0 +1,72 @@
+"""Counters every purgatory keeps, and the registry of live purgatories that exporters read."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ._outcome import Outcome
+
+if TYPE_CHECKING:
+    from ._purgatory import DelayedOperationPurgatory
+
+__all__ = ["PurgatoryStats", "live_purgatories"]
+
+
+class PurgatoryStats:
+    """Finished operations by outcome, and user-code errors (DESIGN §3.3 metrics).
+
+    One lock: finishes come from the executor, the reaper and any caller's thread at once, and
+    ``+=`` on an attribute is not atomic across threads.
+    """
+
+    __slots__ = ("_lock", "cancelled", "completed", "expired", "user_code_errors")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.completed = 0
+        self.expired = 0
+        self.cancelled = 0
+        self.user_code_errors = 0
+
+    def finished(self, outcome: Outcome | None) -> None:
+        with self._lock:
+            if outcome is Outcome.EXPIRED:
+                self.expired += 1
+            elif outcome is Outcome.CANCELLED:
+                self.cancelled += 1
+            else:
+                self.completed += 1
+
+    def error(self) -> None:
+        with self._lock:
+            self.user_code_errors += 1
+
+    def as_dict(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "completed": self.completed,
+                "expired": self.expired,
+                "cancelled": self.cancelled,
+                "user_code_errors": self.user_code_errors,
+            }
+
+
+_registry_lock = threading.Lock()
+_live: dict[int, DelayedOperationPurgatory[Any]] = {}
+
+
+def register(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    with _registry_lock:
+        _live[id(purgatory)] = purgatory
+
+
+def unregister(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    with _registry_lock:
+        _live.pop(id(purgatory), None)
+
+
+def live_purgatories() -> list[DelayedOperationPurgatory[Any]]:
+    """Purgatories constructed and not yet shut down (metrics are registered for exactly these)."""
+    with _registry_lock:
+        return list(_live.values())

@@ -1,0 +1,163 @@
+"""DelayedOperation: a request that cannot be answered yet, finished exactly once."""
+
+from __future__ import annotations
+
+import threading
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+
+from ._outcome import Outcome
+from ._timer_task import TimerTask
+
+__all__ = ["DelayedOperation", "LockLike", "OperationOwner", "Waiter"]
+
+_log = structlog.get_logger("purgatory.operation")
+
+
+class LockLike(Protocol):
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc: object) -> object: ...
+
+
+class OperationOwner(Protocol):
+    """The purgatory holding an operation: told of its finish and of user-code failures."""
+
+    def user_code_failed(self, op: DelayedOperation, callback: str, exc: BaseException) -> None: ...
+
+    def operation_finished(self, op: DelayedOperation) -> None: ...
+
+
+# Someone waiting for the outcome (the asyncio bridge); called once, after ``on_complete``.
+Waiter = Callable[["DelayedOperation"], None]
+
+
+class DelayedOperation(TimerTask):
+    """An operation that finishes when ``try_complete`` succeeds or when ``delay_ms`` passes.
+
+    Subclasses implement:
+
+    * ``try_complete()`` — check the condition; if it holds, call ``force_complete()`` and return
+      its result. Called with ``op.lock`` held.
+    * ``on_complete()`` — the one place the response is produced. Runs exactly once, however the
+      operation finished; ``op.outcome`` says why.
+    * ``on_expiration()`` — extra work on timeout; runs after ``on_complete`` for expired ones only.
+
+    Finishing is *claimed* by an atomic test-and-set that is independent of ``op.lock``: exactly
+    one of ``force_complete``, expiry (``run``) and cancellation wins; the others get False. So
+    ``force_complete`` may be called from anywhere, including inside ``try_complete`` whatever
+    lock the operation was given. ``op.lock`` defaults to a fresh ``RLock`` (user code inside
+    ``try_complete`` may take it again); operations may share one lock.
+
+    Concurrency contract: ``safe_try_complete*`` may run on many threads at once (they serialise
+    on ``op.lock``); ``force_complete`` and ``run`` may race each other and those freely.
+    """
+
+    __slots__ = ("_claim", "_keys_cancelled", "_owner", "_waiter", "lock", "outcome", "submitted_ns")
+
+    def __init__(self, delay_ms: int, lock: LockLike | None = None) -> None:
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int):
+            raise TypeError(f"delay_ms must be an int number of milliseconds, got {delay_ms!r}")
+        if delay_ms < 0:
+            raise ValueError(f"delay_ms must be >= 0 milliseconds, got {delay_ms!r}")
+        super().__init__(delay_ms)
+        self.lock: LockLike = lock if lock is not None else threading.RLock()  # type: ignore[assignment]
+        self.outcome: Outcome | None = None
+        # A Lock acquired without blocking is an atomic test-and-set: the first acquire wins
+        # and it is never released, so exactly one caller ever claims the finish.
+        self._claim = threading.Lock()
+        self._owner: OperationOwner | None = None
+        self._waiter: Waiter | None = None
+        # monotonic_ns() when handed to a purgatory: the start of the latency it reports.
+        self.submitted_ns = 0
+        # Set by cancel_for_key: the caller owns the operation now, drain must leave it alone.
+        self._keys_cancelled = False
+
+    # -- to implement -------------------------------------------------------------------------
+
+    @abstractmethod
+    def try_complete(self) -> bool:
+        """Check whether the operation can finish now; if so ``return self.force_complete()``."""
+
+    @abstractmethod
+    def on_complete(self) -> None:
+        """Produce the response. Runs exactly once, whichever way the operation finished."""
+
+    def on_expiration(self) -> None:
+        """Extra work when the operation timed out (after ``on_complete``)."""
+
+    # -- finishing ----------------------------------------------------------------------------
+
+    def is_completed(self) -> bool:
+        """True once the operation has been claimed by completion, expiry or cancellation."""
+        return self._claim.locked()
+
+    def force_complete(self) -> bool:
+        """Finish as ``COMPLETED`` unless already finished; True iff this call finished it."""
+        return self._finish(Outcome.COMPLETED)
+
+    def run(self) -> None:
+        """Timer expiry: finish as ``EXPIRED``, then ``on_expiration``."""
+        self._expire()
+
+    def _expire(self) -> bool:
+        if not self._finish(Outcome.EXPIRED):
+            return False
+        try:
+            self.on_expiration()
+        except Exception as exc:
+            self._report("on_expiration", exc)
+        return True
+
+    def _cancel_operation(self) -> bool:
+        """Finish as ``CANCELLED`` (the awaiting asyncio task was cancelled)."""
+        return self._finish(Outcome.CANCELLED)
+
+    def _finish(self, outcome: Outcome) -> bool:
+        if not self._claim.acquire(blocking=False):
+            return False
+        # The winner removes the timer entry so the wheel frees it now rather than at expiry.
+        self.cancel()
+        self.outcome = outcome
+        try:
+            self.on_complete()
+        except Exception as exc:
+            # The operation is finished all the same: its outcome is set and it will not run again.
+            self._report("on_complete", exc)
+        owner = self._owner
+        if owner is not None:
+            owner.operation_finished(self)
+        waiter = self._waiter
+        if waiter is not None:
+            waiter(self)
+        return True
+
+    def _report(self, callback: str, exc: BaseException) -> None:
+        owner = self._owner
+        if owner is not None:
+            owner.user_code_failed(self, callback, exc)
+        else:
+            _log.error("user_callback_failed", callback=callback, operation=type(self).__name__, exc_info=exc)
+
+    # -- locked checks ------------------------------------------------------------------------
+
+    def safe_try_complete(self) -> bool:
+        """Under ``op.lock``: False if already finished, else ``try_complete()``."""
+        with self.lock:
+            if self.is_completed():
+                return False
+            return self.try_complete()
+
+    def safe_try_complete_or_else(self, action: Callable[[], None]) -> bool:
+        """Under ``op.lock``: ``try_complete()``; if False run ``action()`` and try once more."""
+        with self.lock:
+            if self.try_complete():
+                return True
+            action()
+            return self.try_complete()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(delay_ms={self.delay_ms}, outcome={self.outcome})"

@@ -1,0 +1,124 @@
+"""SystemTimer: the hierarchical timing wheel driven by the monotonic clock."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import structlog
+
+from ._errors import PurgatoryClosedError
+from ._timer import WheelTimerCore
+from ._timer_task import TimerTask
+
+__all__ = ["SystemTimer", "monotonic_ms"]
+
+_log = structlog.get_logger("purgatory.timer")
+
+DEFAULT_TICK_MS = 1  # Kafka's default: 1 ms resolution for the finest wheel
+DEFAULT_WHEEL_SIZE = 20  # Kafka's default: 20 buckets per level, each level 20x coarser
+
+
+def monotonic_ms() -> int:
+    """Milliseconds of a clock that never goes back (wall-clock jumps must not fire timers)."""
+    return time.monotonic_ns() // 1_000_000
+
+
+class _Stop(TimerTask):
+    """Sentinel queued to end the executor thread."""
+
+    def run(self) -> None:  # pragma: no cover - never run
+        pass
+
+
+class SystemTimer:
+    """A thread-safe timer: hierarchical timing wheel + delay queue of buckets + executor thread.
+
+    ``add`` may be called from any thread. Someone — normally a purgatory's
+    ``ExpiredOperationReaper`` — must call :meth:`advance_clock` in a loop: it waits for the first
+    due bucket, then advances the wheel to it and flushes it, re-inserting entries that belong to
+    a finer wheel. Due tasks run one at a time, in order, on the executor thread
+    ``executor-<name>``, so a slow task delays later ones but never the clock.
+
+    The executor is a daemon thread so that a forgotten :meth:`close` can never keep the
+    interpreter from exiting (a careful-library choice: Kafka's JVM executor is not a daemon);
+    :meth:`close` stops and joins it.
+    """
+
+    def __init__(
+        self,
+        executor_name: str,
+        tick_ms: int = DEFAULT_TICK_MS,
+        wheel_size: int = DEFAULT_WHEEL_SIZE,
+        start_ms: int | None = None,
+    ) -> None:
+        if not isinstance(tick_ms, int) or isinstance(tick_ms, bool) or tick_ms <= 0:
+            raise ValueError(f"tick_ms must be a positive integer number of milliseconds, got {tick_ms!r}")
+        if not isinstance(wheel_size, int) or isinstance(wheel_size, bool) or wheel_size <= 0:
+            raise ValueError(f"wheel_size must be a positive integer number of buckets, got {wheel_size!r}")
+        self.executor_name = executor_name
+        self._core = WheelTimerCore(
+            tick_ms, wheel_size, monotonic_ms() if start_ms is None else start_ms, monotonic_ms
+        )
+        self._tasks: queue.SimpleQueue[TimerTask] = queue.SimpleQueue()
+        self._closed = False
+        self._executor = threading.Thread(
+            target=self._run_executor, name=f"executor-{executor_name}", daemon=True
+        )
+        self._executor.start()
+
+    def add(self, timer_task: TimerTask) -> None:
+        """Schedule ``timer_task`` to run ``timer_task.delay_ms`` from now (at once if <= 0)."""
+        if self._closed:
+            raise PurgatoryClosedError(self.executor_name)
+        self._core.add(timer_task, self._tasks.put)
+
+    def advance_clock(self, timeout_ms: int) -> bool:
+        """Wait up to ``timeout_ms`` for a due bucket, then process every due bucket.
+
+        Returns True iff at least one bucket was processed.
+        """
+        if self._closed:
+            return False
+        bucket = self._core.queue.poll(timeout_ms)
+        if bucket is None:
+            return False
+        return self._core.flush_due(monotonic_ms(), self._tasks.put, first=bucket)
+
+    def wakeup(self) -> None:
+        """Make a concurrent ``advance_clock`` return now instead of at its timeout."""
+        self._core.queue.wakeup()
+
+    def size(self) -> int:
+        """Number of tasks waiting in the wheel (cancelled tasks are removed at once)."""
+        return self._core.size()
+
+    def close(self) -> None:
+        """Stop the executor once the tasks already due have run. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._core.queue.wakeup()
+        self._tasks.put(_Stop(0))
+        if threading.current_thread() is not self._executor:
+            self._executor.join()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _run_executor(self) -> None:
+        tasks = self._tasks
+        while True:
+            task = tasks.get()
+            if isinstance(task, _Stop):
+                return
+            try:
+                task.run()
+            except Exception:
+                # A task's failure must not kill the executor: every later task would never run.
+                _log.exception("timer_task_failed", timer=self.executor_name, task=repr(task))
+
+    def __repr__(self) -> str:
+        return f"SystemTimer({self.executor_name!r}, size={self.size()}, closed={self._closed})"

@@ -1,0 +1,167 @@
+"""Settings: environment (``PURGATORY_`` prefix, ``__`` nesting), a TOML file, then defaults.
+
+Precedence, highest first: keyword arguments, environment variables, the TOML file named by
+``PURGATORY_CONFIG_FILE`` (or passed as ``config_file``), defaults. Invalid values fail at start
+with :class:`ConfigError`, which names the field, the value given, and why it was refused.
+Credentials are ``SecretStr``: they never appear in reprs, dumps or logs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from ._errors import PurgatoryError
+
+__all__ = [
+    "ConfigError",
+    "KafkaSettings",
+    "LogSettings",
+    "PurgatoryOverrides",
+    "Settings",
+    "TimerSettings",
+    "load_settings",
+]
+
+CONFIG_FILE_ENV = "PURGATORY_CONFIG_FILE"
+
+
+class ConfigError(PurgatoryError, ValueError):
+    """Settings were refused: the message lists each field, the value given and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TimerSettings(_Section):
+    tick_ms: PositiveInt = Field(1, description="Resolution of the finest timing wheel, in ms (Kafka: 1).")
+    wheel_size: PositiveInt = Field(20, description="Buckets per wheel level (Kafka: 20).")
+
+
+class PurgatoryOverrides(_Section):
+    """Per-purgatory values; unset fields fall back to the top-level ones."""
+
+    purge_interval: int | None = Field(None, ge=0)
+    max_pending: PositiveInt | None = None
+    reaper_poll_ms: PositiveInt | None = None
+    timer: TimerSettings | None = None
+
+
+class LogSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    format: Literal["auto", "json", "console"] = Field(
+        "auto", description="auto: console on a terminal, JSON otherwise (production)."
+    )
+
+
+class KafkaSettings(_Section):
+    """Connection to Kafka (used by the adapters; the core never imports a Kafka client)."""
+
+    bootstrap_servers: str | None = Field(
+        None, description="host:port[,host:port]; unset means: start the local cluster."
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: SecretStr | None = None
+    client_config: dict[str, str] = Field(
+        default_factory=dict, description="Extra librdkafka settings passed through as given."
+    )
+    feed_interval_ms: PositiveInt = Field(20, description="How often the change feed polls watched keys.")
+
+
+class Settings(BaseSettings):
+    """Every setting of the purgatory and its adapters."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PURGATORY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    timer: TimerSettings = TimerSettings()
+    reaper_poll_ms: PositiveInt = Field(200, description="Longest wait of one reaper step (Kafka: 200).")
+    purge_interval: int = Field(1000, ge=0, description="Purge watch lists past this many completed ops.")
+    max_pending: PositiveInt | None = Field(None, description="Refuse new operations past this many timed.")
+    drain_on_shutdown: bool = True
+    broker_id: int = 0
+    purgatories: dict[str, PurgatoryOverrides] = Field(default_factory=dict)
+    log: LogSettings = LogSettings()
+    kafka: KafkaSettings = KafkaSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml_file = _TOML_FILE.get("path") or os.environ.get(CONFIG_FILE_ENV)
+        if toml_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml_file)))
+        return tuple(sources)
+
+    def for_purgatory(self, name: str) -> dict[str, Any]:
+        """Constructor arguments for the purgatory ``name``: its overrides over the top level."""
+        override = self.purgatories.get(name, PurgatoryOverrides())
+        timer = override.timer or self.timer
+        return {
+            "purge_interval": (
+                self.purge_interval if override.purge_interval is None else override.purge_interval
+            ),
+            "max_pending": override.max_pending if override.max_pending is not None else self.max_pending,
+            "reaper_poll_ms": override.reaper_poll_ms or self.reaper_poll_ms,
+            "tick_ms": timer.tick_ms,
+            "wheel_size": timer.wheel_size,
+        }
+
+
+# load_settings hands the TOML path to settings_customise_sources (a classmethod) through here.
+_TOML_FILE: dict[str, str] = {}
+
+
+def _explain(error: ValidationError, origin: str) -> str:
+    lines = [f"invalid settings ({origin}):"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "<root>"
+        value = item.get("input")
+        shown = "<secret>" if any(word in field.lower() for word in ("password", "secret", "key")) else value
+        lines.append(f"  {field} = {shown!r}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build the effective settings, or raise :class:`ConfigError` explaining every bad field."""
+    path = str(config_file) if config_file is not None else os.environ.get(CONFIG_FILE_ENV)
+    if path is not None and not Path(path).is_file():
+        raise ConfigError(f"config file {path!r} does not exist or is not a file")
+    origin = f"environment PURGATORY_*, file {path}" if path else "environment PURGATORY_*"
+    if path:
+        _TOML_FILE["path"] = path
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, origin)) from None
+    except ValueError as exc:  # e.g. malformed TOML or JSON in a nested env variable
+        raise ConfigError(f"invalid settings ({origin}): {exc}") from None
+    finally:
+        _TOML_FILE.pop("path", None)

@@ -1,0 +1,22 @@
+"""Shared fixtures: every test must leave no purgatory thread behind."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_purgatory_threads() -> Iterator[None]:
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    leaked = [
+        t.name
+        for t in threading.enumerate()
+        if t.ident not in before
+        and t.is_alive()
+        and (t.name.startswith("ExpirationReaper-") or t.name.startswith("executor-"))
+    ]
+    assert not leaked, f"test left purgatory threads running: {leaked}"
