@@ -9,8 +9,9 @@ from __future__ import annotations
 import typer
 
 from .._logging import configure_logging
+from ..plugins import BENCH_GROUP, CLI_GROUP, load_plugins
 from ..settings import ConfigError, load_settings
-from . import _bench, _config, _demo, _kafka, _pipeline
+from . import _bench, _config, _demo
 
 app = typer.Typer(
     name="purgatory",
@@ -30,12 +31,28 @@ def _configure() -> None:
         configure_logging()
 
 
-app.command("run", help="The main job: run the example end to end (starts local Kafka if none).")(_demo.run)
 app.command("demo", help="A short in-process demonstration of the purgatory (no Kafka).")(_demo.demo)
 app.add_typer(_config.app, name="config")
-app.add_typer(_kafka.app, name="kafka")
 app.add_typer(_bench.app, name="bench")
-_pipeline.register(app)
+
+
+def _attach(target: typer.Typer, name: str, obj: object) -> None:
+    if isinstance(obj, typer.Typer):
+        target.add_typer(obj, name=name)
+    elif callable(obj):
+        target.command(name)(obj)
+
+
+# Adapters add commands through entry points (the core never imports them): ``purgatory.cli``
+# entries become top-level commands or groups, ``purgatory.bench`` entries ``bench`` commands.
+_cli_plugins = load_plugins(CLI_GROUP)
+for _name, _obj in _cli_plugins.items():
+    _attach(app, _name, _obj)
+for _name, _obj in load_plugins(BENCH_GROUP).items():
+    _attach(_bench.app, _name, _obj)
+if "run" not in _cli_plugins:
+    # Without the Kafka example installed, the main job is the in-process demonstration.
+    app.command("run", help="The main job (here: the in-process demonstration).")(_demo.run)
 
 
 def main() -> None:

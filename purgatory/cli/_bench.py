@@ -1,4 +1,4 @@
-"""``purgatory bench``: benchmarks (issue 4 fills this in)."""
+"""``purgatory bench``: benchmarks. Adapters add theirs through the ``purgatory.bench`` entry points."""
 
 from __future__ import annotations
 

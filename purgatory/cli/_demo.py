@@ -19,5 +19,5 @@ def demo(
 
 
 def run() -> None:
-    """Until the Kafka example lands, the main job is the in-process demonstration."""
+    """The main job when the Kafka example service is not installed: the in-process demonstration."""
     demo(operations=12)
