@@ -24,7 +24,9 @@ def test_public_names_import_from_the_package() -> None:
 
 
 def test_adapters_are_installed_under_the_purgatory_namespace() -> None:
+    import importlib.metadata
     import importlib.util
 
     assert importlib.util.find_spec("purgatory.adapters.kafka") is not None
-    assert importlib.util.find_spec("adapters") is None, "a top-level 'adapters' package must not be installed"
+    top_level = importlib.metadata.distribution("kafka-purgatory").read_text("top_level.txt") or ""
+    assert top_level.split() == ["purgatory"], f"only 'purgatory' may be installed top-level: {top_level!r}"
