@@ -50,6 +50,10 @@ class MockTimer:
         self._closed = False
 
     def add(self, timer_task: TimerTask) -> None:
+        if timer_task.delay_ms <= 0:
+            # Kafka's MockTimer: no delay, no wheel. (The wheel's clock may lag the mock time.)
+            timer_task.run()
+            return
         due: list[TimerTask] = []
         self._core.add(timer_task, due.append)
         for task in due:
@@ -63,6 +67,10 @@ class MockTimer:
         while True:
             due: list[TimerTask] = []
             if not self._core.flush_due(now, due.append):
+                # Nothing is due at or before ``now``: bring the wheel's clock up to it, so a
+                # task added next with a 1 ms delay lands in the bucket for now + 1.
+                with self._core.lock:
+                    self._core.wheel.advance_clock(now)
                 return processed
             processed = True
             for task in due:

@@ -15,7 +15,8 @@ def test_public_names_import_from_the_package() -> None:
         SystemTimer,
         TimerTask,
     )
-    from purgatory.testing import MockTime, MockTimer as TestingMockTimer
+    from purgatory.testing import MockTime
+    from purgatory.testing import MockTimer as TestingMockTimer
 
     assert issubclass(PurgatoryFullError, PurgatoryError)
     assert issubclass(PurgatoryClosedError, PurgatoryError)
