@@ -82,6 +82,16 @@ class KafkaSettings(_Section):
         default_factory=dict, description="Extra librdkafka settings passed through as given."
     )
     feed_interval_ms: PositiveInt = Field(20, description="How often the change feed polls watched keys.")
+    request_timeout_ms: PositiveInt = Field(
+        5000, description="Bound on one batched admin request of the cluster view (then: unavailable)."
+    )
+    produce_timeout_ms: PositiveInt = Field(30000, description="Default delay_ms of DelayedProduce.")
+    fetch_max_wait_ms: PositiveInt = Field(500, description="Default DelayedFetch max_wait_ms (Kafka: 500).")
+    commit_timeout_ms: PositiveInt = Field(30000, description="Default delay_ms of DelayedConsumerCommit.")
+    topic_ready_timeout_ms: PositiveInt = Field(30000, description="Default delay_ms of DelayedTopicReady.")
+    delete_records_timeout_ms: PositiveInt = Field(
+        30000, description="Default delay_ms of DelayedDeleteRecords."
+    )
 
 
 class Settings(BaseSettings):

@@ -1,0 +1,39 @@
+"""Typed errors of the Kafka adapters, each naming what was asked and why it failed."""
+
+from __future__ import annotations
+
+from purgatory import PurgatoryError
+
+__all__ = [
+    "InvalidOffsetError",
+    "KafkaAdapterError",
+    "KafkaUnavailableError",
+    "UnknownGroupError",
+    "UnknownTopicError",
+]
+
+
+class KafkaAdapterError(PurgatoryError):
+    """Base of every error raised by ``purgatory.adapters.kafka``."""
+
+
+class KafkaUnavailableError(KafkaAdapterError):
+    """The cluster did not answer (unreachable, timed out, or every broker down)."""
+
+
+class UnknownTopicError(KafkaAdapterError, LookupError):
+    """A topic (or a partition of it) does not exist on the cluster."""
+
+    def __init__(self, topic: str, partition: int | None = None, detail: str = "") -> None:
+        what = f"topic {topic!r}" if partition is None else f"partition {partition} of topic {topic!r}"
+        super().__init__(f"{what} does not exist on the cluster" + (f" ({detail})" if detail else ""))
+        self.topic = topic
+        self.partition = partition
+
+
+class UnknownGroupError(KafkaAdapterError, LookupError):
+    """A consumer group is not known to the cluster."""
+
+
+class InvalidOffsetError(KafkaAdapterError, ValueError):
+    """An offset is out of range or negative where a position is required."""

@@ -1,0 +1,581 @@
+"""A local Apache Kafka cluster (KRaft) started from jars resolved with Maven — no Docker.
+
+Algorithm:
+
+1. **Resolve.** ``mvn dependency:copy-dependencies`` runs once per Kafka version on the pom
+   shipped in ``maven/pom.xml`` and copies the broker's runtime classpath into
+   ``<cache>/kafka-<version>/libs`` (``cache`` is ``$PURGATORY_KAFKA_CACHE`` or
+   ``~/.cache/kafka-purgatory``). A marker file written last makes a half-finished copy retry.
+2. **Lay out.** Node 1 is a combined broker+controller and the cluster's only controller; nodes
+   2..n are brokers only. One controller keeps the metadata quorum alive while the fault tests
+   stop or pause followers (three combined nodes would lose the quorum with two of them down).
+   Every node listens on free ``127.0.0.1`` ports and gets its own ``server.properties``,
+   ``log4j2.properties``, data directory and logs under the cluster's work directory.
+3. **Format** every node's storage (``kafka.tools.StorageTool format``) in parallel JVMs.
+4. **Start** one JVM per node (small heap, serial GC), each in its own session so a Ctrl-C to
+   the caller does not tear it down half-way; stdout/stderr go to ``<node>/stdout.log``.
+5. **Wait** (bounded) until the cluster serves metadata naming all n brokers. On failure every
+   node is stopped and :class:`KafkaStartError` carries the tail of the nodes' logs.
+6. **Stop** by PID: SIGTERM (Kafka's controlled shutdown), SIGKILL after a bound.
+
+A state file (``state.json`` in the work directory) records PIDs and ports so that
+``purgatory kafka down`` in another process can stop a cluster started by ``up``.
+
+Concurrency contract: a :class:`LocalKafkaCluster` is driven by one thread at a time (tests,
+the CLI). The JVMs it starts are separate processes; nothing here shares state across threads.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import structlog
+
+from ._errors import KafkaAdapterError
+
+__all__ = [
+    "DEFAULT_KAFKA_VERSION",
+    "KafkaLauncherError",
+    "KafkaNode",
+    "KafkaStartError",
+    "LocalKafkaCluster",
+    "NodeSpec",
+    "cache_dir",
+    "resolve_kafka",
+]
+
+_log = structlog.get_logger("purgatory.kafka.local")
+
+# The newest Apache Kafka 4.x whose full runtime classpath Maven Central serves (4.4.0's pom
+# names a kafka-tools-api 4.4.0 that Central does not have, as of writing). Java 17 runs it.
+DEFAULT_KAFKA_VERSION = "4.3.1"
+CACHE_ENV = "PURGATORY_KAFKA_CACHE"
+VERSION_ENV = "PURGATORY_KAFKA_VERSION"
+# Written after the copy finishes: its absence means "resolve again" (an interrupted mvn run).
+_RESOLVED_MARKER = ".resolved"
+MAVEN_TIMEOUT_S = 600.0  # a cold ~/.m2 downloads ~45 MB of jars; bounded all the same
+FORMAT_TIMEOUT_S = 60.0  # one JVM start plus a few file writes
+START_TIMEOUT_S = 90.0  # 3 JVMs starting on 2 busy cores take ~10-20 s; leave room
+STOP_TIMEOUT_S = 20.0  # controlled shutdown of a broker normally takes 1-3 s
+METADATA_POLL_S = 0.25
+LOG_TAIL_LINES = 40
+DEFAULT_HEAP_MB = 384  # plenty for test traffic; keeps 4 JVMs well inside a laptop's memory
+
+
+class KafkaLauncherError(KafkaAdapterError):
+    """The local Kafka cluster could not be resolved, formatted, started or stopped."""
+
+
+class KafkaStartError(KafkaLauncherError):
+    """A node did not come up in time; the message carries the tail of its logs."""
+
+
+def cache_dir() -> Path:
+    """Where resolved Kafka jars and local clusters live (outside git)."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "kafka-purgatory"
+
+
+def _pom_path() -> Path:
+    # Shipped as package data next to this module; as_file gives a real path even from a zip.
+    ref = resources.files(__package__ or "purgatory.adapters.kafka").joinpath("maven/pom.xml")
+    with resources.as_file(ref) as path:
+        return Path(path)
+
+
+def resolve_kafka(version: str | None = None, *, offline_ok: bool = True) -> Path:
+    """Return the directory of Kafka ``version``'s runtime jars, resolving them with Maven once.
+
+    Raises :class:`KafkaLauncherError` when Maven is missing or the resolution fails (with the
+    tail of Maven's output).
+    """
+    version = version or os.environ.get(VERSION_ENV) or DEFAULT_KAFKA_VERSION
+    libs = cache_dir() / f"kafka-{version}" / "libs"
+    if (libs / _RESOLVED_MARKER).is_file():
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaLauncherError(
+            "Maven ('mvn') is not on PATH: it is needed once to resolve Apache Kafka "
+            f"{version} from Maven Central into {libs}"
+        )
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
+    command = [
+        mvn,
+        "-B",
+        "-q",
+        "-f",
+        str(_pom_path()),
+        "dependency:copy-dependencies",
+        f"-Dkafka.version={version}",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={staging}",
+    ]
+    _log.info("kafka_resolving", version=version, into=str(libs))
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise KafkaLauncherError(
+            f"Maven did not resolve Kafka {version} within {MAVEN_TIMEOUT_S:.0f} s"
+        ) from None
+    if done.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-LOG_TAIL_LINES:])
+        raise KafkaLauncherError(f"Maven could not resolve Apache Kafka {version}:\n{tail}")
+    (staging / _RESOLVED_MARKER).write_text(version)
+    # Another process may have resolved the same version meanwhile: keep whichever landed first.
+    try:
+        staging.rename(libs)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return libs
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the kernel picks it; a race is possible but rare)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _kafka_uuid() -> str:
+    # Kafka's Uuid text form: 16 random bytes, URL-safe base64 without padding.
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node: its id, roles and ports. ``controller_port`` is set only on the controller."""
+
+    node_id: int
+    broker_port: int
+    controller_port: int | None
+
+
+_LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log_dir}/server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+"""
+
+# Broker settings that make a small local cluster react in test time rather than production
+# time. Each value is chosen for a reason a fault test depends on.
+_FAST_CLUSTER_CONFIG: dict[str, str] = {
+    # Fence a dead/paused broker after 3 s instead of 9 s so its partitions move on.
+    "broker.session.timeout.ms": "3000",
+    "broker.heartbeat.interval.ms": "500",
+    # Drop a stopped follower from the ISR after 4 s instead of 30 s.
+    "replica.lag.time.max.ms": "4000",
+    # Consumer groups start at once rather than waiting 3 s for more members.
+    "group.initial.rebalance.delay.ms": "0",
+    "auto.create.topics.enable": "false",
+    "num.partitions": "1",
+    # Deleted segments go away quickly so DeleteRecords tests do not wait.
+    "log.segment.delete.delay.ms": "1000",
+}
+
+
+@dataclass
+class KafkaNode:
+    """One Kafka JVM: formatted storage, a process, its logs. Stopped by PID."""
+
+    spec: NodeSpec
+    work_dir: Path
+    classpath: str
+    heap_mb: int
+    pid: int | None = None
+    _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def node_id(self) -> int:
+        return self.spec.node_id
+
+    @property
+    def config_file(self) -> Path:
+        return self.work_dir / "server.properties"
+
+    def write_config(self, controller: NodeSpec, brokers: int, extra: Mapping[str, str]) -> None:
+        spec = self.spec
+        log_dir = self.work_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        roles = "broker,controller" if spec.controller_port is not None else "broker"
+        listeners = [f"PLAINTEXT://127.0.0.1:{spec.broker_port}"]
+        if spec.controller_port is not None:
+            listeners.append(f"CONTROLLER://127.0.0.1:{spec.controller_port}")
+        internal_rf = str(min(brokers, 3))
+        config = {
+            "process.roles": roles,
+            "node.id": str(spec.node_id),
+            "controller.quorum.voters": f"{controller.node_id}@127.0.0.1:{controller.controller_port}",
+            "listeners": ",".join(listeners),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{spec.broker_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.work_dir / "data"),
+            "offsets.topic.replication.factor": internal_rf,
+            "offsets.topic.num.partitions": "5",
+            "transaction.state.log.replication.factor": internal_rf,
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": internal_rf,
+            "share.coordinator.state.topic.min.isr": "1",
+            **_FAST_CLUSTER_CONFIG,
+            **extra,
+        }
+        self.config_file.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
+        (self.work_dir / "log4j2.properties").write_text(_LOG4J2.format(log_dir=log_dir))
+
+    def _java(self) -> list[str]:
+        java = shutil.which("java")
+        if java is None:
+            raise KafkaLauncherError("Java ('java', 17 or newer) is not on PATH: the local Kafka needs it")
+        return [
+            java,
+            f"-Xmx{self.heap_mb}m",
+            "-Xms64m",
+            # Serial GC and C1 only: less CPU at start-up on a 2-core machine; test traffic is light.
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.work_dir / 'logs'}",
+            "-cp",
+            self.classpath,
+        ]
+
+    def format_command(self, cluster_id: str) -> list[str]:
+        return [
+            *self._java(),
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(self.config_file),
+            "--ignore-formatted",
+        ]
+
+    def start(self) -> None:
+        if self.is_running():
+            return
+        out = (self.work_dir / "stdout.log").open("ab")
+        try:
+            self._process = subprocess.Popen(
+                [*self._java(), "kafka.Kafka", str(self.config_file)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.work_dir,
+                # Own session: a terminal's Ctrl-C goes to the caller, which then stops us by PID.
+                start_new_session=True,
+            )
+        finally:
+            out.close()
+        self.pid = self._process.pid
+        _log.info("kafka_node_started", node_id=self.node_id, pid=self.pid, port=self.spec.broker_port)
+
+    def is_running(self) -> bool:
+        if self.pid is None:
+            return False
+        if self._process is not None:
+            return self._process.poll() is None
+        return _pid_alive(self.pid)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM (controlled shutdown), then SIGKILL if still alive after ``timeout_s``."""
+        if self.pid is None:
+            return
+        pid = self.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
+            os.kill(pid, signal.SIGTERM)
+        if not self._wait_exit(timeout_s):
+            _log.warning("kafka_node_kill", node_id=self.node_id, pid=pid, after_s=timeout_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self._wait_exit(5.0)
+        self.pid = None
+        self._process = None
+        _log.info("kafka_node_stopped", node_id=self.node_id, pid=pid)
+
+    def kill(self) -> None:
+        """SIGKILL at once: a crash, no controlled shutdown."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self._wait_exit(5.0)
+            self.pid = None
+            self._process = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the JVM freezes with its sockets open (a hung broker)."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGCONT)
+
+    def _wait_exit(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=timeout_s)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        while time.monotonic() < deadline:
+            if self.pid is None or not _pid_alive(self.pid):
+                return True
+            time.sleep(0.05)  # a foreign PID (state file): no handle to wait on, so poll briefly
+        return False
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        parts = []
+        for name in ("stdout.log", "logs/server.log"):
+            path = self.work_dir / name
+            if path.is_file():
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(
+                    f"--- node {self.node_id} {name} (last {len(text)} lines) ---\n" + "\n".join(text)
+                )
+        return "\n".join(parts) or f"--- node {self.node_id}: no logs ---"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+class LocalKafkaCluster:
+    """1..n Apache Kafka nodes on loopback ports; see the module docstring for the algorithm.
+
+    ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap_servers`` — or ``start()``
+    / ``stop()``. Fault injection by node id: ``stop_broker``, ``start_broker``, ``kill_broker``,
+    ``pause_broker``, ``resume_broker``. Node 1 is the controller: stopping it stops the cluster
+    from changing its metadata, which is why fault tests act on the followers 2..n.
+    """
+
+    def __init__(
+        self,
+        brokers: int = 1,
+        *,
+        version: str | None = None,
+        work_dir: str | Path | None = None,
+        heap_mb: int = DEFAULT_HEAP_MB,
+        broker_config: Mapping[str, str] | None = None,
+        keep_work_dir: bool = False,
+    ) -> None:
+        if isinstance(brokers, bool) or not isinstance(brokers, int) or brokers < 1:
+            raise ValueError(f"brokers must be an int >= 1, got {brokers!r}")
+        self.brokers = brokers
+        self.version = version or os.environ.get(VERSION_ENV) or DEFAULT_KAFKA_VERSION
+        self._work_dir_given = work_dir is not None
+        self.work_dir = Path(work_dir) if work_dir is not None else None
+        self.heap_mb = heap_mb
+        self.broker_config = dict(broker_config or {})
+        self.keep_work_dir = keep_work_dir
+        self.cluster_id = _kafka_uuid()
+        self.nodes: dict[int, KafkaNode] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"127.0.0.1:{n.spec.broker_port}" for n in self.nodes.values())
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> Self:
+        """Resolve, format and start every node; return once metadata names all brokers."""
+        libs = resolve_kafka(self.version)
+        classpath = str(libs / "*")
+        if self.work_dir is None:
+            base = cache_dir() / "clusters"
+            base.mkdir(parents=True, exist_ok=True)
+            self.work_dir = Path(tempfile.mkdtemp(prefix=f"kafka-{self.brokers}b-", dir=base))
+        controller = NodeSpec(1, free_port(), free_port())
+        specs = [controller] + [NodeSpec(i, free_port(), None) for i in range(2, self.brokers + 1)]
+        for spec in specs:
+            node_dir = self.work_dir / f"node-{spec.node_id}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            node = KafkaNode(spec, node_dir, classpath, self.heap_mb)
+            node.write_config(controller, self.brokers, self.broker_config)
+            self.nodes[spec.node_id] = node
+        self._format()
+        try:
+            for node in self.nodes.values():
+                node.start()
+            self.save_state()
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        _log.info("kafka_cluster_ready", brokers=self.brokers, bootstrap=self.bootstrap_servers)
+        return self
+
+    def _format(self) -> None:
+        procs = [
+            (node, subprocess.Popen(node.format_command(self.cluster_id), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+            for node in self.nodes.values()
+        ]  # fmt: skip
+        failures = []
+        for node, proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=FORMAT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            if proc.returncode != 0:
+                failures.append(f"node {node.node_id}: {out.decode(errors='replace')[-2000:]}")
+        if failures:
+            raise KafkaLauncherError("formatting Kafka storage failed:\n" + "\n".join(failures))
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S, brokers: int | None = None) -> None:
+        """Wait (bounded) until metadata lists ``brokers`` live brokers (default: all running)."""
+        from confluent_kafka.admin import AdminClient
+
+        expected = brokers if brokers is not None else sum(1 for n in self.nodes.values() if n.is_running())
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        deadline = time.monotonic() + timeout_s
+        seen = -1
+        while time.monotonic() < deadline:
+            dead = [n for n in self.nodes.values() if n.pid is not None and not n.is_running()]
+            if dead:
+                raise KafkaStartError(
+                    f"Kafka node(s) {[n.node_id for n in dead]} exited during start-up:\n"
+                    + "\n".join(n.log_tail() for n in dead)
+                )
+            try:
+                metadata = admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                seen = len(metadata.brokers)
+                if seen >= expected:
+                    return
+            except Exception:  # not up yet: librdkafka raises KafkaException on timeout
+                pass
+            time.sleep(METADATA_POLL_S)  # polling a process we cannot get an event from
+        raise KafkaStartError(
+            f"Kafka cluster at {self.bootstrap_servers} served {max(seen, 0)} of {expected} brokers "
+            f"after {timeout_s:.0f} s:\n" + "\n".join(n.log_tail() for n in self.nodes.values())
+        )
+
+    def stop(self) -> None:
+        """Stop every node by PID (brokers first, the controller last) and drop the state file."""
+        for node in sorted(self.nodes.values(), key=lambda n: -n.node_id):
+            node.stop()
+        if self.work_dir is not None:
+            with contextlib.suppress(FileNotFoundError):
+                (self.work_dir / STATE_FILE).unlink()
+            if not self.keep_work_dir and not self._work_dir_given:
+                shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- fault injection ------------------------------------------------------------------------
+
+    def node(self, node_id: int) -> KafkaNode:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise ValueError(f"no node {node_id} in this cluster (nodes {sorted(self.nodes)})") from None
+
+    def stop_broker(self, node_id: int) -> None:
+        self.node(node_id).stop()
+
+    def kill_broker(self, node_id: int) -> None:
+        self.node(node_id).kill()
+
+    def start_broker(self, node_id: int, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Restart a stopped node and wait until metadata lists every running broker again."""
+        self.node(node_id).start()
+        self.save_state()
+        self.wait_ready(timeout_s)
+
+    def pause_broker(self, node_id: int) -> None:
+        self.node(node_id).pause()
+
+    def resume_broker(self, node_id: int) -> None:
+        self.node(node_id).resume()
+
+    def log_tail(self) -> str:
+        return "\n".join(n.log_tail() for n in self.nodes.values())
+
+    # -- state file (for ``purgatory kafka down`` from another process) -------------------------
+
+    def save_state(self) -> None:
+        if self.work_dir is None:
+            return
+        state = {
+            "version": self.version,
+            "cluster_id": self.cluster_id,
+            "bootstrap_servers": self.bootstrap_servers,
+            "work_dir": str(self.work_dir),
+            "nodes": [{**asdict(n.spec), "pid": n.pid} for n in self.nodes.values()],
+        }
+        (self.work_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    @classmethod
+    def from_state(cls, work_dir: str | Path) -> LocalKafkaCluster:
+        """Rebuild a handle on a cluster started by another process (to stop it or ask its status)."""
+        path = Path(work_dir) / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise KafkaLauncherError(f"no local Kafka cluster state at {path}") from None
+        cluster = cls(len(state["nodes"]), version=state["version"], work_dir=work_dir)
+        cluster._work_dir_given = False  # a handle from state owns the directory it describes
+        cluster.cluster_id = state["cluster_id"]
+        for entry in state["nodes"]:
+            spec = NodeSpec(entry["node_id"], entry["broker_port"], entry["controller_port"])
+            node = KafkaNode(spec, Path(work_dir) / f"node-{spec.node_id}", "", cluster.heap_mb)
+            node.pid = entry["pid"]
+            cluster.nodes[spec.node_id] = node
+        return cluster
+
+    def running_nodes(self) -> Iterator[KafkaNode]:
+        return (n for n in self.nodes.values() if n.is_running())
+
+
+STATE_FILE = "state.json"

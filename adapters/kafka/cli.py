@@ -1,0 +1,98 @@
+"""``purgatory kafka up|down|status``: a local Apache Kafka cluster that outlives the command.
+
+``up`` starts the cluster detached (its JVMs run in their own sessions) and records PIDs and
+ports in ``<cache>/clusters/<name>/state.json``; ``down`` and ``status`` read that file, so
+they work from any other process or terminal.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ._errors import KafkaAdapterError
+from ._local import DEFAULT_HEAP_MB, STATE_FILE, LocalKafkaCluster, cache_dir
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    help="A local Apache Kafka cluster (KRaft, no Docker) for development.", no_args_is_help=True
+)
+
+NameOption = Annotated[str, typer.Option("--name", help="Which local cluster (several may coexist).")]
+
+
+def _work_dir(name: str) -> Path:
+    return cache_dir() / "clusters" / name
+
+
+def _running(name: str) -> LocalKafkaCluster | None:
+    work_dir = _work_dir(name)
+    if not (work_dir / STATE_FILE).is_file():
+        return None
+    cluster = LocalKafkaCluster.from_state(work_dir)
+    return cluster if any(True for _ in cluster.running_nodes()) else None
+
+
+@app.command("up")
+def up(
+    brokers: Annotated[int, typer.Option("--brokers", "-b", min=1, max=9, help="Number of brokers.")] = 1,
+    name: NameOption = "default",
+    heap_mb: Annotated[
+        int, typer.Option("--heap-mb", min=128, help="Max heap per broker JVM.")
+    ] = DEFAULT_HEAP_MB,
+    version: Annotated[str | None, typer.Option("--version", help="Apache Kafka version.")] = None,
+) -> None:
+    """Start a local cluster (resolving Kafka with Maven on first use) and print its bootstrap servers."""
+    existing = _running(name)
+    if existing is not None:
+        typer.echo(f"already running: {existing.bootstrap_servers}")
+        typer.echo(f"export PURGATORY_KAFKA_BOOTSTRAP={existing.bootstrap_servers}")
+        return
+    work_dir = _work_dir(name)
+    shutil.rmtree(work_dir, ignore_errors=True)  # a stale, stopped cluster of the same name
+    cluster = LocalKafkaCluster(brokers, version=version, work_dir=work_dir, heap_mb=heap_mb)
+    try:
+        cluster.start()
+    except KafkaAdapterError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"Kafka {cluster.version}, {brokers} broker(s), logs in {work_dir}")
+    typer.echo(f"export PURGATORY_KAFKA_BOOTSTRAP={cluster.bootstrap_servers}")
+
+
+@app.command("down")
+def down(name: NameOption = "default") -> None:
+    """Stop the local cluster by PID (SIGTERM, then SIGKILL after a bound) and remove its files."""
+    work_dir = _work_dir(name)
+    if not (work_dir / STATE_FILE).is_file():
+        typer.echo(f"no local Kafka cluster named {name!r}")
+        return
+    cluster = LocalKafkaCluster.from_state(work_dir)
+    cluster.stop()
+    typer.echo(f"stopped local Kafka cluster {name!r}")
+
+
+@app.command("status")
+def status(name: NameOption = "default") -> None:
+    """Show the cluster's nodes, PIDs and whether each is alive; exit 1 when it is not running."""
+    work_dir = _work_dir(name)
+    if not (work_dir / STATE_FILE).is_file():
+        typer.echo(f"no local Kafka cluster named {name!r}")
+        raise typer.Exit(1)
+    cluster = LocalKafkaCluster.from_state(work_dir)
+    alive = 0
+    for node in cluster.nodes.values():
+        running = node.is_running()
+        alive += running
+        role = "broker+controller" if node.spec.controller_port is not None else "broker"
+        typer.echo(
+            f"node {node.node_id} ({role}) 127.0.0.1:{node.spec.broker_port} pid={node.pid} "
+            f"{'running' if running else 'STOPPED'}"
+        )
+    typer.echo(f"bootstrap: {cluster.bootstrap_servers}")
+    if not alive:
+        raise typer.Exit(1)
