@@ -1,0 +1,326 @@
+"""DelayedOperationPurgatory beyond Kafka (DESIGN §3.3, §3.4): isolation, drain, limits, bad input."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from structlog.testing import capture_logs
+
+from purgatory import (
+    DelayedOperationPurgatory,
+    InvalidOperationError,
+    Outcome,
+    PurgatoryClosedError,
+    PurgatoryError,
+    PurgatoryFullError,
+    SystemTimer,
+)
+from purgatory._metrics import live_purgatories
+from purgatory.testing import MockTimer
+
+from .ops import MockDelayedOperation
+
+Purgatory = DelayedOperationPurgatory[MockDelayedOperation]
+
+
+@pytest.fixture
+def timer() -> MockTimer:
+    return MockTimer()
+
+
+@pytest.fixture
+def purgatory(timer: MockTimer) -> Iterator[Purgatory]:
+    p: Purgatory = DelayedOperationPurgatory("unit", timer=timer, reaper_enabled=False)
+    yield p
+    p.shutdown()
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+def test_empty_key_list_is_refused(purgatory: Purgatory) -> None:
+    op = MockDelayedOperation(100)
+    with pytest.raises(ValueError, match="at least one watch key"):
+        purgatory.try_complete_else_watch(op, [])
+    assert purgatory.watched() == 0 and purgatory.num_delayed() == 0
+
+
+def test_unhashable_key_is_refused_before_anything_is_watched(purgatory: Purgatory) -> None:
+    op = MockDelayedOperation(100)
+    with pytest.raises(TypeError, match=r"watch key \['x'\] of type list is unhashable"):
+        purgatory.try_complete_else_watch(op, ["fine", ["x"]])
+    assert purgatory.watched() == 0, "nothing watched when a later key is bad"
+    assert op.try_calls == 0
+
+
+def test_finished_operation_cannot_be_watched_again(purgatory: Purgatory) -> None:
+    op = MockDelayedOperation(100)
+    op.force_complete()
+    with pytest.raises(InvalidOperationError, match="already finished"):
+        purgatory.try_complete_else_watch(op, ["k"])
+
+
+def test_use_after_shutdown_is_refused(timer: MockTimer) -> None:
+    p: Purgatory = DelayedOperationPurgatory("closed", timer=timer, reaper_enabled=False)
+    p.shutdown()
+    p.shutdown()  # idempotent
+    with pytest.raises(PurgatoryClosedError, match="closed"):
+        p.try_complete_else_watch(MockDelayedOperation(100), ["k"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"purge_interval": -1}, "purge_interval"),
+        ({"max_pending": 0}, "max_pending"),
+        ({"reaper_poll_ms": 0}, "reaper_poll_ms"),
+        ({"name": ""}, "name"),
+    ],
+)
+def test_bad_purgatory_configuration_is_refused(kwargs: dict[str, object], field: str) -> None:
+    args: dict[str, object] = {"name": "bad", "reaper_enabled": False, "timer": MockTimer(), **kwargs}
+    with pytest.raises(ValueError, match=field):
+        DelayedOperationPurgatory(**args)  # type: ignore[arg-type]
+
+
+# -- user code isolation -----------------------------------------------------------------------
+
+
+class _Failing(MockDelayedOperation):
+    def __init__(self, delay_ms: int, fail_in: str, fail_on_try: int = 1) -> None:
+        super().__init__(delay_ms)
+        self.fail_in = fail_in
+        self.fail_on_try = fail_on_try
+
+    def try_complete(self) -> bool:
+        self.try_calls += 1
+        if self.fail_in == "try_complete" and self.try_calls >= self.fail_on_try:
+            raise RuntimeError("try_complete failed")
+        return self.force_complete() if self.completable else False
+
+    def on_complete(self) -> None:
+        super().on_complete()
+        if self.fail_in == "on_complete":
+            raise RuntimeError("on_complete failed")
+
+    def on_expiration(self) -> None:
+        super().on_expiration()
+        if self.fail_in == "on_expiration":
+            raise RuntimeError("on_expiration failed")
+
+
+def test_try_complete_raising_on_submit_propagates_and_nothing_is_watched(purgatory: Purgatory) -> None:
+    op = _Failing(100, "try_complete")
+    with pytest.raises(RuntimeError, match="try_complete failed"):
+        purgatory.try_complete_else_watch(op, ["k"])
+    assert purgatory.watched() == 0 and purgatory.num_delayed() == 0
+
+
+def test_second_try_raising_unwatches_the_operation(purgatory: Purgatory) -> None:
+    op = _Failing(100, "try_complete", fail_on_try=2)
+    with pytest.raises(RuntimeError):
+        purgatory.try_complete_else_watch(op, ["a", "b"])
+    assert purgatory.watched() == 0, "the op is unwatched again before the error propagates"
+    assert purgatory.num_delayed() == 0
+
+
+def test_try_complete_raising_in_check_and_complete_is_isolated(
+    timer: MockTimer, purgatory: Purgatory
+) -> None:
+    bad = _Failing(100, "try_complete", fail_on_try=3)
+    good = MockDelayedOperation(100)
+    purgatory.try_complete_else_watch(bad, ["k"])
+    purgatory.try_complete_else_watch(good, ["k"])
+    good.completable = True
+    with capture_logs() as logs:
+        assert purgatory.check_and_complete("k") == 1, "the other ops on the key are still checked"
+    assert good.outcome is Outcome.COMPLETED
+    assert any(e["event"] == "user_callback_failed" and e["callback"] == "try_complete" for e in logs)
+    assert purgatory.stats.user_code_errors == 1
+    assert purgatory.watched() == 1 and purgatory.num_delayed() == 1, "the failing op stays watched and timed"
+    timer.advance_clock(100)
+    assert bad.outcome is Outcome.EXPIRED and bad.completions == 1
+
+
+@pytest.mark.parametrize("where", ["on_complete", "on_expiration"])
+def test_completion_callbacks_raising_still_finish_once(
+    timer: MockTimer, purgatory: Purgatory, where: str
+) -> None:
+    op = _Failing(10, where)
+    purgatory.try_complete_else_watch(op, ["k"])
+    with capture_logs() as logs:
+        timer.advance_clock(10)
+    assert op.outcome is Outcome.EXPIRED
+    assert op.completions == 1 and op.expirations == 1, "on_expiration still runs after on_complete failed"
+    assert [e["callback"] for e in logs if e["event"] == "user_callback_failed"] == [where]
+    assert purgatory.stats.user_code_errors == 1
+    assert purgatory.stats.expired == 1
+
+
+def test_reaper_survives_user_code_failures_on_a_system_timer() -> None:
+    p: Purgatory = DelayedOperationPurgatory("isolated")
+    failing = _Failing(5, "on_complete")
+    after = MockDelayedOperation(10)
+    p.try_complete_else_watch(failing, ["k"])
+    p.try_complete_else_watch(after, ["k"])
+    assert after.await_finish(5), "later expirations still happen after a failing callback"
+    assert failing.completions == 1
+    p.shutdown()
+
+
+# -- shutdown ----------------------------------------------------------------------------------
+
+
+def test_shutdown_drains_pending_operations_as_expired() -> None:
+    p: Purgatory = DelayedOperationPurgatory("drain")
+    ops = [MockDelayedOperation(600_000) for _ in range(10)]
+    for i, op in enumerate(ops):
+        p.try_complete_else_watch(op, [f"k{i % 3}", "shared"])
+    p.shutdown()
+    assert all(op.outcome is Outcome.EXPIRED for op in ops)
+    assert all(op.completions == 1 and op.expirations == 1 for op in ops)
+    reaper_alive = [t.name for t in threading.enumerate() if t.name.startswith("ExpirationReaper-0-drain")]
+    assert reaper_alive == []
+
+
+def test_shutdown_without_drain_leaves_operations_unexecuted() -> None:
+    p: Purgatory = DelayedOperationPurgatory("nodrain")
+    op = MockDelayedOperation(600_000)
+    p.try_complete_else_watch(op, ["k"])
+    p.shutdown(drain=False)
+    assert not op.is_completed(), "Kafka's behaviour: pending operations are left unexecuted"
+
+
+def test_shutdown_wakes_the_reaper_at_once() -> None:
+    p: Purgatory = DelayedOperationPurgatory("wake", reaper_poll_ms=60_000)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (p.shutdown(), done.set()))
+    t.start()
+    assert done.wait(5), "shutdown must not wait for the reaper's poll timeout"
+    t.join()
+
+
+def test_shutdown_closes_an_owned_timer_but_not_a_borrowed_one() -> None:
+    borrowed = SystemTimer("borrowed")
+    p: Purgatory = DelayedOperationPurgatory("borrower", timer=borrowed)
+    p.shutdown()
+    assert not borrowed.closed, "a timer passed in belongs to the caller"
+    borrowed.close()
+    owner: Purgatory = DelayedOperationPurgatory("owner")
+    owner.shutdown()
+    assert not any(t.name == "executor-owner" for t in threading.enumerate())
+
+
+def test_submissions_racing_shutdown_are_refused_or_drained_never_lost() -> None:
+    for round_ in range(20):
+        p: Purgatory = DelayedOperationPurgatory(f"race{round_}")
+        accepted: list[MockDelayedOperation] = []
+        refused = 0
+        go = threading.Event()
+
+        def submit() -> None:
+            nonlocal refused
+            go.wait()
+            for _ in range(200):
+                op = MockDelayedOperation(600_000)
+                try:
+                    p.try_complete_else_watch(op, ["k", "j"])
+                    accepted.append(op)
+                except PurgatoryClosedError:
+                    refused += 1
+
+        threads = [threading.Thread(target=submit) for _ in range(3)]
+        for t in threads:
+            t.start()
+        go.set()
+        p.shutdown()
+        for t in threads:
+            t.join()
+        lost = [op for op in accepted if not op.is_completed()]
+        assert lost == [], f"{len(lost)} accepted operations were neither finished nor refused"
+        assert all(op.completions == 1 for op in accepted)
+        assert len(accepted) + refused == 600
+
+
+def test_metrics_registered_at_construction_and_removed_at_shutdown(timer: MockTimer) -> None:
+    p: Purgatory = DelayedOperationPurgatory("metrics", timer=timer, reaper_enabled=False)
+    assert p in live_purgatories()
+    p.shutdown()
+    assert p not in live_purgatories()
+
+
+# -- max_pending -------------------------------------------------------------------------------
+
+
+def test_max_pending_refuses_new_operations_with_a_typed_error(timer: MockTimer) -> None:
+    p: Purgatory = DelayedOperationPurgatory("bounded", timer=timer, reaper_enabled=False, max_pending=2)
+    p.try_complete_else_watch(MockDelayedOperation(100), ["k"])
+    p.try_complete_else_watch(MockDelayedOperation(100), ["k"])
+    third = MockDelayedOperation(100)
+    with pytest.raises(PurgatoryFullError) as info:
+        p.try_complete_else_watch(third, ["k"])
+    assert isinstance(info.value, PurgatoryError)
+    assert info.value.max_pending == 2 and "max_pending=2" in str(info.value)
+    assert p.watched() == 2 and p.num_delayed() == 2, "the refused op is neither watched nor timed"
+    completing = MockDelayedOperation(100)
+    completing.completable = True
+    assert p.try_complete_else_watch(completing, ["k"]), "an op completing on its first try is accepted"
+    timer.advance_clock(100)
+    assert p.try_complete_else_watch(MockDelayedOperation(100), ["k"]) is False, "room again after expiry"
+    p.shutdown()
+
+
+# -- keys --------------------------------------------------------------------------------------
+
+
+def test_any_hashable_value_is_a_key(purgatory: Purgatory) -> None:
+    op = MockDelayedOperation(1000)
+    keys = [("orders", 3), 42, frozenset({"a"}), None]
+    purgatory.try_complete_else_watch(op, keys)
+    assert purgatory.watched() == 4
+    op.completable = True
+    assert purgatory.check_and_complete(("orders", 3)) == 1
+    for key in keys[1:]:
+        assert purgatory.check_and_complete(key) == 0
+    assert purgatory.watched() == 0, "checking a key removes completed ops and the empty key"
+
+
+def test_user_code_may_reenter_the_purgatory_on_the_same_key(purgatory: Purgatory) -> None:
+    """KAFKA-3994: no watcher lock is held while user code runs."""
+    inner = MockDelayedOperation(1000)
+    outer = MockDelayedOperation(1000)
+    purgatory.try_complete_else_watch(inner, ["k"])
+    purgatory.try_complete_else_watch(outer, ["k"])
+
+    def reenter() -> None:
+        outer.on_try = None  # re-enter once: the nested check tries outer again
+        inner.completable = True
+        purgatory.check_and_complete("k")
+        purgatory.try_complete_else_watch(MockDelayedOperation(1000), ["k"])
+
+    outer.on_try = reenter
+    outer.completable = True
+    with capture_logs() as logs:
+        purgatory.check_and_complete("k")
+    assert inner.is_completed() and outer.is_completed()
+    assert outer.completions == 1 and inner.completions == 1
+    assert logs == [], "re-entering is not an error"
+    assert purgatory.watched() == 1, "only the op submitted from inside user code is still watched"
+
+
+def test_listener_sees_submission_and_finish(purgatory: Purgatory, timer: MockTimer) -> None:
+    events: list[tuple[str, str, object]] = []
+
+    class Listener:
+        def on_submitted(self, name: str, op: object, keys: object) -> None:
+            events.append(("submitted", name, tuple(keys)))  # type: ignore[call-overload]
+
+        def on_finished(self, name: str, op: MockDelayedOperation) -> None:
+            events.append(("finished", name, op.outcome))
+
+    purgatory.add_listener(Listener())
+    purgatory.try_complete_else_watch(MockDelayedOperation(5), ["a"])
+    timer.advance_clock(5)
+    assert events == [("submitted", "unit", ("a",)), ("finished", "unit", Outcome.EXPIRED)]
