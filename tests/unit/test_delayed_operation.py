@@ -261,11 +261,15 @@ def test_exactly_one_of_racing_finishers_wins() -> None:
         start = threading.Barrier(3)
         results: list[bool] = []
 
-        def complete(op: MockDelayedOperation = op, start: threading.Barrier = start) -> None:
+        def complete(
+            op: MockDelayedOperation = op, start: threading.Barrier = start, results: list[bool] = results
+        ) -> None:
             start.wait()
             results.append(op.force_complete())
 
-        def expire(op: MockDelayedOperation = op, start: threading.Barrier = start) -> None:
+        def expire(
+            op: MockDelayedOperation = op, start: threading.Barrier = start, results: list[bool] = results
+        ) -> None:
             start.wait()
             results.append(op._expire())
 

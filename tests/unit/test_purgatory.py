@@ -213,35 +213,38 @@ def test_shutdown_closes_an_owned_timer_but_not_a_borrowed_one() -> None:
     assert not any(t.name == "executor-owner" for t in threading.enumerate())
 
 
+def _race_submissions_against_shutdown(name: str) -> None:
+    p: Purgatory = DelayedOperationPurgatory(name)
+    accepted: list[MockDelayedOperation] = []
+    refused: list[MockDelayedOperation] = []
+    go = threading.Event()
+
+    def submit() -> None:
+        go.wait()
+        for _ in range(200):
+            op = MockDelayedOperation(600_000)
+            try:
+                p.try_complete_else_watch(op, ["k", "j"])
+                accepted.append(op)
+            except PurgatoryClosedError:
+                refused.append(op)
+
+    threads = [threading.Thread(target=submit) for _ in range(3)]
+    for t in threads:
+        t.start()
+    go.set()
+    p.shutdown()
+    for t in threads:
+        t.join()
+    lost = [op for op in accepted if not op.is_completed()]
+    assert lost == [], f"{len(lost)} accepted operations were neither finished nor refused"
+    assert all(op.completions == 1 for op in accepted)
+    assert len(accepted) + len(refused) == 600
+
+
 def test_submissions_racing_shutdown_are_refused_or_drained_never_lost() -> None:
     for round_ in range(20):
-        p: Purgatory = DelayedOperationPurgatory(f"race{round_}")
-        accepted: list[MockDelayedOperation] = []
-        refused = 0
-        go = threading.Event()
-
-        def submit() -> None:
-            nonlocal refused
-            go.wait()
-            for _ in range(200):
-                op = MockDelayedOperation(600_000)
-                try:
-                    p.try_complete_else_watch(op, ["k", "j"])
-                    accepted.append(op)
-                except PurgatoryClosedError:
-                    refused += 1
-
-        threads = [threading.Thread(target=submit) for _ in range(3)]
-        for t in threads:
-            t.start()
-        go.set()
-        p.shutdown()
-        for t in threads:
-            t.join()
-        lost = [op for op in accepted if not op.is_completed()]
-        assert lost == [], f"{len(lost)} accepted operations were neither finished nor refused"
-        assert all(op.completions == 1 for op in accepted)
-        assert len(accepted) + refused == 600
+        _race_submissions_against_shutdown(f"race{round_}")
 
 
 def test_metrics_registered_at_construction_and_removed_at_shutdown(timer: MockTimer) -> None:
