@@ -24,6 +24,7 @@ from ._errors import PurgatoryError
 
 __all__ = [
     "ConfigError",
+    "JournalSettings",
     "KafkaSettings",
     "LogSettings",
     "PurgatoryOverrides",
@@ -94,6 +95,25 @@ class KafkaSettings(_Section):
     )
 
 
+class JournalSettings(_Section):
+    """The operation journal (``purgatory.journal``) and its Spark analytics (``purgatory analyze``)."""
+
+    enabled: bool = Field(False, description="Journal every operation's lifecycle.")
+    sinks: list[Literal["file", "kafka"]] = Field(
+        default_factory=lambda: ["file"], description="Where events go: rotated JSON-lines files, a topic."
+    )
+    directory: str = Field("journal", description="Directory of the file sink's segments.")
+    max_file_bytes: PositiveInt = Field(64 * 1024 * 1024, description="Rotate a segment past this size.")
+    max_files: PositiveInt = Field(20, description="Keep at most this many segments (oldest deleted).")
+    topic: str = Field("purgatory-journal", min_length=1, description="Topic of the Kafka sink.")
+    queue_capacity: PositiveInt = Field(100_000, description="Events queued before new ones are dropped.")
+    batch_size: PositiveInt = Field(1000, description="Events handed to the sinks per call.")
+    flush_interval_ms: PositiveInt = Field(100, description="Longest time an event waits in the queue.")
+    spark_master: str = Field("local[*]", min_length=1, description="Spark master of `purgatory analyze`.")
+    window: str = Field("1 minute", description="Width of the analytics' tumbling event-time windows.")
+    watermark: str = Field("10 minutes", description="Streaming: how late an event may arrive and count.")
+
+
 class Settings(BaseSettings):
     """Every setting of the purgatory and its adapters."""
 
@@ -114,6 +134,7 @@ class Settings(BaseSettings):
     purgatories: dict[str, PurgatoryOverrides] = Field(default_factory=dict)
     log: LogSettings = LogSettings()
     kafka: KafkaSettings = KafkaSettings()
+    journal: JournalSettings = JournalSettings()
 
     @classmethod
     def settings_customise_sources(

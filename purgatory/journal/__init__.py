@@ -1,0 +1,22 @@
+"""The operation journal: every delayed operation's lifecycle, recorded off the hot path.
+
+``Journal`` is a purgatory listener with a bounded queue and a writer thread; sinks implement
+``JournalSink``. The core ships ``FileJournalSink`` (rotated JSON lines); the Kafka sink lives in
+``purgatory.adapters.kafka.journal_sink`` and the analytics in ``purgatory.adapters.spark``.
+"""
+
+from ._event import EventType, JournalEvent, JournalFormatError, event_type_for
+from ._file_sink import FileJournalSink
+from ._journal import Journal, JournalStats
+from ._sink import JournalSink
+
+__all__ = [
+    "EventType",
+    "FileJournalSink",
+    "Journal",
+    "JournalEvent",
+    "JournalFormatError",
+    "JournalSink",
+    "JournalStats",
+    "event_type_for",
+]

@@ -1,0 +1,135 @@
+"""Journal events: one operation's lifecycle, as flat JSON lines.
+
+Every operation handed to a journaled purgatory yields exactly two events (when it finishes):
+
+* ``created`` — type, purgatory, watch keys, timeout; written when the operation is submitted.
+* ``completed`` / ``expired`` / ``cancelled`` — its outcome, with ``latency_ms`` measured on the
+  monotonic clock from submission to finish.
+
+``event_id`` is ``<op_id>:<event_type>``: deterministic, so a retried or re-sent event carries the
+same id and the consumer (the Spark job) removes the duplicate. ``op_id`` is unique per submission
+(see :class:`~purgatory.journal.Journal`). ``ts_ms`` is the wall-clock time of the event in epoch
+milliseconds: the event time the analytics window on.
+
+A line looks like::
+
+    {"event_id":"7f3a…-1:created","event_type":"created","op_id":"7f3a…-1","op_type":"DelayedFetch",
+     "purgatory":"Fetch","ts_ms":1795308354865,"keys":["orders-0"],"timeout_ms":500}
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import PurgatoryError
+from .._outcome import Outcome
+
+__all__ = ["EventType", "JournalEvent", "JournalFormatError", "event_type_for"]
+
+
+class JournalFormatError(PurgatoryError, ValueError):
+    """A journal line could not be read: the message names the field, the value and why."""
+
+
+class EventType(enum.Enum):
+    CREATED = "created"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+_FINISH_TYPES = {
+    Outcome.COMPLETED: EventType.COMPLETED,
+    Outcome.EXPIRED: EventType.EXPIRED,
+    Outcome.CANCELLED: EventType.CANCELLED,
+}
+
+
+def event_type_for(outcome: Outcome) -> EventType:
+    """The finish event written for an operation that finished with ``outcome``."""
+    return _FINISH_TYPES[outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEvent:
+    """One lifecycle event. ``keys``/``timeout_ms`` only on ``created``; ``latency_ms`` only on finishes."""
+
+    event_id: str
+    event_type: EventType
+    op_id: str
+    op_type: str
+    purgatory: str
+    ts_ms: int
+    keys: tuple[str, ...] = ()
+    timeout_ms: int | None = None
+    latency_ms: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "event_id": self.event_id,
+            "event_type": self.event_type.value,
+            "op_id": self.op_id,
+            "op_type": self.op_type,
+            "purgatory": self.purgatory,
+            "ts_ms": self.ts_ms,
+        }
+        # Absent rather than null: finish events are most of the journal, keep them short.
+        if self.event_type is EventType.CREATED:
+            record["keys"] = list(self.keys)
+            record["timeout_ms"] = self.timeout_ms
+        else:
+            record["latency_ms"] = self.latency_ms
+        return record
+
+    def to_json(self) -> str:
+        """One compact JSON line, without the newline."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str | bytes) -> JournalEvent:
+        """Parse one line; raises :class:`JournalFormatError` naming what is wrong."""
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise JournalFormatError(f"journal line is not JSON ({exc}): {line[:200]!r}") from None
+        if not isinstance(record, dict):
+            raise JournalFormatError(f"journal line must be a JSON object, got {type(record).__name__}")
+        return cls.from_dict(record)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> JournalEvent:
+        raw_type = record.get("event_type")
+        try:
+            event_type = EventType(raw_type)
+        except ValueError:
+            known = ", ".join(item.value for item in EventType)
+            raise JournalFormatError(f"event_type = {raw_type!r}: unknown; expected one of {known}") from None
+        for name in ("event_id", "op_id", "op_type", "purgatory"):
+            if not isinstance(record.get(name), str):
+                raise JournalFormatError(f"{name} = {record.get(name)!r}: must be a string")
+        ts_ms = record.get("ts_ms")
+        if isinstance(ts_ms, bool) or not isinstance(ts_ms, int):
+            raise JournalFormatError(f"ts_ms = {ts_ms!r}: must be an integer (epoch milliseconds)")
+        keys = record.get("keys") or []
+        if not isinstance(keys, list) or not all(isinstance(key, str) for key in keys):
+            raise JournalFormatError(f"keys = {keys!r}: must be a list of strings")
+        latency = record.get("latency_ms")
+        if latency is not None and (isinstance(latency, bool) or not isinstance(latency, int | float)):
+            raise JournalFormatError(f"latency_ms = {latency!r}: must be a number")
+        timeout = record.get("timeout_ms")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)):
+            raise JournalFormatError(f"timeout_ms = {timeout!r}: must be an integer")
+        return cls(
+            event_id=record["event_id"],
+            event_type=event_type,
+            op_id=record["op_id"],
+            op_type=record["op_type"],
+            purgatory=record["purgatory"],
+            ts_ms=ts_ms,
+            keys=tuple(keys),
+            timeout_ms=timeout,
+            latency_ms=None if latency is None else float(latency),
+        )

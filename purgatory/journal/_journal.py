@@ -1,0 +1,260 @@
+"""Journal: a purgatory listener that hands lifecycle events to sinks off the hot path."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import uuid
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from .._outcome import Outcome
+from ._event import EventType, JournalEvent, event_type_for
+from ._sink import JournalSink
+
+if TYPE_CHECKING:
+    from .._operation import DelayedOperation
+    from .._purgatory import DelayedOperationPurgatory
+
+__all__ = ["Journal", "JournalStats"]
+
+_log = structlog.get_logger("purgatory.journal")
+
+DEFAULT_CAPACITY = 100_000  # ~1 s of a busy purgatory; beyond that the sinks are not keeping up
+DEFAULT_BATCH_SIZE = 1_000  # events per sink call: amortises the sink's per-call cost
+DEFAULT_FLUSH_INTERVAL_S = 0.1  # how long an idle writer sleeps; the longest an event waits queued
+CLOSE_TIMEOUT_S = 30.0  # close() waits this long for the writer to drain, then gives up loudly
+
+
+@dataclass(frozen=True, slots=True)
+class JournalStats:
+    """Counters: events accepted into the queue, written per sink, dropped, failed per sink."""
+
+    accepted: int
+    written: int
+    dropped: int
+    failed: int
+    queued: int
+
+
+class Journal:
+    """Records every operation's lifecycle to sinks without slowing the purgatory's hot path.
+
+    Attach it with ``purgatory.add_listener(journal)`` (or :meth:`attach`). The purgatory calls
+    :meth:`on_submitted` and :meth:`on_finished` on the submitting or finishing thread; those only
+    capture a few fields and the clocks into a tuple and append it to a bounded queue — no JSON,
+    no I/O, no lock, never a wait. The writer thread (``purgatory-journal-<name>``) takes batches of
+    up to ``batch_size``, builds the :class:`JournalEvent` objects (ids, strings, latency) and hands
+    each batch to every sink in turn.
+
+    Back-pressure: when ``capacity`` events are queued the new event is dropped and counted
+    (``stats().dropped``); the caller is never blocked. The capacity check and the append are two
+    steps, so concurrent callers may overshoot ``capacity`` by at most their number.
+
+    Ids: ``op_id`` is ``<journal id>-<id(op) hex>-<submitted_ns hex>``. ``id(op)`` is unique among
+    live objects and ``submitted_ns`` (monotonic, set at each submission) separates two operations
+    that reused one address; the random journal id separates processes. Event ids derive from it
+    (:mod:`._event`), so a re-sent event keeps its id.
+
+    Concurrency contract: ``on_submitted``/``on_finished`` may be called from any number of
+    threads at once. ``flush`` and ``close`` from any thread; ``close`` is idempotent. Events
+    offered after ``close`` are dropped and counted. Sinks are only called on the writer thread.
+
+    Example::
+
+        journal = Journal([FileJournalSink("journal/")])
+        purgatory.add_listener(journal)
+        ...
+        purgatory.shutdown()
+        journal.close()  # drains the queue into the sinks, then closes them
+    """
+
+    def __init__(
+        self,
+        sinks: Sequence[JournalSink],
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        name: str = "journal",
+    ) -> None:
+        if not sinks:
+            raise ValueError("sinks must name at least one JournalSink; got none")
+        for sink in sinks:
+            if not isinstance(sink, JournalSink):
+                raise TypeError(f"sink {sink!r} does not implement JournalSink (write, flush, close)")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not flush_interval_s > 0:
+            raise ValueError(f"flush_interval_s must be > 0 seconds, got {flush_interval_s!r}")
+        self.name = name
+        self.journal_id = uuid.uuid4().hex[:12]
+        self._sinks = list(sinks)
+        self._capacity = capacity
+        self._batch_size = batch_size
+        self._flush_interval_s = flush_interval_s
+        # deque.append/popleft are atomic in CPython: producers and the writer share it lock-free.
+        self._queue: collections.deque[Any] = collections.deque()
+        self._closed = False
+        self._stopping = threading.Event()
+        # Only the overload path takes this lock; accepted events are counted by the writer.
+        self._drop_lock = threading.Lock()
+        self._dropped = 0
+        self._written = 0  # writer thread only
+        self._failed = 0  # writer thread only
+        self._taken = 0  # writer thread only
+        self._writer = threading.Thread(target=self._run, name=f"purgatory-journal-{name}", daemon=True)
+        self._writer.start()
+
+    # -- listener (hot path) ------------------------------------------------------------------
+
+    def on_submitted(self, purgatory: str, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
+        queue = self._queue
+        if len(queue) >= self._capacity or self._closed:
+            self._drop()
+            return
+        # tuple(keys): the caller may reuse its list; str() of the keys waits for the writer.
+        queue.append((None, purgatory, op, tuple(keys), op.submitted_ns, time.time_ns()))
+
+    def on_finished(self, purgatory: str, op: DelayedOperation) -> None:
+        queue = self._queue
+        if len(queue) >= self._capacity or self._closed:
+            self._drop()
+            return
+        # Both clocks read now, on the finishing thread: latency must not include queueing.
+        queue.append((op.outcome, purgatory, op, None, op.submitted_ns, time.time_ns(), time.monotonic_ns()))
+
+    def attach(self, purgatory: DelayedOperationPurgatory[Any]) -> Journal:
+        purgatory.add_listener(self)
+        return self
+
+    def _drop(self) -> None:
+        with self._drop_lock:
+            self._dropped += 1
+
+    # -- control ------------------------------------------------------------------------------
+
+    def stats(self) -> JournalStats:
+        with self._drop_lock:
+            dropped = self._dropped
+        queued = len(self._queue)  # may include a flush marker or two: close enough for a gauge
+        return JournalStats(
+            accepted=self._taken + queued,
+            written=self._written,
+            dropped=dropped,
+            failed=self._failed,
+            queued=queued,
+        )
+
+    def flush(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
+        """Wait until every event queued before this call reached the sinks and they flushed.
+
+        Returns False if ``timeout_s`` passed first (a sink is stuck); the events stay queued.
+        """
+        if not self._writer.is_alive():
+            return not self._queue
+        marker = threading.Event()
+        self._queue.append(marker)  # a marker bypasses the capacity: it is not an event
+        return marker.wait(timeout_s)
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop accepting events, drain the queue into the sinks, close them. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        self._writer.join(timeout_s)
+        if self._writer.is_alive():
+            _log.error("journal_close_timed_out", journal=self.name, queued=len(self._queue))
+            return
+        for sink in self._sinks:
+            try:
+                sink.close()
+            except Exception:
+                _log.exception("journal_sink_close_failed", journal=self.name, sink=repr(sink))
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writer thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        queue = self._queue
+        while True:
+            batch: list[JournalEvent] = []
+            markers: list[threading.Event] = []
+            while queue and len(batch) < self._batch_size:
+                item = queue.popleft()
+                if isinstance(item, threading.Event):
+                    markers.append(item)
+                    break  # a flush marker: write what came before it, then flush
+                batch.append(self._event(item))
+            if batch:
+                self._taken += len(batch)
+                self._write(batch)
+            if markers:
+                self._flush_sinks()
+                for marker in markers:
+                    marker.set()
+                continue
+            if not queue:
+                if self._stopping.is_set():
+                    self._flush_sinks()
+                    return
+                self._stopping.wait(self._flush_interval_s)
+
+    def _event(self, item: tuple[Any, ...]) -> JournalEvent:
+        outcome: Outcome | None = item[0]
+        op = item[2]
+        op_id = f"{self.journal_id}-{id(op):x}-{item[4]:x}"
+        ts_ms = item[5] // 1_000_000
+        if outcome is None:
+            return JournalEvent(
+                event_id=f"{op_id}:created",
+                event_type=EventType.CREATED,
+                op_id=op_id,
+                op_type=type(op).__name__,
+                purgatory=item[1],
+                ts_ms=ts_ms,
+                # str(): Kafka-style keys print as their label (``orders-3``).
+                keys=tuple(str(key) for key in item[3]),
+                timeout_ms=op.delay_ms,
+            )
+        event_type = event_type_for(outcome)
+        return JournalEvent(
+            event_id=f"{op_id}:{event_type.value}",
+            event_type=event_type,
+            op_id=op_id,
+            op_type=type(op).__name__,
+            purgatory=item[1],
+            ts_ms=ts_ms,
+            latency_ms=(item[6] - item[4]) / 1_000_000,
+        )
+
+    def _write(self, batch: list[JournalEvent]) -> None:
+        for sink in self._sinks:
+            try:
+                sink.write(batch)
+                self._written += len(batch)
+            except Exception:
+                # A failing sink must not kill the writer (every later event would be lost).
+                self._failed += len(batch)
+                _log.exception(
+                    "journal_sink_write_failed", journal=self.name, sink=repr(sink), events=len(batch)
+                )
+
+    def _flush_sinks(self) -> None:
+        for sink in self._sinks:
+            try:
+                sink.flush()
+            except Exception:
+                _log.exception("journal_sink_flush_failed", journal=self.name, sink=repr(sink))
