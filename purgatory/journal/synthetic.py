@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ._event import EventType, JournalEvent
 
-__all__ = ["OperationProfile", "DEFAULT_PROFILES", "synthetic_events", "write_jsonl"]
+__all__ = ["DEFAULT_PROFILES", "OperationProfile", "synthetic_events", "write_jsonl"]
 
 DEFAULT_START_MS = 1_795_305_600_000  # 2026-11-22T00:00:00Z: a realistic epoch for event time
 DEFAULT_SPAN_MS = 10 * 60_000  # ten one-minute windows
