@@ -1,1 +1,90 @@
-"""Kafka adapters."""
+"""Kafka adapters: a local Apache Kafka, a batched cluster view, a change feed, and Kafka-backed operations.
+
+Quick start (a service)::
+
+    from purgatory.adapters.kafka import KafkaPurgatory, ProducerRecord, TopicPartitionKey
+
+    with KafkaPurgatory.connect(bootstrap_servers="127.0.0.1:9092") as kp:
+        produce = kp.produce([ProducerRecord("orders", b"hello", partition=0)])
+        produce.wait(30)                      # replicated to every in-sync replica
+        fetch = kp.fetch({TopicPartitionKey("orders", 0): 0}, max_wait_ms=500)
+        fetch.wait(5)                         # fetch.records[TopicPartitionKey("orders", 0)]
+
+Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap_servers``, or
+``provide_cluster(settings)`` for the provider order of DESIGN §5.
+"""
+
+from ._clients import FetchedRecord, ProducerRecord, RecordProducer, RecordReader
+from ._config import client_config, redacted
+from ._errors import (
+    InvalidOffsetError,
+    KafkaAdapterError,
+    KafkaUnavailableError,
+    UnknownGroupError,
+    UnknownTopicError,
+)
+from ._feed import ChangeFeed, FactSource, FeedStats
+from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
+from ._local import (
+    DEFAULT_KAFKA_VERSION,
+    KafkaLauncherError,
+    KafkaStartError,
+    LocalKafkaCluster,
+    resolve_kafka,
+)
+from ._operations import (
+    DelayedConsumerCommit,
+    DelayedDeleteRecords,
+    DelayedFetch,
+    DelayedProduce,
+    DelayedTopicReady,
+    ErrorCode,
+    KafkaOperation,
+)
+from ._provider import BOOTSTRAP_ENV, KafkaClusterHandle, docker_available, provide_cluster
+from ._service import KafkaPurgatory
+from ._view import ClusterFacts, ClusterView, ErrorFact, GroupFacts, PartitionFacts, TopicFacts
+
+__all__ = [
+    "BOOTSTRAP_ENV",
+    "DEFAULT_KAFKA_VERSION",
+    "ChangeFeed",
+    "ClusterFacts",
+    "ClusterView",
+    "DelayedConsumerCommit",
+    "DelayedDeleteRecords",
+    "DelayedFetch",
+    "DelayedProduce",
+    "DelayedTopicReady",
+    "ErrorCode",
+    "ErrorFact",
+    "FactSource",
+    "FeedStats",
+    "FetchedRecord",
+    "GroupFacts",
+    "GroupPartitionKey",
+    "InvalidOffsetError",
+    "KafkaAdapterError",
+    "KafkaClusterHandle",
+    "KafkaKey",
+    "KafkaLauncherError",
+    "KafkaOperation",
+    "KafkaPurgatory",
+    "KafkaStartError",
+    "KafkaUnavailableError",
+    "LocalKafkaCluster",
+    "PartitionFacts",
+    "ProducerRecord",
+    "RecordProducer",
+    "RecordReader",
+    "TopicFacts",
+    "TopicKey",
+    "TopicPartitionKey",
+    "UnknownGroupError",
+    "UnknownTopicError",
+    "client_config",
+    "docker_available",
+    "provide_cluster",
+    "redacted",
+    "resolve_kafka",
+]

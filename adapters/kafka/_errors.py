@@ -24,9 +24,13 @@ class KafkaUnavailableError(KafkaAdapterError):
 class UnknownTopicError(KafkaAdapterError, LookupError):
     """A topic (or a partition of it) does not exist on the cluster."""
 
-    def __init__(self, topic: str, partition: int | None = None, detail: str = "") -> None:
+    def __init__(
+        self, topic: str, partition: int | None = None, detail: str = "", *, message: str | None = None
+    ) -> None:
         what = f"topic {topic!r}" if partition is None else f"partition {partition} of topic {topic!r}"
-        super().__init__(f"{what} does not exist on the cluster" + (f" ({detail})" if detail else ""))
+        super().__init__(
+            message or f"{what} does not exist on the cluster" + (f" ({detail})" if detail else "")
+        )
         self.topic = topic
         self.partition = partition
 

@@ -1,0 +1,344 @@
+"""ChangeFeed: polls the facts of the *watched* keys and wakes the purgatories whose keys changed.
+
+Algorithm (one thread, ``kafka-feed-<name>``), every ``interval_ms``:
+
+1. Take the set of watched keys (a registry of key → reference count per purgatory, kept up to
+   date through the purgatory's listener hooks: ``on_submitted`` adds an operation's Kafka keys,
+   ``on_finished`` releases them).
+2. Ask the :class:`ClusterView` for their facts: one batched request per kind of fact
+   (DescribeTopics, ListOffsets latest, ListOffsets earliest, one ListConsumerGroupOffsets per
+   group). The number of requests depends on the watched keys, never on the pending operations.
+3. Publish the new facts as an immutable snapshot (copy-on-write dict swapped in one store:
+   operations read it lock-free in ``try_complete``).
+4. For each key whose facts changed (including "first seen"), call ``check_and_complete(key)``
+   on each purgatory watching it.
+
+Worked example: 10,000 ``DelayedProduce`` on 100 partitions → 100 watched keys → 3 requests per
+interval (DescribeTopics for the one topic, ListOffsets latest and earliest for 100 partitions);
+a record landing on ``orders-7`` changes that key's high watermark, so only the ~100 operations
+watched on ``orders-7`` are checked.
+
+Outages: a request that fails as unavailable is logged and counted, the snapshot keeps its last
+facts and records ``unavailable`` (operations quote it when they expire), and polling backs off
+exponentially up to ``MAX_BACKOFF_MS``; after ``RECONNECT_AFTER_FAILURES`` failures in a row the
+admin client is rebuilt. The feed thread never dies: every failure is caught in the loop. It
+never holds a purgatory lock, so a dead cluster cannot wedge a purgatory: operations still expire
+and other keys are still served.
+
+Concurrency contract: ``watch``/``release``/the listener hooks may be called from any thread
+(they take the registry lock briefly). ``partition``/``topic``/``group`` read the current
+snapshot without locking. ``start``/``stop`` are for the owner's thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Protocol, Self
+
+import structlog
+
+from purgatory import DelayedOperation, PurgatoryListener
+from purgatory.settings import KafkaSettings
+
+from ._errors import KafkaUnavailableError
+from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
+from ._view import ClusterView, GroupFacts, PartitionFacts, TopicFacts
+
+__all__ = ["ChangeFeed", "FactSource", "FeedStats", "Purgatoryish"]
+
+_log = structlog.get_logger("purgatory.kafka.feed")
+
+MAX_BACKOFF_MS = 1000  # keep probing a dead cluster at least once a second so recovery is quick
+RECONNECT_AFTER_FAILURES = 3  # then rebuild the admin client: fresh sockets, fresh metadata
+IDLE_WAIT_S = 1.0  # nothing watched: sleep until a key is added (woken at once) or this passes
+JOIN_TIMEOUT_S = 10.0  # a request in flight is bounded by the view's request timeout
+
+
+class Purgatoryish(Protocol):
+    """What the feed needs of a purgatory (``DelayedOperationPurgatory`` satisfies it)."""
+
+    name: str
+
+    def check_and_complete(self, key: Hashable) -> int: ...
+
+    def add_listener(self, listener: PurgatoryListener) -> None: ...
+
+    def remove_listener(self, listener: PurgatoryListener) -> None: ...
+
+
+class FactSource(Protocol):
+    """Where operations read facts (the feed; tests may pass a fake)."""
+
+    settings: KafkaSettings
+
+    def partition(self, key: TopicPartitionKey) -> PartitionFacts | None: ...
+
+    def topic(self, key: TopicKey) -> TopicFacts | None: ...
+
+    def group(self, key: GroupPartitionKey) -> GroupFacts | None: ...
+
+    @property
+    def unavailable(self) -> str | None: ...
+
+
+@dataclass
+class FeedStats:
+    """Counters of the feed's work (read by the benchmark and by tests)."""
+
+    polls: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    reconnects: int = 0
+    keys_changed: int = 0
+    checks: int = 0
+    last_error: str | None = None
+    poll_ms: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    partitions: dict[TopicPartitionKey, PartitionFacts]
+    topics: dict[TopicKey, TopicFacts]
+    groups: dict[GroupPartitionKey, GroupFacts]
+    unavailable: str | None = None
+
+
+_EMPTY = _Snapshot({}, {}, {})
+
+
+class ChangeFeed:
+    """Polls watched keys' facts and calls ``check_and_complete`` where they changed (see module doc)."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        *,
+        interval_ms: int | None = None,
+        settings: KafkaSettings | None = None,
+        name: str = "kafka",
+    ) -> None:
+        self.settings = settings or KafkaSettings()
+        self.view = view
+        self.interval_ms = interval_ms if interval_ms is not None else self.settings.feed_interval_ms
+        if self.interval_ms <= 0:
+            raise ValueError(f"interval_ms must be > 0, got {self.interval_ms!r}")
+        self.name = name
+        self.stats = FeedStats()
+        self._snapshot = _EMPTY
+        self._lock = threading.Lock()
+        # key -> {purgatory name -> number of operations watching it there}
+        self._refs: dict[KafkaKey, dict[str, int]] = {}
+        self._purgatories: dict[str, Purgatoryish] = {}
+        # id(op) -> (purgatory name, its Kafka keys): what on_finished must release.
+        self._op_keys: dict[int, tuple[str, tuple[KafkaKey, ...]]] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._observers: list[_Observer] = []
+
+    @classmethod
+    def from_settings(cls, settings: KafkaSettings, bootstrap_servers: str | None = None) -> ChangeFeed:
+        return cls(ClusterView(settings, bootstrap_servers=bootstrap_servers), settings=settings)
+
+    # -- facts (lock-free reads of the current snapshot) ----------------------------------------
+
+    def partition(self, key: TopicPartitionKey) -> PartitionFacts | None:
+        return self._snapshot.partitions.get(key)
+
+    def topic(self, key: TopicKey) -> TopicFacts | None:
+        return self._snapshot.topics.get(key)
+
+    def group(self, key: GroupPartitionKey) -> GroupFacts | None:
+        return self._snapshot.groups.get(key)
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why the last poll failed, while the cluster is unreachable; None when it answers."""
+        return self._snapshot.unavailable
+
+    # -- which keys are watched -----------------------------------------------------------------
+
+    def attach(self, purgatory: Purgatoryish) -> None:
+        """Follow ``purgatory``'s operations: their Kafka keys are polled while they are pending."""
+        with self._lock:
+            self._purgatories[purgatory.name] = purgatory
+        purgatory.add_listener(self)
+
+    def detach(self, purgatory: Purgatoryish) -> None:
+        purgatory.remove_listener(self)
+        with self._lock:
+            self._purgatories.pop(purgatory.name, None)
+            for key in list(self._refs):
+                self._refs[key].pop(purgatory.name, None)
+                if not self._refs[key]:
+                    del self._refs[key]
+
+    def watch(self, purgatory: str, keys: Iterable[Hashable]) -> None:
+        """Count one more watcher of each Kafka key in ``keys`` for ``purgatory`` (others are ignored)."""
+        added = False
+        with self._lock:
+            for key in keys:
+                if isinstance(key, TopicPartitionKey | GroupPartitionKey | TopicKey):
+                    added |= key not in self._refs
+                    per = self._refs.setdefault(key, {})
+                    per[purgatory] = per.get(purgatory, 0) + 1
+        if added:
+            self._wake.set()  # facts for a new key are wanted now, not at the next interval
+
+    def release(self, purgatory: str, keys: Iterable[Hashable]) -> None:
+        with self._lock:
+            for key in keys:
+                per = self._refs.get(key)  # type: ignore[call-overload]
+                if per is None or purgatory not in per:
+                    continue
+                per[purgatory] -= 1
+                if per[purgatory] <= 0:
+                    del per[purgatory]
+                    if not per:
+                        del self._refs[key]  # type: ignore[arg-type]
+
+    def watched_keys(self) -> frozenset[KafkaKey]:
+        with self._lock:
+            return frozenset(self._refs)
+
+    # PurgatoryListener hooks (the core calls these on submission and on finish).
+    def on_submitted(self, purgatory: str, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
+        kafka_keys = tuple(k for k in keys if isinstance(k, TopicPartitionKey | GroupPartitionKey | TopicKey))
+        if kafka_keys:
+            with self._lock:
+                self._op_keys[id(op)] = (purgatory, kafka_keys)
+            self.watch(purgatory, kafka_keys)
+
+    def on_finished(self, purgatory: str, op: DelayedOperation) -> None:
+        with self._lock:
+            entry = self._op_keys.pop(id(op), None)
+        if entry is not None:
+            self.release(entry[0], entry[1])
+
+    def add_observer(self, observer: _Observer) -> None:
+        """Called after each successful poll with the keys that changed (benchmarks use it)."""
+        self._observers = [*self._observers, observer]
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        if self._thread is None:
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._run, name=f"kafka-feed-{self.name}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(JOIN_TIMEOUT_S + self.view.request_timeout_s)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        interval_s = self.interval_ms / 1000.0
+        next_poll = time.monotonic()
+        while not self._stopping.is_set():
+            wait_s = next_poll - time.monotonic()
+            if wait_s > 0 and self._wake.wait(wait_s):
+                self._wake.clear()
+            if self._stopping.is_set():
+                return
+            self._wake.clear()
+            try:
+                polled = self.poll_once()
+            except Exception as exc:  # the feed must outlive anything: count, log, back off
+                self.stats.failures += 1
+                self.stats.consecutive_failures += 1
+                self.stats.last_error = repr(exc)
+                _log.exception("kafka_feed_poll_failed", feed=self.name)
+                polled = True
+            if not polled:
+                self._wake.wait(IDLE_WAIT_S)
+                next_poll = time.monotonic()
+                continue
+            failures = self.stats.consecutive_failures
+            if failures:
+                next_poll = time.monotonic() + min(interval_s * 2**failures, MAX_BACKOFF_MS / 1000.0)
+            else:
+                # Fixed rate: the next poll is one interval after this one was due, not after it ended.
+                next_poll = max(next_poll + interval_s, time.monotonic())
+
+    def poll_once(self) -> bool:
+        """One round: fetch facts of the watched keys, publish, wake changed keys. False if none watched."""
+        with self._lock:
+            keys = list(self._refs)
+        if not keys:
+            if self._snapshot is not _EMPTY:
+                self._snapshot = _Snapshot({}, {}, {}, self._snapshot.unavailable)
+            return False
+        parts = [k for k in keys if isinstance(k, TopicPartitionKey)]
+        topics = [k for k in keys if isinstance(k, TopicKey)]
+        groups = [k for k in keys if isinstance(k, GroupPartitionKey)]
+        started = time.monotonic()
+        self.stats.polls += 1
+        try:
+            facts = self.view.facts(parts, topics, groups)
+        except KafkaUnavailableError as exc:
+            self._outage(exc)
+            return True
+        self.stats.poll_ms.append((time.monotonic() - started) * 1000.0)
+        if len(self.stats.poll_ms) > 10_000:
+            del self.stats.poll_ms[:5_000]  # bounded history: the benchmark reads recent polls
+        if self.stats.consecutive_failures:
+            _log.info("kafka_feed_recovered", feed=self.name, after_failures=self.stats.consecutive_failures)
+        self.stats.consecutive_failures = 0
+        old = self._snapshot
+        changed: list[KafkaKey] = []
+        changed += [k for k, v in facts.partitions.items() if old.partitions.get(k) != v]
+        changed += [k for k, v in facts.topics.items() if old.topics.get(k) != v]
+        changed += [k for k, v in facts.groups.items() if old.groups.get(k) != v]
+        # One store publishes the whole new snapshot; facts of keys no longer watched are dropped.
+        self._snapshot = _Snapshot(facts.partitions, facts.topics, facts.groups, None)
+        self.stats.keys_changed += len(changed)
+        for observer in self._observers:
+            observer(changed)
+        for key in changed:
+            self._check(key)
+        return True
+
+    def _check(self, key: KafkaKey) -> None:
+        with self._lock:
+            names = list(self._refs.get(key, ()))
+            purgatories = [self._purgatories[n] for n in names if n in self._purgatories]
+        for purgatory in purgatories:
+            self.stats.checks += 1
+            try:
+                purgatory.check_and_complete(key)
+            except Exception:
+                _log.exception(
+                    "kafka_feed_check_failed", feed=self.name, key=str(key), purgatory=purgatory.name
+                )
+
+    def _outage(self, exc: KafkaUnavailableError) -> None:
+        self.stats.failures += 1
+        self.stats.consecutive_failures += 1
+        self.stats.last_error = str(exc)
+        old = self._snapshot
+        self._snapshot = _Snapshot(old.partitions, old.topics, old.groups, str(exc))
+        if self.stats.consecutive_failures == 1:
+            _log.warning("kafka_feed_unavailable", feed=self.name, error=str(exc))
+        if self.stats.consecutive_failures % RECONNECT_AFTER_FAILURES == 0:
+            self.stats.reconnects += 1
+            self.view.reconnect()
+
+
+class _Observer(Protocol):
+    def __call__(self, changed: list[KafkaKey], /) -> None: ...

@@ -1,0 +1,82 @@
+"""Watch keys for Kafka facts: frozen, hashable, labelled as Kafka labels them (``orders-3``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GroupPartitionKey", "KafkaKey", "TopicKey", "TopicPartitionKey"]
+
+
+def _check_topic(topic: object) -> None:
+    if not isinstance(topic, str) or not topic:
+        raise ValueError(f"topic must be a non-empty string, got {topic!r}")
+
+
+def _check_partition(partition: object) -> None:
+    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+        raise ValueError(f"partition must be an int >= 0, got {partition!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPartitionKey:
+    """One partition of a topic: high watermark, log start offset, leader and ISR are its facts."""
+
+    topic: str
+    partition: int
+
+    def __post_init__(self) -> None:
+        _check_topic(self.topic)
+        _check_partition(self.partition)
+
+    @property
+    def label(self) -> str:
+        return f"{self.topic}-{self.partition}"  # Kafka's TopicPartition.toString()
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPartitionKey:
+    """A consumer group's position on one partition: its committed offset is the fact."""
+
+    group: str
+    topic: str
+    partition: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group, str) or not self.group:
+            raise ValueError(f"group must be a non-empty string, got {self.group!r}")
+        _check_topic(self.topic)
+        _check_partition(self.partition)
+
+    @property
+    def topic_partition(self) -> TopicPartitionKey:
+        return TopicPartitionKey(self.topic, self.partition)
+
+    @property
+    def label(self) -> str:
+        return f"{self.group}/{self.topic}-{self.partition}"
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, slots=True)
+class TopicKey:
+    """A whole topic: existence and the leaders of its partitions are its facts."""
+
+    topic: str
+
+    def __post_init__(self) -> None:
+        _check_topic(self.topic)
+
+    @property
+    def label(self) -> str:
+        return self.topic
+
+    def __str__(self) -> str:
+        return self.label
+
+
+KafkaKey = TopicPartitionKey | GroupPartitionKey | TopicKey

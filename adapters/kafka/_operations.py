@@ -1,0 +1,415 @@
+"""Kafka-backed delayed operations: completion is decided by facts of a real cluster.
+
+Each operation reads facts from a :class:`FactSource` (the change feed's snapshot) in
+``try_complete`` — never a request of its own — and names the keys it must be watched on in
+``watch_keys()``. Submit with ``purgatory.try_complete_else_watch(op, op.watch_keys())`` (or
+``await purgatory.watch(op, op.watch_keys())``) on a purgatory the feed is attached to.
+
+Results: ``op.error`` is the typed error that ended it early (unknown topic, bad offset), or,
+for an operation that expired while the cluster was unreachable, a :class:`KafkaUnavailableError`
+saying so. ``op.done`` is set after ``on_complete``; ``op.wait(timeout)`` blocks on it.
+Per-partition ``ErrorCode`` values use Kafka's error names.
+
+Concurrency contract: as :class:`purgatory.DelayedOperation` — ``try_complete`` runs under
+``op.lock`` on the submitting thread or the feed thread; ``on_complete`` runs once, on whichever
+thread finished the operation (feed, timer executor, or submitter).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import abstractmethod
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+
+from purgatory import DelayedOperation, Outcome
+
+from ._clients import FetchedRecord, RecordReader
+from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError
+from ._feed import FactSource
+from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
+from ._view import PartitionFacts
+
+__all__ = [
+    "DelayedConsumerCommit",
+    "DelayedDeleteRecords",
+    "DelayedFetch",
+    "DelayedProduce",
+    "DelayedTopicReady",
+    "ErrorCode",
+    "KafkaOperation",
+]
+
+DEFAULT_FETCH_MAX_BYTES = 1 << 20  # Kafka's fetch.max.bytes per partition default is 1 MiB
+
+
+class ErrorCode(StrEnum):
+    """Per-partition result codes, named as Kafka's ``Errors``."""
+
+    NONE = "NONE"
+    NOT_ENOUGH_REPLICAS = "NOT_ENOUGH_REPLICAS"
+    REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"
+    UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
+    OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"
+
+
+def _require_offsets(what: str, offsets: Mapping[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
+    if not offsets:
+        raise ValueError(f"{what} must name at least one partition")
+    out = {}
+    for key, offset in offsets.items():
+        if not isinstance(key, TopicPartitionKey):
+            raise TypeError(f"{what}: keys must be TopicPartitionKey, got {key!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidOffsetError(f"{what}: offset for {key.label} must be an int >= 0, got {offset!r}")
+        out[key] = offset
+    return out
+
+
+class KafkaOperation(DelayedOperation):
+    """Base of the Kafka operations: facts source, error, completion event, response callback."""
+
+    def __init__(
+        self,
+        delay_ms: int,
+        facts: FactSource,
+        *,
+        on_response: Callable[[KafkaOperation], None] | None = None,
+    ) -> None:
+        super().__init__(delay_ms)
+        self.facts = facts
+        self.error: KafkaAdapterError | None = None
+        self.on_response = on_response
+        self.done = threading.Event()
+
+    @abstractmethod
+    def watch_keys(self) -> tuple[KafkaKey, ...]:
+        """The keys whose facts decide this operation."""
+
+    @abstractmethod
+    def _respond(self) -> None:
+        """Build the response fields (runs once, inside ``on_complete``)."""
+
+    def on_complete(self) -> None:
+        try:
+            if self.outcome is Outcome.EXPIRED and self.error is None and self.facts.unavailable:
+                self.error = KafkaUnavailableError(
+                    f"{type(self).__name__} expired while Kafka was unreachable: {self.facts.unavailable}"
+                )
+            self._respond()
+            if self.on_response is not None:
+                self.on_response(self)
+        finally:
+            self.done.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until finished (bounded); True iff it finished."""
+        return self.done.wait(timeout_s)
+
+    def _fail(self, error: KafkaAdapterError) -> bool:
+        self.error = error
+        return self.force_complete()
+
+
+class DelayedProduce(KafkaOperation):
+    """Holds a produce response until every partition's high watermark passes the appended offset.
+
+    ``appended`` maps each partition to the last offset the leader appended (``acks=1``). A
+    partition is done when ``high_watermark > offset`` — every in-sync replica has the record —
+    with status ``NONE``, or ``NOT_ENOUGH_REPLICAS`` if the ISR is then smaller than
+    ``min.insync.replicas`` (Kafka's ``checkEnoughReplicasReachOffset``: the high watermark of a
+    shrunken ISR passes at once, but the write is not safely replicated). An unknown partition is
+    done with ``UNKNOWN_TOPIC_OR_PARTITION``. On expiry the partitions still waiting get
+    ``REQUEST_TIMED_OUT``. ``statuses`` holds the per-partition result.
+    """
+
+    def __init__(
+        self,
+        facts: FactSource,
+        appended: Mapping[TopicPartitionKey, int],
+        *,
+        delay_ms: int | None = None,
+        on_response: Callable[[KafkaOperation], None] | None = None,
+    ) -> None:
+        super().__init__(
+            delay_ms if delay_ms is not None else facts.settings.produce_timeout_ms,
+            facts,
+            on_response=on_response,
+        )
+        self.appended = _require_offsets("DelayedProduce.appended", appended)
+        self.statuses: dict[TopicPartitionKey, ErrorCode | None] = dict.fromkeys(self.appended)
+
+    def watch_keys(self) -> tuple[KafkaKey, ...]:
+        return tuple(self.appended)
+
+    def try_complete(self) -> bool:
+        waiting = False
+        for key, offset in self.appended.items():
+            if self.statuses[key] is not None:
+                continue
+            status = self._status(self.facts.partition(key), offset)
+            if status is None:
+                waiting = True
+            else:
+                self.statuses[key] = status
+        return False if waiting else self.force_complete()
+
+    @staticmethod
+    def _status(facts: PartitionFacts | None, offset: int) -> ErrorCode | None:
+        if facts is None:
+            return None  # not polled yet
+        if facts.error is not None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if facts.error.kind == "unknown_topic" else None
+        if facts.high_watermark is None or facts.high_watermark <= offset:
+            return None
+        min_isr = facts.min_insync_replicas
+        if min_isr is not None and len(facts.isr) < min_isr:
+            return ErrorCode.NOT_ENOUGH_REPLICAS
+        return ErrorCode.NONE
+
+    def _respond(self) -> None:
+        for key, status in self.statuses.items():
+            if status is None:
+                self.statuses[key] = ErrorCode.REQUEST_TIMED_OUT
+
+    @property
+    def succeeded(self) -> bool:
+        return all(status is ErrorCode.NONE for status in self.statuses.values())
+
+
+class DelayedFetch(KafkaOperation):
+    """Long poll: completes when the partitions hold enough past the fetch offsets, or at ``max_wait_ms``.
+
+    Enough means ``min_records`` records in total (counted from high watermarks, no reads), or,
+    when ``min_bytes`` is given, at least that many bytes of keys and values — read
+    incrementally through ``reader`` as the high watermarks move (each byte is read once).
+    A fetch offset below the log start or above the high watermark finishes the fetch at once
+    with ``OFFSET_OUT_OF_RANGE`` and an :class:`InvalidOffsetError` (Kafka's behaviour); an
+    unknown partition with ``UNKNOWN_TOPIC_OR_PARTITION``. ``records`` holds what was read per
+    partition (on expiry: whatever had arrived), at most ``max_bytes`` per partition.
+    """
+
+    def __init__(
+        self,
+        facts: FactSource,
+        reader: RecordReader,
+        fetch_offsets: Mapping[TopicPartitionKey, int],
+        *,
+        min_records: int = 1,
+        min_bytes: int | None = None,
+        max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        max_wait_ms: int | None = None,
+        on_response: Callable[[KafkaOperation], None] | None = None,
+    ) -> None:
+        super().__init__(
+            max_wait_ms if max_wait_ms is not None else facts.settings.fetch_max_wait_ms,
+            facts,
+            on_response=on_response,
+        )
+        if isinstance(min_records, bool) or not isinstance(min_records, int) or min_records < 0:
+            raise ValueError(f"min_records must be an int >= 0, got {min_records!r}")
+        if min_bytes is not None and (not isinstance(min_bytes, int) or min_bytes < 0):
+            raise ValueError(f"min_bytes must be an int >= 0 or None, got {min_bytes!r}")
+        if not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"max_bytes must be an int > 0, got {max_bytes!r}")
+        self.reader = reader
+        self.fetch_offsets = _require_offsets("DelayedFetch.fetch_offsets", fetch_offsets)
+        self.min_records = min_records
+        self.min_bytes = min_bytes
+        self.max_bytes = max_bytes
+        self.records: dict[TopicPartitionKey, list[FetchedRecord]] = {k: [] for k in self.fetch_offsets}
+        self.statuses: dict[TopicPartitionKey, ErrorCode] = dict.fromkeys(self.fetch_offsets, ErrorCode.NONE)
+        self._high_watermarks: dict[TopicPartitionKey, int] = {}
+        self._read_from: dict[TopicPartitionKey, int] = dict(self.fetch_offsets)
+        self._bytes_read: dict[TopicPartitionKey, int] = dict.fromkeys(self.fetch_offsets, 0)
+
+    def watch_keys(self) -> tuple[KafkaKey, ...]:
+        return tuple(self.fetch_offsets)
+
+    def try_complete(self) -> bool:
+        available = 0
+        for key, offset in self.fetch_offsets.items():
+            facts = self.facts.partition(key)
+            if facts is None:
+                continue
+            if facts.error is not None:
+                if facts.error.kind == "unknown_topic":
+                    self.statuses[key] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    return self._fail(facts.error.to_exception())
+                continue
+            high, start = facts.high_watermark, facts.log_start_offset
+            if high is None:
+                continue
+            if offset > high or (start is not None and offset < start):
+                self.statuses[key] = ErrorCode.OFFSET_OUT_OF_RANGE
+                return self._fail(
+                    InvalidOffsetError(
+                        f"fetch offset {offset} of {key.label} is out of range "
+                        f"[log start {start}, high watermark {high}]"
+                    )
+                )
+            self._high_watermarks[key] = high
+            available += high - offset
+        if self.min_bytes is None:
+            return self.force_complete() if available >= max(self.min_records, 1) else False
+        return self.force_complete() if self._read_new() >= max(self.min_bytes, 1) else False
+
+    def _read_new(self) -> int:
+        """Read what arrived since the last read, up to ``max_bytes`` per partition; total bytes held."""
+        for key, high in self._high_watermarks.items():
+            start = self._read_from[key]
+            room = self.max_bytes - self._bytes_read[key]
+            if high > start and room > 0:
+                batch = self.reader.read(key, start, high, max_bytes=room)
+                if batch:
+                    self.records[key].extend(batch)
+                    self._bytes_read[key] += sum(r.size for r in batch)
+                    self._read_from[key] = batch[-1].offset + 1
+        return sum(self._bytes_read.values())
+
+    def _respond(self) -> None:
+        if self.error is not None or self.facts.unavailable:
+            return  # reading from an unreachable cluster would only stall the finishing thread
+        try:
+            # Expiry runs without op.lock; the feed thread may be reading in try_complete.
+            with self.lock:
+                self._read_new()
+        except KafkaAdapterError as exc:
+            self.error = exc
+
+
+class DelayedConsumerCommit(KafkaOperation):
+    """Completes when a consumer group has committed at least ``targets[partition]`` on every partition.
+
+    The "my message has been processed" barrier: produce, then wait until the consuming group's
+    committed offset passes the record (target = record offset + 1). ``committed`` holds the
+    last committed offsets seen; on expiry ``statuses`` shows ``REQUEST_TIMED_OUT`` where the
+    group had not caught up.
+    """
+
+    def __init__(
+        self,
+        facts: FactSource,
+        group: str,
+        targets: Mapping[TopicPartitionKey, int],
+        *,
+        delay_ms: int | None = None,
+        on_response: Callable[[KafkaOperation], None] | None = None,
+    ) -> None:
+        super().__init__(
+            delay_ms if delay_ms is not None else facts.settings.commit_timeout_ms,
+            facts,
+            on_response=on_response,
+        )
+        if not isinstance(group, str) or not group:
+            raise ValueError(f"group must be a non-empty string, got {group!r}")
+        self.group = group
+        self.targets = _require_offsets("DelayedConsumerCommit.targets", targets)
+        self.committed: dict[TopicPartitionKey, int | None] = dict.fromkeys(self.targets)
+        self.statuses: dict[TopicPartitionKey, ErrorCode] = {}
+
+    def _key(self, tp: TopicPartitionKey) -> GroupPartitionKey:
+        return GroupPartitionKey(self.group, tp.topic, tp.partition)
+
+    def watch_keys(self) -> tuple[KafkaKey, ...]:
+        return tuple(self._key(tp) for tp in self.targets)
+
+    def try_complete(self) -> bool:
+        reached = True
+        for tp, target in self.targets.items():
+            facts = self.facts.group(self._key(tp))
+            if facts is None or facts.error is not None:
+                reached = False
+                continue
+            self.committed[tp] = facts.committed
+            reached &= facts.committed is not None and facts.committed >= target
+        return self.force_complete() if reached else False
+
+    def _respond(self) -> None:
+        for tp, target in self.targets.items():
+            done = (self.committed[tp] or -1) >= target
+            self.statuses[tp] = ErrorCode.NONE if done else ErrorCode.REQUEST_TIMED_OUT
+
+
+class DelayedTopicReady(KafkaOperation):
+    """Completes when ``topic`` exists and every one of its partitions has a leader.
+
+    A topic that does not exist yet is waited for (it may be being created); on expiry
+    ``ready`` is False and ``leaders`` shows the last leaders seen.
+    """
+
+    def __init__(
+        self,
+        facts: FactSource,
+        topic: str,
+        *,
+        delay_ms: int | None = None,
+        on_response: Callable[[KafkaOperation], None] | None = None,
+    ) -> None:
+        super().__init__(
+            delay_ms if delay_ms is not None else facts.settings.topic_ready_timeout_ms,
+            facts,
+            on_response=on_response,
+        )
+        self.key = TopicKey(topic)
+        self.leaders: tuple[int, ...] = ()
+        self.ready = False
+
+    def watch_keys(self) -> tuple[KafkaKey, ...]:
+        return (self.key,)
+
+    def try_complete(self) -> bool:
+        facts = self.facts.topic(self.key)
+        if facts is None or facts.error is not None:
+            return False
+        self.leaders = facts.leaders
+        return self.force_complete() if facts.all_partitions_have_leaders else False
+
+    def _respond(self) -> None:
+        self.ready = self.outcome is Outcome.COMPLETED
+
+
+class DelayedDeleteRecords(KafkaOperation):
+    """Completes when every partition's log start offset has reached its target (Kafka's low watermark).
+
+    Issue the DeleteRecords request yourself (``AdminClient.delete_records``); this holds the
+    response until the deletion is visible. ``log_start_offsets`` holds the last values seen.
+    """
+
+    def __init__(
+        self,
+        facts: FactSource,
+        targets: Mapping[TopicPartitionKey, int],
+        *,
+        delay_ms: int | None = None,
+        on_response: Callable[[KafkaOperation], None] | None = None,
+    ) -> None:
+        super().__init__(
+            delay_ms if delay_ms is not None else facts.settings.delete_records_timeout_ms,
+            facts,
+            on_response=on_response,
+        )
+        self.targets = _require_offsets("DelayedDeleteRecords.targets", targets)
+        self.log_start_offsets: dict[TopicPartitionKey, int | None] = dict.fromkeys(self.targets)
+        self.statuses: dict[TopicPartitionKey, ErrorCode] = {}
+
+    def watch_keys(self) -> tuple[KafkaKey, ...]:
+        return tuple(self.targets)
+
+    def try_complete(self) -> bool:
+        reached = True
+        for key, target in self.targets.items():
+            facts = self.facts.partition(key)
+            if facts is not None and facts.error is not None and facts.error.kind == "unknown_topic":
+                self.statuses[key] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                return self._fail(facts.error.to_exception())
+            start = facts.log_start_offset if facts is not None else None
+            self.log_start_offsets[key] = start
+            reached &= start is not None and start >= target
+        return self.force_complete() if reached else False
+
+    def _respond(self) -> None:
+        for key, target in self.targets.items():
+            if key not in self.statuses:
+                done = (self.log_start_offsets[key] or -1) >= target
+                self.statuses[key] = ErrorCode.NONE if done else ErrorCode.REQUEST_TIMED_OUT

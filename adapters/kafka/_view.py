@@ -1,0 +1,540 @@
+"""ClusterView: the facts delayed operations need, read from Kafka in batches.
+
+Every question is answered for many keys with one admin request per *kind* of fact:
+
+==========================  =====================================  ==========================
+fact                        Kafka request (confluent-kafka admin)   batched over
+==========================  =====================================  ==========================
+topic existence, leaders,   DescribeTopics (``describe_topics``)    all topics asked about
+ISR, replicas
+high watermark              ListOffsets latest (``list_offsets``)   all partitions asked about
+log start offset            ListOffsets earliest                    all partitions asked about
+min.insync.replicas         DescribeConfigs (cached ``CONFIG_TTL``) all topics asked about
+committed offsets           ListConsumerGroupOffsets                one per *group* (the client
+                                                                    accepts one group per call)
+==========================  =====================================  ==========================
+
+:meth:`ClusterView.facts` is what the change feed calls each interval: DescribeTopics first (it
+says which partitions exist, so ListOffsets is never asked about an unknown topic and one bad key
+cannot spoil the batch), then the offset and group requests concurrently.
+
+The admin client is created lazily on first use (no network in ``__init__``) and rebuilt by
+:meth:`reconnect`. Errors are translated: an unreachable cluster raises
+:class:`KafkaUnavailableError`; per-key problems (unknown topic or partition) are returned as
+:class:`ErrorFact` values in the facts, or raised as typed errors by the single-kind methods.
+
+Concurrency contract: thread-safe. librdkafka's admin client is thread-safe; the lazy creation
+and the config cache are guarded by a lock. ``requests_sent`` counts admin requests issued.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, wait
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported without __all__
+    AdminClient,
+    ConfigResource,
+    OffsetSpec,
+)
+
+from purgatory.settings import KafkaSettings
+
+from ._config import client_config, redacted
+from ._errors import (
+    InvalidOffsetError,
+    KafkaAdapterError,
+    KafkaUnavailableError,
+    UnknownGroupError,
+    UnknownTopicError,
+)
+from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
+
+__all__ = [
+    "ClusterFacts",
+    "ClusterView",
+    "ErrorFact",
+    "GroupFacts",
+    "PartitionFacts",
+    "TopicFacts",
+]
+
+_log = structlog.get_logger("purgatory.kafka.view")
+
+CONFIG_TTL_S = 10.0  # min.insync.replicas rarely changes; re-read it at most this often per topic
+NO_LEADER = -1
+_LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+_EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+
+# librdkafka codes meaning "the cluster did not answer", as opposed to "it answered no".
+_UNAVAILABLE_CODES = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
+_UNKNOWN_TOPIC_CODES = frozenset(
+    # _NOENT: ListOffsets found no leader for the partition (librdkafka says "No leaders found").
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._NOENT,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorFact:
+    """A per-key failure as a comparable value (exceptions do not compare by value)."""
+
+    kind: Literal["unknown_topic", "unavailable", "invalid_offset", "unknown_group", "other"]
+    message: str
+    topic: str | None = None
+    partition: int | None = None
+
+    def to_exception(self) -> KafkaAdapterError:
+        """The typed error this fact stands for."""
+        if self.kind == "unknown_topic":
+            return UnknownTopicError(self.topic or "?", self.partition, message=self.message)
+        if self.kind == "unavailable":
+            return KafkaUnavailableError(self.message)
+        if self.kind == "invalid_offset":
+            return InvalidOffsetError(self.message)
+        if self.kind == "unknown_group":
+            return UnknownGroupError(self.message)
+        return KafkaAdapterError(self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionFacts:
+    """What the cluster says about one partition (``None``: not asked or not known yet)."""
+
+    high_watermark: int | None = None
+    log_start_offset: int | None = None
+    leader: int = NO_LEADER
+    isr: tuple[int, ...] = ()
+    replicas: tuple[int, ...] = ()
+    min_insync_replicas: int | None = None
+    error: ErrorFact | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicFacts:
+    """A topic's partitions and their leaders (``NO_LEADER`` when a partition has none)."""
+
+    leaders: tuple[int, ...] = ()
+    error: ErrorFact | None = None
+
+    @property
+    def all_partitions_have_leaders(self) -> bool:
+        return bool(self.leaders) and all(leader != NO_LEADER for leader in self.leaders)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFacts:
+    """A group's committed offset on a partition (``None``: nothing committed)."""
+
+    committed: int | None = None
+    error: ErrorFact | None = None
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """One batch of facts, per key."""
+
+    partitions: dict[TopicPartitionKey, PartitionFacts] = field(default_factory=dict)
+    topics: dict[TopicKey, TopicFacts] = field(default_factory=dict)
+    groups: dict[GroupPartitionKey, GroupFacts] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _TopicDescription:
+    leaders: tuple[int, ...]
+    isr: tuple[tuple[int, ...], ...]
+    replicas: tuple[tuple[int, ...], ...]
+
+
+def _code(exc: BaseException) -> int | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return int(exc.args[0].code())
+    return None
+
+
+def _error_fact(
+    exc: BaseException, what: str, topic: str | None = None, partition: int | None = None
+) -> ErrorFact:
+    code = _code(exc)
+    detail = str(exc.args[0]) if exc.args else repr(exc)
+    if code in _UNKNOWN_TOPIC_CODES:
+        return ErrorFact(
+            "unknown_topic", f"{what} does not exist on the cluster ({detail})", topic, partition
+        )
+    if code in _UNAVAILABLE_CODES:
+        return ErrorFact("unavailable", f"Kafka did not answer for {what} ({detail})")
+    if code == KafkaError.OFFSET_OUT_OF_RANGE:
+        return ErrorFact("invalid_offset", f"offset out of range for {what} ({detail})")
+    if code == KafkaError.GROUP_ID_NOT_FOUND:
+        return ErrorFact("unknown_group", f"{what}: consumer group not found ({detail})")
+    return ErrorFact("other", f"{what}: {detail}")
+
+
+def _translate(exc: BaseException, what: str) -> KafkaAdapterError:
+    return _error_fact(exc, what).to_exception()
+
+
+class ClusterView:
+    """Batched, typed answers about a Kafka cluster (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings | None = None,
+        *,
+        bootstrap_servers: str | None = None,
+        request_timeout_ms: int | None = None,
+    ) -> None:
+        self._settings = settings or KafkaSettings()
+        self._bootstrap = bootstrap_servers
+        self.request_timeout_s = (request_timeout_ms or self._settings.request_timeout_ms) / 1000.0
+        self._lock = threading.Lock()
+        self._admin: AdminClient | None = None
+        self._min_isr: dict[str, tuple[float, int]] = {}
+        # Admin requests issued (one per call; a batch counts once). Read by benchmarks/metrics.
+        self.requests_sent = 0
+
+    # -- connection -----------------------------------------------------------------------------
+
+    @property
+    def admin(self) -> AdminClient:
+        admin = self._admin
+        if admin is None:
+            with self._lock:
+                if self._admin is None:
+                    config: dict[str, str | int | float | bool] = {
+                        **client_config(self._settings, self._bootstrap)
+                    }
+                    # librdkafka logs its own connection errors to stderr; we report ours.
+                    config.setdefault("log_level", "0")
+                    _log.debug("kafka_admin_connect", config=redacted(config))
+                    self._admin = AdminClient(config)
+                admin = self._admin
+        return admin
+
+    def reconnect(self) -> None:
+        """Drop the admin client; the next request builds a fresh one (fresh connections)."""
+        with self._lock:
+            self._admin = None
+
+    def close(self) -> None:
+        self.reconnect()
+
+    def _count(self, requests: int = 1) -> None:
+        self.requests_sent += requests  # single writer in practice (the feed); a lost count is harmless
+
+    def _result(self, future: Future[Any], what: str) -> Any:
+        try:
+            return future.result(timeout=self.request_timeout_s + 1.0)
+        except TimeoutError:
+            raise KafkaUnavailableError(
+                f"Kafka did not answer {what} within {self.request_timeout_s:.1f} s"
+            ) from None
+
+    # -- DescribeTopics -------------------------------------------------------------------------
+
+    def _describe(self, topics: Iterable[str]) -> dict[str, _TopicDescription | ErrorFact]:
+        names = sorted(set(topics))
+        if not names:
+            return {}
+        self._count()
+        try:
+            futures = self.admin.describe_topics(
+                TopicCollection(names), request_timeout=self.request_timeout_s
+            )
+        except KafkaException as exc:
+            raise _unavailable_or(exc, "DescribeTopics") from None
+        out: dict[str, _TopicDescription | ErrorFact] = {}
+        wait(futures.values(), timeout=self.request_timeout_s + 1.0)
+        for name, future in futures.items():
+            try:
+                description = self._result(future, f"DescribeTopics({name})")
+            except KafkaException as exc:
+                fact = _error_fact(exc, f"topic {name!r}", name)
+                if fact.kind == "unavailable":
+                    raise KafkaUnavailableError(fact.message) from None
+                out[name] = fact
+                continue
+            partitions = sorted(description.partitions, key=lambda p: p.id)
+            out[name] = _TopicDescription(
+                leaders=tuple(p.leader.id if p.leader is not None else NO_LEADER for p in partitions),
+                isr=tuple(tuple(sorted(n.id for n in p.isr)) for p in partitions),
+                replicas=tuple(tuple(n.id for n in p.replicas) for p in partitions),
+            )
+        return out
+
+    def topic_exists(self, topics: Iterable[str]) -> dict[str, bool]:
+        """Which of ``topics`` exist (one DescribeTopics request)."""
+        described = self._describe(topics)
+        return {name: isinstance(d, _TopicDescription) for name, d in described.items()}
+
+    def topics(self, keys: Iterable[TopicKey]) -> dict[TopicKey, TopicFacts]:
+        """Leaders of every partition of each topic; raises :class:`UnknownTopicError` for a missing one."""
+        keys = list(keys)
+        described = self._describe(k.topic for k in keys)
+        out = {}
+        for key in keys:
+            d = described[key.topic]
+            if isinstance(d, ErrorFact):
+                raise d.to_exception()
+            out[key] = TopicFacts(d.leaders)
+        return out
+
+    # -- ListOffsets ----------------------------------------------------------------------------
+
+    def _list_offsets(self, keys: list[TopicPartitionKey], spec: OffsetSpec, what: str) -> Future[Any] | None:
+        if not keys:
+            return None
+        self._count()
+        request = {TopicPartition(k.topic, k.partition): spec for k in keys}
+        try:
+            futures = self.admin.list_offsets(request, request_timeout=self.request_timeout_s)
+        except KafkaException as exc:
+            raise _unavailable_or(exc, what) from None
+        # One Future per partition; gathered into one so callers can wait on all kinds together.
+        combined: Future[Any] = Future()
+        pending = len(futures)
+        results: dict[TopicPartitionKey, int | ErrorFact] = {}
+        lock = threading.Lock()
+
+        def done(tp: TopicPartition, future: Future[Any]) -> None:
+            nonlocal pending
+            key = TopicPartitionKey(tp.topic, tp.partition)
+            try:
+                value: int | ErrorFact = int(future.result().offset)
+            except KafkaException as exc:
+                value = _error_fact(exc, f"partition {key.label}", key.topic, key.partition)
+            with lock:
+                results[key] = value
+                pending -= 1
+                last = pending == 0
+            if last:
+                combined.set_result(results)
+
+        for tp, future in futures.items():
+            future.add_done_callback(functools.partial(done, tp))
+        return combined
+
+    def _offsets(
+        self, keys: Iterable[TopicPartitionKey], spec: OffsetSpec, what: str
+    ) -> dict[TopicPartitionKey, int]:
+        keys = list(dict.fromkeys(keys))
+        future = self._list_offsets(keys, spec, what)
+        if future is None:
+            return {}
+        results: dict[TopicPartitionKey, int | ErrorFact] = self._result(future, what)
+        out = {}
+        for key in keys:
+            value = results[key]
+            if isinstance(value, ErrorFact):
+                raise value.to_exception()
+            out[key] = value
+        return out
+
+    def high_watermarks(self, keys: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """Latest offset (the high watermark) per partition, in one ListOffsets request."""
+        return self._offsets(keys, _LATEST, "ListOffsets(latest)")
+
+    def log_start_offsets(self, keys: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """Earliest offset (the log start offset) per partition, in one ListOffsets request."""
+        return self._offsets(keys, _EARLIEST, "ListOffsets(earliest)")
+
+    # -- DescribeConfigs ------------------------------------------------------------------------
+
+    def min_insync_replicas(self, topics: Iterable[str]) -> dict[str, int]:
+        """``min.insync.replicas`` per topic (cached for ``CONFIG_TTL_S``; one request for the misses)."""
+        now = time.monotonic()
+        names = set(topics)
+        out = {t: v for t, (at, v) in self._min_isr.items() if t in names and now - at < CONFIG_TTL_S}
+        missing = sorted(names - out.keys())
+        if missing:
+            self._count()
+            try:
+                futures = self.admin.describe_configs(
+                    [ConfigResource(ConfigResource.Type.TOPIC, t) for t in missing],
+                    request_timeout=self.request_timeout_s,
+                )
+            except KafkaException as exc:
+                raise _unavailable_or(exc, "DescribeConfigs") from None
+            for resource, future in futures.items():
+                try:
+                    configs = self._result(future, f"DescribeConfigs({resource.name})")
+                except KafkaException as exc:
+                    fact = _error_fact(exc, f"topic {resource.name!r}")
+                    if fact.kind == "unavailable":
+                        raise KafkaUnavailableError(fact.message) from None
+                    continue  # unknown topic: DescribeTopics reports it
+                value = int(configs["min.insync.replicas"].value)
+                self._min_isr[resource.name] = (now, value)
+                out[resource.name] = value
+        return out
+
+    # -- ListConsumerGroupOffsets ---------------------------------------------------------------
+
+    def _group_offsets(self, group: str, keys: list[GroupPartitionKey]) -> Future[Any]:
+        self._count()
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(k.topic, k.partition) for k in keys])
+        try:
+            futures = self.admin.list_consumer_group_offsets(
+                [request], request_timeout=self.request_timeout_s
+            )
+        except KafkaException as exc:
+            raise _unavailable_or(exc, f"ListConsumerGroupOffsets({group})") from None
+        return futures[group]
+
+    def committed_offsets(self, keys: Iterable[GroupPartitionKey]) -> dict[GroupPartitionKey, int | None]:
+        """Committed offset per (group, partition); ``None`` where the group committed nothing."""
+        facts = self._groups(list(dict.fromkeys(keys)))
+        out: dict[GroupPartitionKey, int | None] = {}
+        for key, fact in facts.items():
+            if fact.error is not None:
+                raise fact.error.to_exception()
+            out[key] = fact.committed
+        return out
+
+    def _start_groups(
+        self, keys: list[GroupPartitionKey]
+    ) -> dict[str, tuple[list[GroupPartitionKey], Future[Any]]]:
+        by_group: dict[str, list[GroupPartitionKey]] = {}
+        for key in keys:
+            by_group.setdefault(key.group, []).append(key)
+        return {group: (ks, self._group_offsets(group, ks)) for group, ks in by_group.items()}
+
+    def _finish_groups(
+        self, started: Mapping[str, tuple[list[GroupPartitionKey], Future[Any]]]
+    ) -> dict[GroupPartitionKey, GroupFacts]:
+        out: dict[GroupPartitionKey, GroupFacts] = {}
+        for group, (keys, future) in started.items():
+            try:
+                result = self._result(future, f"ListConsumerGroupOffsets({group})")
+            except KafkaException as exc:
+                fact = _error_fact(exc, f"group {group!r}")
+                if fact.kind == "unavailable":
+                    raise KafkaUnavailableError(fact.message) from None
+                out.update({k: GroupFacts(error=fact) for k in keys})
+                continue
+            committed = {}
+            for tp in result.topic_partitions:
+                key = GroupPartitionKey(group, tp.topic, tp.partition)
+                if tp.error is not None:
+                    out[key] = GroupFacts(error=ErrorFact("other", f"{key.label}: {tp.error}"))
+                else:
+                    # librdkafka reports "no committed offset" as OFFSET_INVALID (-1001).
+                    committed[key] = int(tp.offset) if tp.offset >= 0 else None
+            for key in keys:
+                out.setdefault(key, GroupFacts(committed.get(key)))
+        return out
+
+    def _groups(self, keys: list[GroupPartitionKey]) -> dict[GroupPartitionKey, GroupFacts]:
+        return self._finish_groups(self._start_groups(keys))
+
+    # -- everything at once (the change feed) ---------------------------------------------------
+
+    def facts(
+        self,
+        partitions: Iterable[TopicPartitionKey] = (),
+        topics: Iterable[TopicKey] = (),
+        groups: Iterable[GroupPartitionKey] = (),
+        *,
+        with_log_start: bool = True,
+    ) -> ClusterFacts:
+        """Facts for every key: one request per kind (see the module docstring).
+
+        Raises :class:`KafkaUnavailableError` when the cluster does not answer; per-key problems
+        are in the returned facts' ``error``.
+        """
+        partitions = list(dict.fromkeys(partitions))
+        topic_keys = list(dict.fromkeys(topics))
+        group_keys = list(dict.fromkeys(groups))
+        # Group requests go to the group coordinator and do not depend on DescribeTopics: start first.
+        started_groups = self._start_groups(group_keys) if group_keys else {}
+        names = {k.topic for k in partitions} | {k.topic for k in topic_keys}
+        described = self._describe(names)
+        min_isr = self.min_insync_replicas(
+            t for t in {k.topic for k in partitions} if isinstance(described.get(t), _TopicDescription)
+        ) if partitions else {}  # fmt: skip
+
+        valid: list[TopicPartitionKey] = []
+        part_errors: dict[TopicPartitionKey, ErrorFact] = {}
+        for key in partitions:
+            d = described[key.topic]
+            if isinstance(d, ErrorFact):
+                part_errors[key] = d
+            elif key.partition >= len(d.leaders):
+                part_errors[key] = ErrorFact(
+                    "unknown_topic",
+                    f"partition {key.partition} of topic {key.topic!r} does not exist "
+                    f"(the topic has {len(d.leaders)} partitions)",
+                    key.topic,
+                    key.partition,
+                )
+            else:
+                valid.append(key)
+        latest = self._list_offsets(valid, _LATEST, "ListOffsets(latest)")
+        earliest = self._list_offsets(valid, _EARLIEST, "ListOffsets(earliest)") if with_log_start else None
+        hw: dict[TopicPartitionKey, int | ErrorFact] = self._result(latest, "ListOffsets") if latest else {}
+        ls: dict[TopicPartitionKey, int | ErrorFact] = (
+            self._result(earliest, "ListOffsets") if earliest else {}
+        )
+
+        out_partitions: dict[TopicPartitionKey, PartitionFacts] = {}
+        for key in partitions:
+            if key in part_errors:
+                out_partitions[key] = PartitionFacts(error=part_errors[key])
+                continue
+            d = described[key.topic]
+            assert isinstance(d, _TopicDescription), f"{key} passed validation, so its topic was described"
+            high, start = hw.get(key), ls.get(key)
+            error = next((v for v in (high, start) if isinstance(v, ErrorFact)), None)
+            if error is not None and error.kind == "unavailable":
+                raise KafkaUnavailableError(error.message)
+            out_partitions[key] = PartitionFacts(
+                high_watermark=high if isinstance(high, int) else None,
+                log_start_offset=start if isinstance(start, int) else None,
+                leader=d.leaders[key.partition],
+                isr=d.isr[key.partition],
+                replicas=d.replicas[key.partition],
+                min_insync_replicas=min_isr.get(key.topic),
+                error=error,
+            )
+        out_topics = {}
+        for tkey in topic_keys:
+            d = described[tkey.topic]
+            out_topics[tkey] = TopicFacts(error=d) if isinstance(d, ErrorFact) else TopicFacts(d.leaders)
+        out_groups = self._finish_groups(started_groups) if started_groups else {}
+        return ClusterFacts(out_partitions, out_topics, out_groups)
+
+
+def _unavailable_or(exc: KafkaException, what: str) -> KafkaAdapterError:
+    """A request that could not even be sent: the client's error, typed."""
+    return _translate(exc, what)
