@@ -99,8 +99,8 @@ class JournalSettings(_Section):
     """The operation journal (``purgatory.journal``) and its Spark analytics (``purgatory analyze``)."""
 
     enabled: bool = Field(False, description="Journal every operation's lifecycle.")
-    sinks: list[Literal["file", "kafka"]] = Field(
-        default_factory=lambda: ["file"], description="Where events go: rotated JSON-lines files, a topic."
+    sinks: tuple[Literal["file", "kafka"], ...] = Field(
+        ("file",), description="Where events go: rotated JSON-lines files, a topic."
     )
     directory: str = Field("journal", description="Directory of the file sink's segments.")
     max_file_bytes: PositiveInt = Field(64 * 1024 * 1024, description="Rotate a segment past this size.")
