@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -25,6 +26,26 @@ def _mask_secrets(_logger: Any, _method: str, event: MutableMapping[str, Any]) -
         if any(word in key.lower() for word in _SECRET_WORDS):
             event[key] = "**********"
     return event
+
+
+class _StderrLogger:
+    """Writes each rendered line to the *current* ``sys.stderr``, and never raises.
+
+    structlog's PrintLogger binds the file object once; if that stream is later closed or
+    replaced (test runners, daemonised services), every log call would raise — and a log call
+    inside a purgatory thread's error handler would then kill that thread.
+    """
+
+    def msg(self, message: str) -> None:
+        # A closed or broken stderr must never take a purgatory thread down with it.
+        with contextlib.suppress(ValueError, OSError):
+            print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = failure = err = msg
+
+
+def _logger_factory(*_args: Any) -> _StderrLogger:
+    return _StderrLogger()
 
 
 def configure_logging(
@@ -53,6 +74,6 @@ def configure_logging(
         structlog.configure(
             processors=processors,
             wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level]),
-            logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+            logger_factory=_logger_factory,
             cache_logger_on_first_use=False,
         )

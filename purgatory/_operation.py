@@ -104,13 +104,7 @@ class DelayedOperation(TimerTask):
         self._expire()
 
     def _expire(self) -> bool:
-        if not self._finish(Outcome.EXPIRED):
-            return False
-        try:
-            self.on_expiration()
-        except Exception as exc:
-            self._report("on_expiration", exc)
-        return True
+        return self._finish(Outcome.EXPIRED)
 
     def _cancel_operation(self) -> bool:
         """Finish as ``CANCELLED`` (the awaiting asyncio task was cancelled)."""
@@ -127,6 +121,13 @@ class DelayedOperation(TimerTask):
         except Exception as exc:
             # The operation is finished all the same: its outcome is set and it will not run again.
             self._report("on_complete", exc)
+        if outcome is Outcome.EXPIRED:
+            try:
+                self.on_expiration()
+            except Exception as exc:
+                self._report("on_expiration", exc)
+        # Observers hear of the finish only once every callback has run, so an awaiting caller
+        # never sees the outcome before on_expiration's side effects.
         owner = self._owner
         if owner is not None:
             owner.operation_finished(self)
