@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
 import structlog
@@ -56,7 +56,16 @@ class DelayedOperation(TimerTask):
     on ``op.lock``); ``force_complete`` and ``run`` may race each other and those freely.
     """
 
-    __slots__ = ("_claim", "_keys_cancelled", "_owner", "_waiter", "lock", "outcome", "submitted_ns")
+    __slots__ = (
+        "_claim",
+        "_keys_cancelled",
+        "_owner",
+        "_waiter",
+        "_watch_keys",
+        "lock",
+        "outcome",
+        "submitted_ns",
+    )
 
     def __init__(self, delay_ms: int, lock: LockLike | None = None) -> None:
         if isinstance(delay_ms, bool) or not isinstance(delay_ms, int):
@@ -75,6 +84,8 @@ class DelayedOperation(TimerTask):
         self.submitted_ns = 0
         # Set by cancel_for_key: the caller owns the operation now, drain must leave it alone.
         self._keys_cancelled = False
+        # The keys a purgatory watches this op on, so that finishing can unwatch all of them.
+        self._watch_keys: Sequence[Hashable] = ()
 
     # -- to implement -------------------------------------------------------------------------
 

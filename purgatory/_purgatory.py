@@ -74,8 +74,9 @@ class DelayedOperationPurgatory(Generic[T]):
     shards by key hash so that threads on different keys rarely share a lock. No purgatory lock is
     held while user code (``try_complete``, ``on_complete``, ``on_expiration``) runs, except
     ``op.lock``; so user code may call back into the purgatory, on any key. Completed operations
-    stay in the watch lists of their other keys until the reaper purges them (Kafka's trade-off:
-    no per-completion cleanup cost); ``watched()`` counts them until then.
+    are removed from all their watch lists as they finish (beyond Kafka, see KAFKA-19389); the
+    reaper's purge only catches the rare watch that races a finish, so ``watched()`` counts such
+    finished-but-unpurged entries until then.
     """
 
     def __init__(
@@ -166,6 +167,7 @@ class DelayedOperationPurgatory(Generic[T]):
                 pending = self._timer.size()
                 if pending >= max_pending:
                     raise PurgatoryFullError(self.name, pending, max_pending)
+            op._watch_keys = watch_keys
             watched: list[Hashable] = []
             for key in watch_keys:
                 # Stop once completed: a key event on an already-watched key may have finished it.
@@ -354,6 +356,14 @@ class DelayedOperationPurgatory(Generic[T]):
         self._listeners = [item for item in self._listeners if item is not listener]
 
     def operation_finished(self, op: DelayedOperation) -> None:
+        # Unwatch the finished op from all its keys now (KAFKA-19389: a completed operation kept
+        # alive — with its response data — by its other watch keys until the next purge). Costs a
+        # shard lock per key; the purge remains the safety net for a watch racing this removal.
+        keys = op._watch_keys
+        if keys:
+            op._watch_keys = ()
+            for key in keys:
+                self._shard(key).unwatch(key, op)
         self.stats.finished(op.outcome)
         for listener in self._listeners:
             try:

@@ -101,13 +101,32 @@ def test_request_purge(mock_purgatory: DelayedOperationPurgatory[MockDelayedOper
     r3.try_complete()
     assert mock_purgatory.num_delayed() == 1, "Purgatory should have 1 total delayed operations"
 
-    # checking a watch should purge the watch list
-    mock_purgatory.check_and_complete("test1")
-    assert mock_purgatory.watched() == 4, "Purgatory should have 4 watched elements"
-    mock_purgatory.check_and_complete("test2")
-    assert mock_purgatory.watched() == 2, "Purgatory should have 2 watched elements"
-    mock_purgatory.check_and_complete("test3")
-    assert mock_purgatory.watched() == 1, "Purgatory should have 1 watched elements"
+    # Kafka keeps r2 and r3 in their watch lists until a check or purge finds them (6 watched
+    # here). We unwatch finished operations from every key at once (KAFKA-19389), so only r1's
+    # entry is left — and checking the keys changes nothing.
+    assert mock_purgatory.watched() == 1, "finished operations leave every watch list at once"
+    for key in ("test1", "test2", "test3"):
+        assert mock_purgatory.check_and_complete(key) == 0
+        assert mock_purgatory.watched() == 1, "Purgatory should have 1 watched elements"
+
+
+def test_completed_operation_is_not_kept_alive_by_its_other_watch_keys(
+    mock_purgatory: DelayedOperationPurgatory[MockDelayedOperation],
+) -> None:
+    """KAFKA-19389: an op completed through one key stayed referenced (with its response data)
+    by its other keys until the next purge."""
+    import gc
+    import weakref
+
+    op = MockDelayedOperation(100_000)
+    mock_purgatory.try_complete_else_watch(op, ["group", "partition"])
+    op.completable = True
+    assert mock_purgatory.check_and_complete("group") == 1
+    ref = weakref.ref(op)
+    del op
+    gc.collect()
+    assert ref() is None, "no watch list may keep a completed operation alive"
+    assert mock_purgatory.watched() == 0
 
 
 def test_reaper_step_purges_completed_operations_past_the_purge_interval(mock_timer: MockTimer) -> None:
@@ -118,8 +137,10 @@ def test_reaper_step_purges_completed_operations_past_the_purge_interval(mock_ti
     for op in ops:
         p.try_complete_else_watch(op, ["a", "b"])
     for op in ops[:3]:
+        # Simulate a watch that raced the finish: the op stays in its lists until a purge.
+        op._watch_keys = ()
         op.force_complete()
-    assert p.watched() == 8, "completed operations linger until purged"
+    assert p.watched() == 8, "entries that escaped the eager unwatch linger until purged"
     p.advance_clock(0)
     assert p.watched() == 2, "3 completed > purge_interval 2: purged from every key"
     p.shutdown()
