@@ -7,6 +7,15 @@ from collections.abc import Iterator
 
 import pytest
 
+# Real Kafka for every test directory: the single-broker cluster is started once per session
+# (provider order of DESIGN §5), only when a test asks for one of these fixtures.
+from tests.integration.kafka_fixtures import (  # noqa: F401
+    kafka_bootstrap,
+    kafka_cluster,
+    kafka_settings,
+    kafka_topic_factory,
+)
+
 
 @pytest.fixture(autouse=True)
 def _no_leaked_purgatory_threads() -> Iterator[None]:
