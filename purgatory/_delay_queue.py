@@ -25,9 +25,9 @@ class DelayQueue:
     def __init__(self, clock: Callable[[], int]) -> None:
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
-        # Items are lists ``[expiration, seq, bucket]`` so ordering compares ints in C; ``seq``
+        # Items are tuples ``(expiration, seq, bucket)`` so ordering compares ints in C; ``seq``
         # breaks ties so buckets themselves are never compared.
-        self._heap: list[list[object]] = []
+        self._heap: list[tuple[int, int, TimerTaskList]] = []
         self._seq = 0
         self._woken = False
 
@@ -35,7 +35,7 @@ class DelayQueue:
         expiration = bucket.get_expiration()
         with self._cond:
             self._seq += 1
-            heapq.heappush(self._heap, [expiration, self._seq, bucket])
+            heapq.heappush(self._heap, (expiration, self._seq, bucket))
             # Wake a waiting poller only when the new bucket is the earliest: it must re-arm its wait.
             if self._heap[0][2] is bucket:
                 self._cond.notify_all()
@@ -54,15 +54,11 @@ class DelayQueue:
     def _pop_due(self, now_ms: int) -> TimerTaskList | None:
         heap = self._heap
         while heap:
-            head = heap[0]
-            expiration = head[0]
-            assert isinstance(expiration, int)
+            expiration, _, bucket = heap[0]
             if expiration > now_ms:
                 return None
             heapq.heappop(heap)
-            bucket = head[2]
-            assert isinstance(bucket, TimerTaskList)
-            if bucket.get_expiration() == expiration:
+            if bucket._expiration_ms == expiration:
                 return bucket
             # stale: the bucket was flushed and has been re-offered under another expiration
         return None
@@ -84,9 +80,7 @@ class DelayQueue:
                 if wait_ms <= 0:
                     return None
                 if self._heap:
-                    head = self._heap[0][0]
-                    assert isinstance(head, int)
-                    wait_ms = min(wait_ms, head - now)
+                    wait_ms = min(wait_ms, self._heap[0][0] - now)
                 # +1 ms: the clock is truncated to whole milliseconds, so waking exactly at the
                 # head's expiration could read one millisecond early and spin.
                 self._cond.wait((wait_ms + 1) / 1000.0)

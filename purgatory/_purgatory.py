@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import structlog
 
@@ -18,6 +18,9 @@ from ._outcome import Outcome
 from ._system_timer import SystemTimer
 from ._timer import Timer
 from ._watchers import SHARDS, WatcherList
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 __all__ = ["DelayedOperationPurgatory", "ExpiredOperationReaper", "PurgatoryListener"]
 
@@ -122,6 +125,30 @@ class DelayedOperationPurgatory(Generic[T]):
         if reaper_enabled:
             self._reaper = ExpiredOperationReaper(self, reaper_poll_ms)  # type: ignore[arg-type]
             self._reaper.start()
+
+    @classmethod
+    def from_settings(
+        cls, name: str, settings: Settings | None = None, **kwargs: Any
+    ) -> DelayedOperationPurgatory[T]:
+        """A purgatory configured from :class:`~purgatory.settings.Settings` (its per-name overrides
+        over the top-level values), owning a SystemTimer with the configured tick and wheel size."""
+        from .settings import load_settings
+
+        effective = settings if settings is not None else load_settings()
+        options = effective.for_purgatory(name)
+        given_timer = kwargs.pop("timer", None)
+        timer = given_timer or SystemTimer(name, tick_ms=options["tick_ms"], wheel_size=options["wheel_size"])
+        purgatory = cls(
+            name,
+            timer=timer,
+            broker_id=kwargs.pop("broker_id", effective.broker_id),
+            purge_interval=options["purge_interval"],
+            max_pending=options["max_pending"],
+            reaper_poll_ms=options["reaper_poll_ms"],
+            **kwargs,
+        )
+        purgatory._owns_timer = given_timer is None  # a timer built here closes with the purgatory
+        return purgatory
 
     # -- submission ---------------------------------------------------------------------------
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 
 import structlog
+from mypy_extensions import mypyc_attr
 
 from ._errors import PurgatoryClosedError
 from ._timer import WheelTimerCore
@@ -32,6 +34,7 @@ class _Stop(TimerTask):
         pass
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SystemTimer:
     """A thread-safe timer: hierarchical timing wheel + delay queue of buckets + executor thread.
 
@@ -72,7 +75,15 @@ class SystemTimer:
         """Schedule ``timer_task`` to run ``timer_task.delay_ms`` from now (at once if <= 0)."""
         if self._closed:
             raise PurgatoryClosedError(self.executor_name)
-        self._core.add(timer_task, self._tasks.put)
+        if timer_task.delay_ms <= 0:
+            # Due now (as MockTimer rules): straight to the executor, even if the wheel's clock
+            # lags the real one. A task is in at most one place, so it leaves any bucket first.
+            if timer_task._bucket is not None:
+                timer_task._leave_bucket()
+            timer_task._scheduled = True
+            self._tasks.put(timer_task)
+        elif not self._core.schedule(timer_task) and timer_task._scheduled:
+            self._tasks.put(timer_task)  # due already: run it on the executor
 
     def advance_clock(self, timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for a due bucket, then process every due bucket.
@@ -118,7 +129,9 @@ class SystemTimer:
                 task.run()
             except Exception:
                 # A task's failure must not kill the executor: every later task would never run.
-                _log.exception("timer_task_failed", timer=self.executor_name, task=repr(task))
+                # Not even a failing logger (e.g. its stream closed under us) may kill it.
+                with contextlib.suppress(Exception):
+                    _log.exception("timer_task_failed", timer=self.executor_name, task=repr(task))
 
     def __repr__(self) -> str:
         return f"SystemTimer({self.executor_name!r}, size={self.size()}, closed={self._closed})"

@@ -1,35 +1,63 @@
-"""TimerTask and TimerTaskEntry: a task, and its one place in one bucket of a timing wheel."""
+"""TimerTask and TimerTaskEntry: a task, and its one place in one bucket of a timing wheel.
+
+Performance design (figures: ``purgatory bench timer``, PERFORMANCE.md). Kafka pays two objects
+per pending timer: the task and a ``TimerTaskEntry`` node linked into a bucket. Here the task
+*is* the node: its ``_next``/``_prev``/``_bucket``/``_expiration_ms`` fields are the links, so
+adding a timer allocates nothing (no entry, and under mypyc no int objects either: typed ``int``
+fields are stored unboxed). That removes the allocation and the cyclic-GC traffic that dominate
+a heap timer at 1M pending, and it is what takes bytes per pending timer from 152 (entry node) to
+the size of four fields. ``TimerTaskEntry`` remains as Kafka's public handle ("this task, due at
+this time") for code that drives ``TimerTaskList``/``TimingWheel`` directly; the timers' hot path
+never creates one.
+
+These modules are typed and slotted so that mypyc compiles them into native classes (see
+``purgatory/_accel.py`` and ``setup.py``); the same source runs interpreted as the fallback.
+"""
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
+
+from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
     from ._timer_task_list import TimerTaskList
 
 __all__ = ["TimerTask", "TimerTaskEntry"]
 
-# Kafka synchronises on each TimerTask to swap its entry. Under CPython's GIL a lock per task
-# buys no parallelism but costs an allocation and ~60 bytes per pending timer, so every task
-# shares this one lock; it guards only the task <-> entry association (a few bytecodes).
-_ENTRY_LOCK = threading.Lock()
 
-
+@mypyc_attr(allow_interpreted_subclasses=True)  # users (and DelayedOperation) subclass it in Python
 class TimerTask(ABC):
     """Something to run once ``delay_ms`` after it is added to a timer.
 
-    A task is in at most one bucket: adding it again (to any timer) replaces its previous entry,
-    and :meth:`cancel` unlinks that entry in O(1). Thread-safe: ``cancel`` may race with the timer
-    flushing the bucket; the loser of that race sees a cancelled entry and does not run the task.
+    A task is in at most one bucket: adding it again (to any timer) replaces its previous place,
+    and :meth:`cancel` unlinks it in O(1). Thread-safe: ``cancel`` may race with the timer
+    flushing the bucket; the loser of that race sees a cancelled task and does not run it. (As in
+    Kafka, a task already handed to the timer's executor runs even if cancelled afterwards.)
+
+    The link fields belong to the bucket holding the task and change only under that bucket's
+    lock; ``_bucket`` is read without it to find which lock to take.
     """
 
-    __slots__ = ("__weakref__", "_timer_task_entry", "delay_ms")
+    __slots__ = ("_bucket", "_entry", "_expiration_ms", "_next", "_prev", "_scheduled", "delay_ms")
 
     def __init__(self, delay_ms: int) -> None:
+        cls = type(self)
+        # Compiled (mypyc) classes skip ABCMeta's instantiation check: do it here.
+        if cls is TimerTask or getattr(cls, "__abstractmethods__", None):
+            raise TypeError(
+                f"Can't instantiate abstract class {cls.__name__} without an implementation of run()"
+            )
         self.delay_ms = delay_ms
-        self._timer_task_entry: TimerTaskEntry | None = None
+        self._expiration_ms = 0
+        self._bucket: TimerTaskList | None = None
+        self._next: TimerTask | None = None
+        self._prev: TimerTask | None = None
+        # The Kafka-style handle this task was last placed with, if any (None on the fast path).
+        self._entry: TimerTaskEntry | None = None
+        # True from add until cancel: Kafka's "timerTaskEntry != null".
+        self._scheduled = False
 
     @abstractmethod
     def run(self) -> None:
@@ -37,53 +65,68 @@ class TimerTask(ABC):
 
     def cancel(self) -> None:
         """Remove this task from its timer, if it is in one. The task will not run."""
-        with _ENTRY_LOCK:
-            entry = self._timer_task_entry
-            self._timer_task_entry = None
-        if entry is not None:
-            entry.remove()
+        # Flag first, lock-free: a flush already holding the bucket's lock then drops the task.
+        self._scheduled = False
+        self._entry = None
+        self._leave_bucket()
 
     def is_cancelled(self) -> bool:
         """True when the task was cancelled, or never added to a timer."""
-        return self._timer_task_entry is None
+        return not self._scheduled
 
-    def _set_timer_task_entry(self, entry: TimerTaskEntry) -> None:
-        with _ENTRY_LOCK:
-            previous = self._timer_task_entry
-            self._timer_task_entry = entry
-        # A task moving to a new entry must leave its old bucket: "a task is in at most one bucket".
-        if previous is not None and previous is not entry:
-            previous.remove()
+    def _leave_bucket(self) -> None:
+        # The task may move to another bucket (flush + re-insert) between reading ``_bucket`` and
+        # locking it; ``remove_task`` then does nothing, so retry until ``_bucket`` is None.
+        bucket = self._bucket
+        while bucket is not None:
+            bucket.remove_task(self)
+            bucket = self._bucket
 
     def _get_timer_task_entry(self) -> TimerTaskEntry | None:
-        return self._timer_task_entry
+        return self._entry
+
+
+class _Sentinel(TimerTask):
+    """The root node of a bucket's circular list: never scheduled, never run."""
+
+    __slots__ = ()
+
+    def run(self) -> None:  # pragma: no cover - a sentinel is never due
+        raise AssertionError("a bucket's sentinel is never run")
 
 
 class TimerTaskEntry:
-    """A task's node in a :class:`TimerTaskList`: expiration, and the links of a doubly linked list."""
+    """Kafka's handle for "this task, due at ``expiration_ms``", as used by ``TimerTaskList.add``.
 
-    __slots__ = ("expiration_ms", "list", "next", "prev", "timer_task")
+    Creating an entry makes it the task's current one and takes the task out of its previous
+    bucket (Kafka: "if this timerTask is already held by an existing timer task entry,
+    setTimerTaskEntry will remove it"). An entry is ``cancelled()`` once the task has been
+    cancelled or placed again through another entry or a timer.
+    """
+
+    __slots__ = ("expiration_ms", "timer_task")
 
     def __init__(self, timer_task: TimerTask, expiration_ms: int) -> None:
         self.timer_task = timer_task
         self.expiration_ms = expiration_ms
-        # Set under the owning list's lock only; read without it to find which list to lock.
-        self.list: TimerTaskList | None = None
-        self.next: TimerTaskEntry | None = None
-        self.prev: TimerTaskEntry | None = None
-        timer_task._set_timer_task_entry(self)
+        timer_task._leave_bucket()
+        timer_task._entry = self
+        timer_task._scheduled = True
+
+    @property
+    def list(self) -> TimerTaskList | None:
+        """The bucket holding this entry's task, or None (flushed, cancelled, replaced)."""
+        task = self.timer_task
+        return task._bucket if task._entry is self else None
 
     def cancelled(self) -> bool:
         """True once the task has been cancelled or re-added elsewhere: this entry must not run it."""
-        return self.timer_task._timer_task_entry is not self
+        return self.timer_task._entry is not self
 
     def remove(self) -> None:
-        # The entry may be moved to another bucket (flush + re-insert) between reading ``list``
-        # and locking it; ``TimerTaskList.remove`` then does nothing, so retry until ``list`` is None.
-        current = self.list
-        while current is not None:
-            current.remove(self)
-            current = self.list
+        """Take the task out of its bucket if this entry is still the task's current one."""
+        if self.timer_task._entry is self:
+            self.timer_task._leave_bucket()
 
     def __lt__(self, other: TimerTaskEntry) -> bool:
         return self.expiration_ms < other.expiration_ms

@@ -5,49 +5,52 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ._timer_task import TimerTaskEntry
+from ._timer_task import TimerTask, TimerTaskEntry, _Sentinel
 
 __all__ = ["TaskCounter", "TimerTaskList"]
 
 
 class TaskCounter:
-    """The pending-task count shared by every bucket of one timer (Kafka's ``AtomicInteger``).
+    """The pending-task count shared by every bucket of one timer (Kafka's ``AtomicInteger``),
+    and the one lock those buckets share.
 
-    Buckets update it under their own locks, which are different locks, so the count keeps
-    its own: ``+= 1`` on an attribute is not atomic across threads.
+    Kafka gives each bucket its own lock and the count an atomic. Under CPython's GIL separate
+    locks buy no parallelism, and each costs an acquire/release pair per add and per cancel; so
+    every bucket built on one counter locks ``counter.lock``, which also guards ``value``. The
+    timer (``WheelTimerCore``) uses the same lock to serialise ``add`` with ``advance_clock``.
     """
 
-    __slots__ = ("_lock", "value")
+    __slots__ = ("lock", "value")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.value = 0
 
     def add(self, delta: int) -> None:
-        with self._lock:
+        with self.lock:
             self.value += delta
 
 
 class TimerTaskList:
-    """A bucket: a doubly linked circular list of entries around a sentinel, with an expiration.
+    """A bucket: a doubly linked circular list of tasks around a sentinel, with an expiration.
 
     The sentinel makes insert and remove branch-free and O(1). The bucket's expiration is the
     start of the tick it covers, or -1 while it is not queued in the timer's delay queue.
-    ``add``/``remove``/``flush`` are thread-safe (one lock per bucket, as Kafka's ``synchronized``).
+    ``add``/``remove``/``flush`` are thread-safe; they lock the task counter's lock (shared by
+    all buckets of a timer, see :class:`TaskCounter`). Methods starting with ``_`` expect the
+    caller to hold that lock already.
     """
 
-    __slots__ = ("__weakref__", "_expiration_ms", "_lock", "_root", "_task_counter")
+    __slots__ = ("_counter", "_expiration_ms", "_lock", "_root")
 
     def __init__(self, task_counter: TaskCounter) -> None:
-        self._task_counter = task_counter
-        self._lock = threading.Lock()
+        self._counter = task_counter
+        self._lock = task_counter.lock
         self._expiration_ms = -1
-        root = TimerTaskEntry.__new__(TimerTaskEntry)  # sentinel: carries no task
-        root.expiration_ms = -1
-        root.list = None
-        root.next = root
-        root.prev = root
-        self._root = root
+        root = _Sentinel(0)
+        root._next = root
+        root._prev = root
+        self._root: TimerTask = root
 
     def set_expiration(self, expiration_ms: int) -> bool:
         """Set the bucket's expiration; True iff it changed (the bucket must then be (re)queued)."""
@@ -59,75 +62,117 @@ class TimerTaskList:
         return self._expiration_ms
 
     def add(self, entry: TimerTaskEntry) -> None:
-        done = False
-        while not done:
-            # Remove from any other list first, outside our lock: holding two bucket locks at
-            # once could deadlock against a concurrent move in the other direction.
-            entry.remove()
+        """Append ``entry``'s task (Kafka's API); a stale entry (task since re-placed) is ignored."""
+        task = entry.timer_task
+        while task._entry is entry:
+            # Leave any other list first, outside our lock: that list may have another lock, and
+            # holding two at once could deadlock against a move in the other direction.
+            task._leave_bucket()
             with self._lock:
-                if entry.list is None:
-                    root = self._root
-                    tail = root.prev
-                    assert tail is not None, "sentinel links are never None"
-                    entry.next = root
-                    entry.prev = tail
-                    entry.list = self
-                    tail.next = entry
-                    root.prev = entry
-                    self._task_counter.add(1)
-                    done = True
+                if task._bucket is None and task._entry is entry:
+                    task._expiration_ms = entry.expiration_ms
+                    self._link(task)
+                    return
 
     def remove(self, entry: TimerTaskEntry) -> None:
-        with self._lock:
-            self._unlink(entry)
+        if entry.timer_task._entry is entry:
+            self.remove_task(entry.timer_task)
 
-    def _unlink(self, entry: TimerTaskEntry) -> bool:
-        # Caller holds self._lock. The entry may have moved to another list meanwhile: then skip.
-        if entry.list is not self:
-            return False
-        prev, nxt = entry.prev, entry.next
-        assert prev is not None and nxt is not None, f"linked entry without neighbours: {entry!r}"
-        nxt.prev = prev
-        prev.next = nxt
-        entry.next = None
-        entry.prev = None
-        entry.list = None
-        self._task_counter.add(-1)
-        return True
+    def remove_task(self, task: TimerTask) -> None:
+        """Unlink ``task`` if it is (still) in this bucket."""
+        with self._lock:
+            if task._bucket is self:
+                self._unlink(task)
+
+    def _link(self, task: TimerTask) -> None:
+        # Caller holds the lock; ``task`` is in no bucket.
+        root = self._root
+        tail = root._prev
+        assert tail is not None, "sentinel links are never None"
+        task._next = root
+        task._prev = tail
+        task._bucket = self
+        tail._next = task
+        root._prev = task
+        self._counter.value += 1
+
+    def _unlink(self, task: TimerTask) -> None:
+        # Caller holds the lock and has checked ``task._bucket is self``.
+        prev = task._prev
+        nxt = task._next
+        assert prev is not None and nxt is not None, f"linked task without neighbours: {task!r}"
+        nxt._prev = prev
+        prev._next = nxt
+        task._next = None
+        task._prev = None
+        task._bucket = None
+        self._counter.value -= 1
+
+    def _detach_all(self) -> TimerTask:
+        """Empty the bucket in O(1) and reset its expiration; return the first task of the old
+        chain, which runs through ``_next`` until it reaches the sentinel (``self._root``).
+
+        Caller holds the lock and must unlink (``_release``) each task of the chain before
+        releasing it: their ``_bucket`` still points here until then.
+        """
+        root = self._root
+        first = root._next
+        assert first is not None, "sentinel links are never None"
+        root._next = root
+        root._prev = root
+        self._expiration_ms = -1
+        return first
+
+    def _release(self, task: TimerTask) -> None:
+        # One task of a detached chain leaves the bucket (caller holds the lock).
+        task._next = None
+        task._prev = None
+        task._bucket = None
+        self._counter.value -= 1
 
     def flush(self, f: Callable[[TimerTaskEntry], None]) -> None:
-        """Remove every entry and hand each to ``f`` (re-insert or run); reset the expiration."""
+        """Remove every task and hand each one's entry to ``f`` (re-insert or run), in order."""
+        tasks: list[TimerTask] = []
         with self._lock:
-            entries: list[TimerTaskEntry] = []
-            head = self._root.next
-            while head is not None and head is not self._root:
-                self._unlink(head)
-                entries.append(head)
-                head = self._root.next
-            self._expiration_ms = -1
-        # ``f`` re-inserts into other buckets (taking their locks): call it outside ours.
-        for entry in entries:
+            root = self._root
+            task = self._detach_all()
+            while task is not root:
+                nxt = task._next
+                assert nxt is not None
+                self._release(task)
+                tasks.append(task)
+                task = nxt
+        # ``f`` re-inserts into buckets (taking the lock): call it outside.
+        for task in tasks:
+            if not task._scheduled:
+                continue  # cancelled while we were collecting
+            entry = task._entry
+            if entry is None:
+                # Placed by a timer's fast path, which keeps no handle: make one now.
+                entry = TimerTaskEntry(task, task._expiration_ms)
             f(entry)
 
-    def foreach(self, f: Callable[[object], None]) -> None:
+    def foreach(self, f: Callable[[TimerTask], None]) -> None:
         """Apply ``f`` to each live (not cancelled) task in the bucket."""
+        tasks: list[TimerTask] = []
         with self._lock:
-            tasks = []
-            entry = self._root.next
-            while entry is not None and entry is not self._root:
-                if not entry.cancelled():
-                    tasks.append(entry.timer_task)
-                entry = entry.next
+            root = self._root
+            task = root._next
+            while task is not None and task is not root:
+                if task._scheduled:
+                    tasks.append(task)
+                task = task._next
         for task in tasks:
             f(task)
 
     def __len__(self) -> int:
         with self._lock:
             n = 0
-            entry = self._root.next
-            while entry is not None and entry is not self._root:
+            root = self._root
+            task = root._next
+            while task is not None and task is not root:
                 n += 1
-                entry = entry.next
+                task = task._next
             return n
 
     def __lt__(self, other: TimerTaskList) -> bool:

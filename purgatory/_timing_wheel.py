@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ._timer_task import TimerTaskEntry
+from ._timer_task import TimerTask, TimerTaskEntry
 from ._timer_task_list import TaskCounter, TimerTaskList
 
 __all__ = ["BucketQueue", "TimingWheel", "bucket_expiration", "bucket_index", "wheel_start"]
@@ -52,13 +52,15 @@ class TimingWheel:
     Buckets — not entries — go to the delay queue, and only when a bucket's expiration changes,
     so the clock jumps straight to the next non-empty bucket instead of ticking through empty ones.
 
-    Not thread-safe: the owning timer serialises ``add`` and ``advance_clock`` (Kafka: "There
-    should not be any add calls while advanceClock is executing"). Buckets themselves are
-    thread-safe, so tasks may be cancelled concurrently.
+    ``add`` takes the timer's lock (the task counter's, shared with every bucket) and
+    ``_add_task`` expects it held; ``advance_clock`` is not thread-safe: the owning timer
+    serialises it with adds (Kafka: "There should not be any add calls while advanceClock is
+    executing"). Tasks may be cancelled concurrently from any thread.
     """
 
     __slots__ = (
         "_buckets",
+        "_lock",
         "_overflow_wheel",
         "_queue",
         "_task_counter",
@@ -87,6 +89,7 @@ class TimingWheel:
         self.interval = tick_ms * wheel_size
         self.current_time_ms = wheel_start(start_ms, tick_ms)
         self._task_counter = task_counter
+        self._lock = task_counter.lock  # shared with every bucket (see TaskCounter)
         self._queue = queue
         self._buckets = [TimerTaskList(task_counter) for _ in range(wheel_size)]
         self._overflow_wheel: TimingWheel | None = None
@@ -106,24 +109,38 @@ class TimingWheel:
 
     def add(self, entry: TimerTaskEntry) -> bool:
         """Place ``entry``; False when it is cancelled or already expired (the caller runs it)."""
-        expiration = entry.expiration_ms
+        task = entry.timer_task
+        while task._entry is entry:
+            # Leave any other bucket outside our lock (it may be another timer's).
+            task._leave_bucket()
+            with self._lock:
+                if task._bucket is None and task._entry is entry:
+                    return self._add_task(task, entry.expiration_ms)
+        return False
+
+    def _add_task(self, task: TimerTask, expiration: int) -> bool:
+        """Place ``task`` due at ``expiration``; False if already expired. Caller holds the lock
+        and the task is in no bucket. (Iterative rather than Kafka's recursion: same decisions.)"""
         wheel = self
-        # Iterative rather than Kafka's recursion: same decisions, fewer Python frames.
         while True:
-            if entry.cancelled():
+            current = wheel.current_time_ms
+            tick = wheel.tick_ms
+            if expiration < current + tick:
                 return False
-            if expiration < wheel.current_time_ms + wheel.tick_ms:
-                return False
-            if expiration < wheel.current_time_ms + wheel.interval:
-                virtual_id = expiration // wheel.tick_ms
+            if expiration < current + wheel.interval:
+                virtual_id = expiration // tick
                 bucket = wheel._buckets[virtual_id % wheel.wheel_size]
-                bucket.add(entry)
+                task._expiration_ms = expiration
+                bucket._link(task)
                 # Queue the bucket only when its expiration changed: a bucket is queued once per
-                # round, however many entries it collects.
-                if bucket.set_expiration(virtual_id * wheel.tick_ms):
+                # round, however many tasks it collects.
+                bucket_expiration = virtual_id * tick
+                if bucket._expiration_ms != bucket_expiration:
+                    bucket._expiration_ms = bucket_expiration
                     wheel._queue.offer(bucket)
                 return True
-            wheel = wheel._add_overflow_wheel()
+            overflow = wheel._overflow_wheel
+            wheel = overflow if overflow is not None else wheel._add_overflow_wheel()
 
     def advance_clock(self, time_ms: int) -> None:
         """Move this wheel (and its overflow wheels) to the tick containing ``time_ms``."""

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 
+from mypy_extensions import mypyc_attr
+
 from ._timer import WheelTimerCore
 from ._timer_task import TimerTask
 
 __all__ = ["MockTime", "MockTimer"]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MockTime:
     """A clock that moves only when told to. Thread-safe."""
 
@@ -33,6 +36,7 @@ class MockTime:
             self._now_ms += ms
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MockTimer:
     """A timer whose clock is a :class:`MockTime`: nothing runs until the test moves time.
 
@@ -52,12 +56,12 @@ class MockTimer:
     def add(self, timer_task: TimerTask) -> None:
         if timer_task.delay_ms <= 0:
             # Kafka's MockTimer: no delay, no wheel. (The wheel's clock may lag the mock time.)
+            if timer_task._bucket is not None:
+                timer_task._leave_bucket()  # a task is in at most one place: it runs now instead
             timer_task.run()
             return
-        due: list[TimerTask] = []
-        self._core.add(timer_task, due.append)
-        for task in due:
-            task.run()
+        if not self._core.schedule(timer_task) and timer_task._scheduled:
+            timer_task.run()
 
     def advance_clock(self, ms: int) -> bool:
         """Move time forward by ``ms`` and run every task now due; True if any bucket was due."""
@@ -69,8 +73,7 @@ class MockTimer:
             if not self._core.flush_due(now, due.append):
                 # Nothing is due at or before ``now``: bring the wheel's clock up to it, so a
                 # task added next with a 1 ms delay lands in the bucket for now + 1.
-                with self._core.lock:
-                    self._core.wheel.advance_clock(now)
+                self._core.advance_wheel(now)
                 return processed
             processed = True
             for task in due:

@@ -92,3 +92,21 @@ def test_secrets_are_masked_in_reprs_dumps_and_errors(monkeypatch: pytest.Monkey
     with pytest.raises(ConfigError) as info:
         load_settings()
     assert "kafka.security_protocol" in str(info.value)
+
+
+def test_purgatory_from_settings_applies_per_name_overrides(tmp_path: Path) -> None:
+    import threading
+
+    from purgatory import DelayedOperationPurgatory
+
+    config = tmp_path / "p.toml"
+    config.write_text(
+        "[purgatories.Fetch]\nmax_pending = 7\npurge_interval = 3\n[purgatories.Fetch.timer]\ntick_ms = 5\n"
+    )
+    p: DelayedOperationPurgatory = DelayedOperationPurgatory.from_settings("Fetch", load_settings(config))  # type: ignore[type-arg]
+    try:
+        assert (p.max_pending, p.purge_interval) == (7, 3)
+        assert p._timer._core.wheel.tick_ms == 5  # type: ignore[attr-defined]
+    finally:
+        p.shutdown()
+    assert not any(t.name == "executor-Fetch" for t in threading.enumerate()), "its own timer is closed"
