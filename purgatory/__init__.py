@@ -5,6 +5,8 @@ Hierarchical timing wheels (:class:`SystemTimer`), delayed operations finished e
 (:class:`DelayedOperationPurgatory`).
 """
 
+# First: decides between the mypyc-compiled timer modules and their sources (see _accel.py).
+from . import _accel  # noqa: F401  # isort: skip
 from ._errors import InvalidOperationError, PurgatoryClosedError, PurgatoryError, PurgatoryFullError
 from ._logging import configure_logging
 from ._operation import DelayedOperation

@@ -57,6 +57,7 @@ class DelayedOperation(TimerTask):
     """
 
     __slots__ = (
+        "__weakref__",  # TimerTask (compiled: a native class) has no weakref slot of its own
         "_claim",
         "_keys_cancelled",
         "_owner",

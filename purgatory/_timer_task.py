@@ -16,7 +16,7 @@ These modules are typed and slotted so that mypyc compiles them into native clas
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from typing import TYPE_CHECKING
 
 from mypy_extensions import mypyc_attr
@@ -27,9 +27,33 @@ if TYPE_CHECKING:
 __all__ = ["TimerTask", "TimerTaskEntry"]
 
 
+# Class -> its unimplemented abstract methods ("" once known concrete), filled on first use.
+_ABSTRACT_METHODS: dict[type, str] = {}
+
+
+def _abstract_methods(cls: type) -> str:
+    """What ``cls`` leaves abstract, as ABCMeta would compute it (cached per class).
+
+    TimerTask cannot be an ``abc.ABC``: mypyc gives a native class with a Python base a
+    ``__weakref__`` slot that its deallocator never clears (a weakly referenced task then crashes
+    the interpreter when freed), and compiled classes skip ABC's instantiation check anyway.
+    So the check is done here, for compiled and pure classes alike.
+    """
+    missing = _ABSTRACT_METHODS.get(cls)
+    if missing is None:
+        names = {
+            name for name in dir(cls) if getattr(getattr(cls, name, None), "__isabstractmethod__", False)
+        }
+        if getattr(cls, "run", None) is _BASE_RUN:  # compiled methods carry no __isabstractmethod__
+            names.add("run")
+        missing = ", ".join(sorted(names))
+        _ABSTRACT_METHODS[cls] = missing
+    return missing
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # users (and DelayedOperation) subclass it in Python
-class TimerTask(ABC):
-    """Something to run once ``delay_ms`` after it is added to a timer.
+class TimerTask:
+    """Something to run once ``delay_ms`` after it is added to a timer. Abstract: ``run()``.
 
     A task is in at most one bucket: adding it again (to any timer) replaces its previous place,
     and :meth:`cancel` unlinks it in O(1). Thread-safe: ``cancel`` may race with the timer
@@ -37,17 +61,20 @@ class TimerTask(ABC):
     Kafka, a task already handed to the timer's executor runs even if cancelled afterwards.)
 
     The link fields belong to the bucket holding the task and change only under that bucket's
-    lock; ``_bucket`` is read without it to find which lock to take.
+    lock; ``_bucket`` is read without it to find which lock to take. Subclasses with
+    ``__slots__`` add ``"__weakref__"`` to them if they want weak references.
     """
 
     __slots__ = ("_bucket", "_entry", "_expiration_ms", "_next", "_prev", "_scheduled", "delay_ms")
 
     def __init__(self, delay_ms: int) -> None:
         cls = type(self)
-        # Compiled (mypyc) classes skip ABCMeta's instantiation check: do it here.
-        if cls is TimerTask or getattr(cls, "__abstractmethods__", None):
+        missing = _ABSTRACT_METHODS.get(cls)
+        if missing is None:
+            missing = _abstract_methods(cls)
+        if missing:
             raise TypeError(
-                f"Can't instantiate abstract class {cls.__name__} without an implementation of run()"
+                f"Can't instantiate abstract class {cls.__name__} with abstract methods {missing}"
             )
         self.delay_ms = delay_ms
         self._expiration_ms = 0
@@ -62,6 +89,7 @@ class TimerTask(ABC):
     @abstractmethod
     def run(self) -> None:
         """Called once the delay has passed, on the timer's executor thread."""
+        raise NotImplementedError
 
     def cancel(self) -> None:
         """Remove this task from its timer, if it is in one. The task will not run."""
@@ -84,6 +112,9 @@ class TimerTask(ABC):
 
     def _get_timer_task_entry(self) -> TimerTaskEntry | None:
         return self._entry
+
+
+_BASE_RUN = TimerTask.run
 
 
 class _Sentinel(TimerTask):
