@@ -1,0 +1,149 @@
+"""The journal's aggregates, one definition for batch and Structured Streaming.
+
+Per operation type and tumbling event-time window (``window``, default one minute):
+
+* ``created`` — operations submitted in the window (by their ``created`` event's time);
+* ``completed`` / ``expired`` / ``cancelled`` — operations that *finished* in the window, by
+  outcome; ``expiry_ratio = expired / (completed + expired + cancelled)``;
+* ``latency_p50/p95/p99_ms`` — completion latency (completed operations finishing in the window),
+  with Spark's ``percentile_approx``;
+* key counts — per watch key, the operations created in the window that watch it; the hottest
+  keys are the top ``n`` of these.
+
+Accuracy of the percentiles: ``percentile_approx(col, p, accuracy)`` keeps a Greenwald-Khanna
+quantile summary whose relative error is ``1 / accuracy``: for ``n`` values the returned value is
+an actual input value whose rank differs from the exact rank ``ceil(p * n)`` by at most
+``n / accuracy`` (default ``accuracy = 10000``: within 0.01 % of ``n`` ranks, so exact for windows
+of fewer than 10,000 completions). Memory grows with ``accuracy``, not with ``n``.
+
+Both kinds of rows come out of ONE grouping — stats rows with ``key = null``, key rows with the
+key — so a streaming query keeps one state store and reads its source once.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+__all__ = [
+    "DEFAULT_ACCURACY",
+    "DEFAULT_TOP_KEYS",
+    "PERCENTILES",
+    "aggregate",
+    "hot_keys",
+    "key_counts_of",
+    "stats_of",
+    "summary",
+]
+
+PERCENTILES = (0.5, 0.95, 0.99)
+DEFAULT_ACCURACY = (
+    10_000  # Spark's default: rank error <= n / 10,000 (see the module docstring)
+)
+DEFAULT_TOP_KEYS = 10
+
+
+def _is(event_type: str) -> Column:
+    return F.col("event_type") == event_type
+
+
+def aggregate(
+    events: DataFrame, window: str, accuracy: int = DEFAULT_ACCURACY
+) -> DataFrame:
+    """Stats rows and key rows per (window, op_type[, key]); see the module docstring.
+
+    Each event becomes one row with ``key = null`` (its stats row), and a ``created`` event one
+    more row per watch key — one ``explode``, no union, so the streaming planner sees a single
+    windowed aggregation over the watermarked ``event_time``.
+    """
+    none = F.array(F.lit(None).cast("string"))
+    dims = F.when(
+        _is("created") & F.col("keys").isNotNull(), F.concat(none, F.col("keys"))
+    ).otherwise(none)
+    rows = events.select(
+        "event_time",
+        "op_type",
+        "event_type",
+        "latency_ms",
+        F.explode(dims).alias("key"),
+    )
+    stats_row = F.col("key").isNull()
+    percentiles = F.array(*[F.lit(p) for p in PERCENTILES])
+    completed_latency = F.when(stats_row & _is("completed"), F.col("latency_ms"))
+    return rows.groupBy(
+        F.window("event_time", window).alias("window"), "op_type", "key"
+    ).agg(
+        F.count(F.when(stats_row & _is("created"), 1)).alias("created"),
+        F.count(F.when(stats_row & _is("completed"), 1)).alias("completed"),
+        F.count(F.when(stats_row & _is("expired"), 1)).alias("expired"),
+        F.count(F.when(stats_row & _is("cancelled"), 1)).alias("cancelled"),
+        F.count(F.when(~stats_row, 1)).alias("ops"),
+        F.percentile_approx(completed_latency, percentiles, accuracy).alias("latency"),
+    )
+
+
+def stats_of(aggregates: DataFrame) -> DataFrame:
+    """The ``window_stats`` table: one row per (window, op_type)."""
+    finished = F.col("completed") + F.col("expired") + F.col("cancelled")
+    return aggregates.where(F.col("key").isNull()).select(
+        F.col("window.start").alias("window_start"),
+        F.col("window.end").alias("window_end"),
+        "op_type",
+        "created",
+        "completed",
+        "expired",
+        "cancelled",
+        F.when(finished > 0, F.col("expired") / finished).alias("expiry_ratio"),
+        *[
+            F.col("latency")[i].alias(f"latency_p{round(p * 100)}_ms")
+            for i, p in enumerate(PERCENTILES)
+        ],
+    )
+
+
+def key_counts_of(aggregates: DataFrame) -> DataFrame:
+    """The ``key_counts`` table: operations created per (window, op_type, key)."""
+    return aggregates.where(F.col("key").isNotNull()).select(
+        F.col("window.start").alias("window_start"),
+        F.col("window.end").alias("window_end"),
+        "op_type",
+        "key",
+        "ops",
+    )
+
+
+def hot_keys(key_counts: DataFrame, top: int = DEFAULT_TOP_KEYS) -> DataFrame:
+    """The ``top`` keys per (window, op_type) by operations watching them; ties by key name."""
+    rank = Window.partitionBy("window_start", "op_type").orderBy(
+        F.desc("ops"), F.asc("key")
+    )
+    return key_counts.withColumn("rank", F.row_number().over(rank)).where(
+        F.col("rank") <= top
+    )
+
+
+def summary(events: DataFrame, accuracy: int = DEFAULT_ACCURACY) -> DataFrame:
+    """Whole-journal totals per op_type (batch only: percentiles need all events of a type)."""
+    percentiles = F.array(*[F.lit(p) for p in PERCENTILES])
+    finished = F.col("completed") + F.col("expired") + F.col("cancelled")
+    totals = events.groupBy("op_type").agg(
+        F.count(F.when(_is("created"), 1)).alias("created"),
+        F.count(F.when(_is("completed"), 1)).alias("completed"),
+        F.count(F.when(_is("expired"), 1)).alias("expired"),
+        F.count(F.when(_is("cancelled"), 1)).alias("cancelled"),
+        F.percentile_approx(
+            F.when(_is("completed"), F.col("latency_ms")), percentiles, accuracy
+        ).alias("latency"),
+    )
+    return totals.select(
+        "op_type",
+        "created",
+        "completed",
+        "expired",
+        "cancelled",
+        F.when(finished > 0, F.col("expired") / finished).alias("expiry_ratio"),
+        *[
+            F.col("latency")[i].alias(f"latency_p{round(p * 100)}_ms")
+            for i, p in enumerate(PERCENTILES)
+        ],
+    )

@@ -1,0 +1,77 @@
+"""The SparkSession of the journal pipeline: environment, connector jars, sane local defaults."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from purgatory import PurgatoryError
+
+__all__ = ["SparkEnvironmentError", "prepare_environment", "spark_session"]
+
+LOOPBACK = "127.0.0.1"  # Spark binds the driver here: no surprises from the host's other interfaces
+DEFAULT_SHUFFLE_PARTITIONS = (
+    8  # journals are small next to Spark's default of 200 (one task each)
+)
+DEFAULT_DRIVER_MEMORY = (
+    "2g"  # local mode runs everything in the driver JVM; 1g (Spark's) is tight
+)
+
+
+class SparkEnvironmentError(PurgatoryError):
+    """Spark cannot start here (no Java); the message says what to install."""
+
+
+def prepare_environment() -> None:
+    """Set what PySpark needs before its JVM starts (only where the user did not set it)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    # Python workers must run this interpreter (the venv), not whatever ``python3`` is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    java_home = os.environ.get("JAVA_HOME")
+    if (
+        not (java_home and Path(java_home, "bin", "java").exists())
+        and shutil.which("java") is None
+    ):
+        raise SparkEnvironmentError(
+            "Spark needs a Java runtime (17 or 21) and none was found: set JAVA_HOME or put `java` "
+            "on PATH (Debian/Ubuntu: apt-get install openjdk-17-jre-headless)"
+        )
+
+
+def spark_session(
+    master: str = "local[*]",
+    *,
+    app_name: str = "purgatory-analyze",
+    jars: Sequence[Path] = (),
+    shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
+    driver_memory: str = DEFAULT_DRIVER_MEMORY,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Get or create the session. Settings that need a fresh JVM (jars, driver memory) only apply
+    to the first session of the process (Spark's rule); later calls return that session."""
+    prepare_environment()
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.sql.session.timeZone", "UTC")  # windows and report times in UTC
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
+        .config(
+            "spark.ui.showConsoleProgress", "false"
+        )  # progress bars garble the CLI's output
+        .config("spark.sql.adaptive.enabled", "true")
+    )
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
