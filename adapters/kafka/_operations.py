@@ -116,10 +116,9 @@ class DelayedProduce(KafkaOperation):
 
     ``appended`` maps each partition to the last offset the leader appended (``acks=1``). A
     partition is done when ``high_watermark > offset`` — every in-sync replica has the record —
-    with status ``NONE``, or ``NOT_ENOUGH_REPLICAS`` if the ISR is then smaller than
-    ``min.insync.replicas`` (Kafka's ``checkEnoughReplicasReachOffset``: the high watermark of a
-    shrunken ISR passes at once, but the write is not safely replicated). An unknown partition is
-    done with ``UNKNOWN_TOPIC_OR_PARTITION``. On expiry the partitions still waiting get
+    with status ``NONE``; or with ``NOT_ENOUGH_REPLICAS`` as soon as its ISR is smaller than
+    ``min.insync.replicas`` (Kafka 4 then keeps the high watermark still, see ``_status``). An
+    unknown partition is done with ``UNKNOWN_TOPIC_OR_PARTITION``. On expiry the partitions still waiting get
     ``REQUEST_TIMED_OUT``. ``statuses`` holds the per-partition result.
     """
 
@@ -160,11 +159,14 @@ class DelayedProduce(KafkaOperation):
             return None  # not polled yet
         if facts.error is not None:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if facts.error.kind == "unknown_topic" else None
+        min_isr = facts.min_insync_replicas
+        if min_isr is not None and facts.isr and len(facts.isr) < min_isr:
+            # Kafka 4 (eligible leader replicas, KIP-966) holds the high watermark still while the
+            # ISR is below min.insync.replicas: waiting could only time out. An acks=all produce
+            # gets NOT_ENOUGH_REPLICAS from the leader in this state; so does this operation.
+            return ErrorCode.NOT_ENOUGH_REPLICAS
         if facts.high_watermark is None or facts.high_watermark <= offset:
             return None
-        min_isr = facts.min_insync_replicas
-        if min_isr is not None and len(facts.isr) < min_isr:
-            return ErrorCode.NOT_ENOUGH_REPLICAS
         return ErrorCode.NONE
 
     def _respond(self) -> None:

@@ -65,7 +65,10 @@ def create_topic(
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     if replica_assignment is not None:
-        topic = NewTopic(name, replica_assignment=replica_assignment, config=dict(config or {}))
+        # librdkafka wants the partition count with an assignment, and no replication factor.
+        topic = NewTopic(
+            name, len(replica_assignment), replica_assignment=replica_assignment, config=dict(config or {})
+        )
     else:
         topic = NewTopic(name, partitions, replication, config=dict(config or {}))
     for future in admin.create_topics([topic], request_timeout=TOPIC_CREATE_TIMEOUT_S).values():

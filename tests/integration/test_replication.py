@@ -1,0 +1,125 @@
+"""DelayedProduce on a 3-broker cluster (RF 3, min.insync.replicas 2) with followers stopped and paused.
+
+Node 1 is the controller and, by the replica assignment, the leader of the test partition; the
+faults hit the followers 2 and 3. Each test leaves all three brokers running and in the ISR.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from purgatory.adapters.kafka import (
+    ClusterView,
+    DelayedProduce,
+    ErrorCode,
+    KafkaPurgatory,
+    LocalKafkaCluster,
+    ProducerRecord,
+    TopicPartitionKey,
+)
+
+from purgatory import Outcome
+from purgatory.settings import KafkaSettings
+
+from .conftest import WAIT_S, wait_until
+from .kafka_fixtures import create_topic
+
+pytestmark = pytest.mark.kafka
+
+LEADER, FOLLOWERS = 1, (2, 3)
+
+
+@pytest.fixture
+def replicated(kafka_cluster3: LocalKafkaCluster) -> Iterator[tuple[KafkaPurgatory, TopicPartitionKey]]:
+    """A fresh RF-3 topic led by node 1 and a purgatory watching it; brokers restored afterwards."""
+    settings = KafkaSettings(bootstrap_servers=kafka_cluster3.bootstrap_servers, request_timeout_ms=2000)
+    topic = create_topic(
+        kafka_cluster3.bootstrap_servers,
+        f"rep-{uuid.uuid4().hex[:8]}",
+        replica_assignment=[[LEADER, *FOLLOWERS]],
+        config={"min.insync.replicas": "2"},
+    )
+    key = TopicPartitionKey(topic, 0)
+    _wait_isr(settings, key, 3)
+    service = KafkaPurgatory.connect(settings, name="replication")
+    try:
+        yield service, key
+    finally:
+        service.close()
+        for node in FOLLOWERS:
+            kafka_cluster3.resume_broker(node)
+            if not kafka_cluster3.node(node).is_running():
+                kafka_cluster3.start_broker(node)
+        _wait_isr(settings, key, 3)
+
+
+def _isr(settings: KafkaSettings, key: TopicPartitionKey) -> tuple[int, ...]:
+    return ClusterView(settings).facts([key]).partitions[key].isr
+
+
+def _wait_isr(settings: KafkaSettings, key: TopicPartitionKey, size: int) -> None:
+    wait_until(lambda: len(_isr(settings, key)) == size, f"ISR of {key.label} has {size} replicas", 60.0)
+
+
+def test_produce_completes_only_after_followers_replicate(
+    kafka_cluster3: LocalKafkaCluster, replicated: tuple[KafkaPurgatory, TopicPartitionKey]
+) -> None:
+    kp, key = replicated
+    for node in FOLLOWERS:
+        kafka_cluster3.pause_broker(node)  # followers frozen: the leader appends, nobody replicates
+    op = kp.produce([ProducerRecord(key.topic, b"r", partition=0)], delay_ms=15_000)
+    offset = op.appended[key]
+    # Asked of the leader directly (ListOffsets goes to node 1, which is running): while the
+    # followers are frozen the high watermark cannot pass the record, and the op must wait.
+    # (The feed may be stalled meanwhile: its DescribeTopics can land on a frozen broker.)
+    high = ClusterView(kp.settings).high_watermarks([key])[key]
+    assert high <= offset, f"followers frozen: high watermark {high} has not passed offset {offset}"
+    assert not op.is_completed(), "the leader has the record but the followers do not: not replicated yet"
+    for node in FOLLOWERS:
+        kafka_cluster3.resume_broker(node)
+    assert op.wait(WAIT_S)
+    assert op.outcome is Outcome.COMPLETED and op.statuses == {key: ErrorCode.NONE}
+
+
+def test_produce_still_completes_with_one_follower_stopped(
+    kafka_cluster3: LocalKafkaCluster, replicated: tuple[KafkaPurgatory, TopicPartitionKey]
+) -> None:
+    kp, key = replicated
+    kafka_cluster3.stop_broker(3)
+    _wait_isr(kp.settings, key, 2)
+    op = kp.produce([ProducerRecord(key.topic, b"r", partition=0)], delay_ms=15_000)
+    assert op.wait(WAIT_S)
+    assert op.outcome is Outcome.COMPLETED and op.statuses == {key: ErrorCode.NONE}, "ISR 2 >= min.insync 2"
+
+
+def test_produce_reports_not_enough_replicas_with_two_followers_stopped_and_recovers_after_restart(
+    kafka_cluster3: LocalKafkaCluster, replicated: tuple[KafkaPurgatory, TopicPartitionKey]
+) -> None:
+    kp, key = replicated
+    kafka_cluster3.stop_broker(2)
+    kafka_cluster3.stop_broker(3)
+    _wait_isr(kp.settings, key, 1)
+    op = kp.produce([ProducerRecord(key.topic, b"r", partition=0)], delay_ms=15_000)
+    assert op.wait(WAIT_S)
+    assert op.statuses == {key: ErrorCode.NOT_ENOUGH_REPLICAS}, "ISR 1 < min.insync.replicas 2"
+
+    kafka_cluster3.start_broker(2)
+    kafka_cluster3.start_broker(3)
+    _wait_isr(kp.settings, key, 3)
+    again = kp.produce([ProducerRecord(key.topic, b"r", partition=0)], delay_ms=15_000)
+    assert again.wait(WAIT_S)
+    assert again.outcome is Outcome.COMPLETED and again.statuses == {key: ErrorCode.NONE}
+
+
+def test_produce_expires_with_request_timed_out_while_two_followers_hang(
+    kafka_cluster3: LocalKafkaCluster, replicated: tuple[KafkaPurgatory, TopicPartitionKey]
+) -> None:
+    kp, key = replicated
+    for node in FOLLOWERS:
+        kafka_cluster3.pause_broker(node)  # hung, not yet dropped from the ISR (replica.lag.time.max.ms 4 s)
+    appended = kp.producer.produce([ProducerRecord(key.topic, b"r", partition=0)])
+    op = kp.submit(DelayedProduce(kp.feed, appended, delay_ms=1000))
+    assert op.wait(WAIT_S)
+    assert op.outcome is Outcome.EXPIRED and op.statuses == {key: ErrorCode.REQUEST_TIMED_OUT}
