@@ -37,9 +37,7 @@ __all__ = [
 ]
 
 PERCENTILES = (0.5, 0.95, 0.99)
-DEFAULT_ACCURACY = (
-    10_000  # Spark's default: rank error <= n / 10,000 (see the module docstring)
-)
+DEFAULT_ACCURACY = 10_000  # Spark's default: rank error <= n / 10,000 (see the module docstring)
 DEFAULT_TOP_KEYS = 10
 
 
@@ -47,9 +45,7 @@ def _is(event_type: str) -> Column:
     return F.col("event_type") == event_type
 
 
-def aggregate(
-    events: DataFrame, window: str, accuracy: int = DEFAULT_ACCURACY
-) -> DataFrame:
+def aggregate(events: DataFrame, window: str, accuracy: int = DEFAULT_ACCURACY) -> DataFrame:
     """Stats rows and key rows per (window, op_type[, key]); see the module docstring.
 
     Each event becomes one row with ``key = null`` (its stats row), and a ``created`` event one
@@ -57,9 +53,7 @@ def aggregate(
     windowed aggregation over the watermarked ``event_time``.
     """
     none = F.array(F.lit(None).cast("string"))
-    dims = F.when(
-        _is("created") & F.col("keys").isNotNull(), F.concat(none, F.col("keys"))
-    ).otherwise(none)
+    dims = F.when(_is("created") & F.col("keys").isNotNull(), F.concat(none, F.col("keys"))).otherwise(none)
     rows = events.select(
         "event_time",
         "op_type",
@@ -70,9 +64,7 @@ def aggregate(
     stats_row = F.col("key").isNull()
     percentiles = F.array(*[F.lit(p) for p in PERCENTILES])
     completed_latency = F.when(stats_row & _is("completed"), F.col("latency_ms"))
-    return rows.groupBy(
-        F.window("event_time", window).alias("window"), "op_type", "key"
-    ).agg(
+    return rows.groupBy(F.window("event_time", window).alias("window"), "op_type", "key").agg(
         F.count(F.when(stats_row & _is("created"), 1)).alias("created"),
         F.count(F.when(stats_row & _is("completed"), 1)).alias("completed"),
         F.count(F.when(stats_row & _is("expired"), 1)).alias("expired"),
@@ -94,10 +86,7 @@ def stats_of(aggregates: DataFrame) -> DataFrame:
         "expired",
         "cancelled",
         F.when(finished > 0, F.col("expired") / finished).alias("expiry_ratio"),
-        *[
-            F.col("latency")[i].alias(f"latency_p{round(p * 100)}_ms")
-            for i, p in enumerate(PERCENTILES)
-        ],
+        *[F.col("latency")[i].alias(f"latency_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
     )
 
 
@@ -114,12 +103,8 @@ def key_counts_of(aggregates: DataFrame) -> DataFrame:
 
 def hot_keys(key_counts: DataFrame, top: int = DEFAULT_TOP_KEYS) -> DataFrame:
     """The ``top`` keys per (window, op_type) by operations watching them; ties by key name."""
-    rank = Window.partitionBy("window_start", "op_type").orderBy(
-        F.desc("ops"), F.asc("key")
-    )
-    return key_counts.withColumn("rank", F.row_number().over(rank)).where(
-        F.col("rank") <= top
-    )
+    rank = Window.partitionBy("window_start", "op_type").orderBy(F.desc("ops"), F.asc("key"))
+    return key_counts.withColumn("rank", F.row_number().over(rank)).where(F.col("rank") <= top)
 
 
 def summary(events: DataFrame, accuracy: int = DEFAULT_ACCURACY) -> DataFrame:
@@ -131,9 +116,9 @@ def summary(events: DataFrame, accuracy: int = DEFAULT_ACCURACY) -> DataFrame:
         F.count(F.when(_is("completed"), 1)).alias("completed"),
         F.count(F.when(_is("expired"), 1)).alias("expired"),
         F.count(F.when(_is("cancelled"), 1)).alias("cancelled"),
-        F.percentile_approx(
-            F.when(_is("completed"), F.col("latency_ms")), percentiles, accuracy
-        ).alias("latency"),
+        F.percentile_approx(F.when(_is("completed"), F.col("latency_ms")), percentiles, accuracy).alias(
+            "latency"
+        ),
     )
     return totals.select(
         "op_type",
@@ -142,8 +127,5 @@ def summary(events: DataFrame, accuracy: int = DEFAULT_ACCURACY) -> DataFrame:
         "expired",
         "cancelled",
         F.when(finished > 0, F.col("expired") / finished).alias("expiry_ratio"),
-        *[
-            F.col("latency")[i].alias(f"latency_p{round(p * 100)}_ms")
-            for i, p in enumerate(PERCENTILES)
-        ],
+        *[F.col("latency")[i].alias(f"latency_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
     )

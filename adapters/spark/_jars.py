@@ -72,9 +72,7 @@ def _cached(spark_version: str) -> list[Path]:
     return jars
 
 
-def connector_jars(
-    spark_version: str | None = None, *, resolve: bool = False
-) -> list[Path]:
+def connector_jars(spark_version: str | None = None, *, resolve: bool = False) -> list[Path]:
     """The cached connector jars; with ``resolve``, run Maven first when they are missing.
 
     Raises :class:`ConnectorJarsMissingError` (with the exact command) when they are missing and
@@ -95,9 +93,7 @@ def connector_jars(
         raise ConnectorJarsMissingError(
             f"Maven (mvn) is not on PATH; install it, then run:\n\n    {shlex.join(command)}\n"
         )
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S, check=False
-    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S, check=False)
     jars = _cached(spark_version)
     if done.returncode != 0 or not jars:
         raise ConnectorJarsMissingError(

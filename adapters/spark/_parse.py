@@ -45,9 +45,7 @@ JOURNAL_SCHEMA = T.StructType(
         T.StructField(CORRUPT, T.StringType()),
     ]
 )
-EVENT_COLUMNS = [
-    field.name for field in JOURNAL_SCHEMA.fields if field.name != CORRUPT
-] + ["event_time"]
+EVENT_COLUMNS = [field.name for field in JOURNAL_SCHEMA.fields if field.name != CORRUPT] + ["event_time"]
 REQUIRED = ("event_id", "op_id", "op_type", "purgatory", "ts_ms")
 
 
@@ -55,9 +53,7 @@ def _reason(parsed: Column) -> Column:
     missing = F.lit(False)
     for name in REQUIRED:
         missing = missing | parsed[name].isNull()
-    finish_without_latency = (
-        parsed["event_type"].isin(*FINISH_TYPES) & parsed["latency_ms"].isNull()
-    )
+    finish_without_latency = parsed["event_type"].isin(*FINISH_TYPES) & parsed["latency_ms"].isNull()
     return (
         F.when(parsed.isNull() | parsed[CORRUPT].isNotNull(), F.lit("malformed_json"))
         .when(parsed["event_type"].isNull(), F.lit("missing_field"))
@@ -73,9 +69,7 @@ def classify(lines: DataFrame) -> DataFrame:
         JOURNAL_SCHEMA,
         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
     )
-    return lines.withColumn("parsed", parsed).withColumn(
-        "reason", _reason(F.col("parsed"))
-    )
+    return lines.withColumn("parsed", parsed).withColumn("reason", _reason(F.col("parsed")))
 
 
 def events_of(classified: DataFrame) -> DataFrame:

@@ -25,9 +25,7 @@ from ._job import RunSummary
 __all__ = ["REPORT_FILE", "write_report"]
 
 REPORT_FILE = "report.html"
-BAD_SAMPLE_ROWS = (
-    20  # bad lines shown in full; all of them are in the bad_records table
-)
+BAD_SAMPLE_ROWS = 20  # bad lines shown in full; all of them are in the bad_records table
 HOT_KEYS_SHOWN = 10
 OUTCOME_COLOURS = {"completed": "#4c956c", "expired": "#d1495b", "cancelled": "#edae49"}
 PERCENTILE_STYLES = {
@@ -86,9 +84,7 @@ def _table(frame: pd.DataFrame, float_format: str = "{:,.3f}") -> str:
 
 def _latency_plot(stats: pd.DataFrame) -> str:
     types = sorted(stats["op_type"].unique())
-    figure, axes = plt.subplots(
-        len(types), 1, figsize=(10, 2.6 * len(types)), sharex=True, squeeze=False
-    )
+    figure, axes = plt.subplots(len(types), 1, figsize=(10, 2.6 * len(types)), sharex=True, squeeze=False)
     for axis, op_type in zip(axes[:, 0], types, strict=True):
         rows = stats[stats["op_type"] == op_type].sort_values("window_start")
         for column, style in PERCENTILE_STYLES.items():
@@ -115,18 +111,14 @@ def _outcome_plot(stats: pd.DataFrame) -> str:
     figure, (bars, ratio) = plt.subplots(1, 2, figsize=(11, 3.6))
     bottom = pd.Series(0, index=totals.index, dtype="float64")
     for outcome, colour in OUTCOME_COLOURS.items():
-        bars.bar(
-            totals.index, totals[outcome], bottom=bottom, color=colour, label=outcome
-        )
+        bars.bar(totals.index, totals[outcome], bottom=bottom, color=colour, label=outcome)
         bottom += totals[outcome]
     bars.set_title("outcomes per operation type", fontsize=10)
     bars.legend(fontsize=8)
     bars.tick_params(axis="x", labelrotation=15)
     for op_type in sorted(stats["op_type"].unique()):
         rows = stats[stats["op_type"] == op_type].sort_values("window_start")
-        ratio.plot(
-            rows["window_start"], rows["expiry_ratio"], marker=".", label=op_type
-        )
+        ratio.plot(rows["window_start"], rows["expiry_ratio"], marker=".", label=op_type)
     ratio.set_title("expiry ratio per window", fontsize=10)
     ratio.set_ylim(bottom=0)
     ratio.grid(alpha=0.3)
@@ -143,9 +135,7 @@ def _summary_from_windows(stats: pd.DataFrame) -> pd.DataFrame:
     return totals
 
 
-def write_report(
-    out_dir: str | Path, *, title: str = "Delayed operations: journal analysis"
-) -> Path:
+def write_report(out_dir: str | Path, *, title: str = "Delayed operations: journal analysis") -> Path:
     """Build ``report.html`` in ``out_dir`` from its tables and ``run.json``; returns its path."""
     out = Path(out_dir)
     run = RunSummary.load(out)
@@ -175,18 +165,12 @@ def write_report(
         ),
         ("windows", f"{stats['window_start'].nunique() if not stats.empty else 0:,}"),
     ]
-    parts.append(
-        "<table>"
-        + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in counts)
-        + "</table>"
-    )
+    parts.append("<table>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in counts) + "</table>")
 
     parts.append("<h2>Per operation type</h2>")
     if summary.empty and not stats.empty:
         summary = _summary_from_windows(stats)
-    parts.append(
-        _table(summary.sort_values("op_type") if not summary.empty else summary)
-    )
+    parts.append(_table(summary.sort_values("op_type") if not summary.empty else summary))
     parts.append(
         f'<p class="note">Latency: completion latency of completed operations, from submission to '
         f"completion, in ms. Percentiles by Spark's percentile_approx with accuracy {run.accuracy:,}: "
@@ -216,15 +200,11 @@ def write_report(
     if not run.bad_total:
         parts.append("<p>None: every line was a valid journal event.</p>")
     else:
-        by_reason = pd.DataFrame(
-            sorted(run.bad_records.items()), columns=["reason", "lines"]
-        )
+        by_reason = pd.DataFrame(sorted(run.bad_records.items()), columns=["reason", "lines"])
         parts.append(_table(by_reason))
         if not bad.empty:
             sample = bad[["source", "reason", "value"]].head(BAD_SAMPLE_ROWS)
-            parts.append(
-                f'<p class="note">First {len(sample)} (all are in bad_records/):</p>'
-            )
+            parts.append(f'<p class="note">First {len(sample)} (all are in bad_records/):</p>')
             parts.append(_table(sample))
 
     page = (

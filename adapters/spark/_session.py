@@ -15,12 +15,8 @@ from purgatory import PurgatoryError
 __all__ = ["SparkEnvironmentError", "prepare_environment", "spark_session"]
 
 LOOPBACK = "127.0.0.1"  # Spark binds the driver here: no surprises from the host's other interfaces
-DEFAULT_SHUFFLE_PARTITIONS = (
-    8  # journals are small next to Spark's default of 200 (one task each)
-)
-DEFAULT_DRIVER_MEMORY = (
-    "2g"  # local mode runs everything in the driver JVM; 1g (Spark's) is tight
-)
+DEFAULT_SHUFFLE_PARTITIONS = 8  # journals are small next to Spark's default of 200 (one task each)
+DEFAULT_DRIVER_MEMORY = "2g"  # local mode runs everything in the driver JVM; 1g (Spark's) is tight
 
 
 class SparkEnvironmentError(PurgatoryError):
@@ -34,10 +30,7 @@ def prepare_environment() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     java_home = os.environ.get("JAVA_HOME")
-    if (
-        not (java_home and Path(java_home, "bin", "java").exists())
-        and shutil.which("java") is None
-    ):
+    if not (java_home and Path(java_home, "bin", "java").exists()) and shutil.which("java") is None:
         raise SparkEnvironmentError(
             "Spark needs a Java runtime (17 or 21) and none was found: set JAVA_HOME or put `java` "
             "on PATH (Debian/Ubuntu: apt-get install openjdk-17-jre-headless)"
@@ -63,9 +56,7 @@ def spark_session(
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.driver.memory", driver_memory)
         .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
-        .config(
-            "spark.ui.showConsoleProgress", "false"
-        )  # progress bars garble the CLI's output
+        .config("spark.ui.showConsoleProgress", "false")  # progress bars garble the CLI's output
         .config("spark.sql.adaptive.enabled", "true")
     )
     if jars:

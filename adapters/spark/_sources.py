@@ -21,9 +21,7 @@ def file_lines(spark: SparkSession, path: str | Path) -> DataFrame:
     """Lines of a journal file, or of every ``*.jsonl`` segment in a directory (recursively)."""
     reader = spark.read
     if Path(path).is_dir():
-        reader = reader.option("pathGlobFilter", SEGMENT_GLOB).option(
-            "recursiveFileLookup", "true"
-        )
+        reader = reader.option("pathGlobFilter", SEGMENT_GLOB).option("recursiveFileLookup", "true")
     lines = reader.text(str(path))
     return lines.select("value", F.col("_metadata.file_path").alias("source"))
 
@@ -45,9 +43,7 @@ def _lines(records: DataFrame) -> DataFrame:
         F.col("partition").cast("string"),
         F.col("offset").cast("string"),
     )
-    return records.select(
-        F.col("value").cast("string").alias("value"), source.alias("source")
-    )
+    return records.select(F.col("value").cast("string").alias("value"), source.alias("source"))
 
 
 def kafka_lines(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:

@@ -19,9 +19,7 @@ import typer
 
 __all__ = ["pipeline"]
 
-BLOCK_EVENTS = (
-    1_000_000  # generated once; larger journals are copies of it with fresh ids
-)
+BLOCK_EVENTS = 1_000_000  # generated once; larger journals are copies of it with fresh ids
 WARMUP_EVENTS = 20_000
 
 
@@ -30,36 +28,24 @@ def _write_journal(directory: Path, events: int) -> None:
 
     directory.mkdir(parents=True)
     block_events = min(events, BLOCK_EVENTS)
-    block = "".join(
-        line.to_json() + "\n" for line in synthetic_events(block_events // 2, seed=0)
-    )
+    block = "".join(line.to_json() + "\n" for line in synthetic_events(block_events // 2, seed=0))
     written = 0
     index = 0
     while written < events:
         take = min(block_events, events - written)
-        text = (
-            block
-            if take == block_events
-            else "".join(block.splitlines(keepends=True)[:take])
-        )
+        text = block if take == block_events else "".join(block.splitlines(keepends=True)[:take])
         # A fresh op-id prefix per copy: every event id stays unique (no duplicates to remove).
-        (directory / f"journal-{index:04d}.jsonl").write_text(
-            text.replace('"syn0-', f'"syn0c{index}-')
-        )
+        (directory / f"journal-{index:04d}.jsonl").write_text(text.replace('"syn0-', f'"syn0c{index}-'))
         written += take
         index += 1
 
 
-def _time_job(
-    master: str, journal: Path, out: Path, repeats: int, driver_memory: str
-) -> list[float]:
+def _time_job(master: str, journal: Path, out: Path, repeats: int, driver_memory: str) -> list[float]:
     from ._job import run_batch
     from ._session import spark_session
     from ._sources import file_lines
 
-    spark = spark_session(
-        master, app_name="purgatory-bench-pipeline", driver_memory=driver_memory
-    )
+    spark = spark_session(master, app_name="purgatory-bench-pipeline", driver_memory=driver_memory)
     seconds = []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -73,13 +59,9 @@ def pipeline(
         int,
         typer.Option(min=1000, help="Events of the larger run (the smaller: half)."),
     ] = (10_000_000),
-    repeats: Annotated[
-        int, typer.Option(min=1, help="Runs per size; the median is reported.")
-    ] = 1,
+    repeats: Annotated[int, typer.Option(min=1, help="Runs per size; the median is reported.")] = 1,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[*]",
-    driver_memory: Annotated[
-        str, typer.Option(help="Driver JVM heap (local mode runs there).")
-    ] = "4g",
+    driver_memory: Annotated[str, typer.Option(help="Driver JVM heap (local mode runs there).")] = "4g",
     workdir: Annotated[
         Path | None, typer.Option(help="Where to write journals (default: a temp dir).")
     ] = None,
@@ -120,9 +102,7 @@ def pipeline(
             )
         small, large = sizes
         ratio = (medians[large] / medians[small]) / (large / small)
-        typer.echo(
-            f"cost ratio (t_N / t_N/2) / 2 = {ratio:.2f}  (1.00 = linear; < 1: fixed costs amortised)"
-        )
+        typer.echo(f"cost ratio (t_N / t_N/2) / 2 = {ratio:.2f}  (1.00 = linear; < 1: fixed costs amortised)")
         spark_session(master).stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)

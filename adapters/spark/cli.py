@@ -36,9 +36,7 @@ def _kafka_extra(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise _fail(
-                f"--kafka-option {pair!r}: expected key=value (a Kafka client setting)"
-            )
+            raise _fail(f"--kafka-option {pair!r}: expected key=value (a Kafka client setting)")
         extra[key] = value
     return extra
 
@@ -52,14 +50,10 @@ def analyze(
         Path | None,
         typer.Option(help="Journal file or directory (default: journal.directory)."),
     ] = None,
-    topic: Annotated[
-        str | None, typer.Option(help="Journal topic (default: journal.topic).")
-    ] = None,
+    topic: Annotated[str | None, typer.Option(help="Journal topic (default: journal.topic).")] = None,
     bootstrap: Annotated[
         str | None,
-        typer.Option(
-            help=f"Kafka bootstrap servers (default: {BOOTSTRAP_ENV} or kafka.*)."
-        ),
+        typer.Option(help=f"Kafka bootstrap servers (default: {BOOTSTRAP_ENV} or kafka.*)."),
     ] = None,
     stream: Annotated[
         bool, typer.Option(help="Structured Streaming from Kafka (with checkpointing).")
@@ -74,28 +68,20 @@ def analyze(
     ] = None,
     checkpoint: Annotated[
         Path | None,
-        typer.Option(
-            help="Streaming checkpoint directory (default: <out>/_checkpoints)."
-        ),
+        typer.Option(help="Streaming checkpoint directory (default: <out>/_checkpoints)."),
     ] = None,
-    out: Annotated[
-        Path, typer.Option(help="Output directory: Parquet tables and report.html.")
-    ] = Path("journal-analysis"),
-    master: Annotated[
-        str | None, typer.Option(help="Spark master (default: journal.spark_master).")
-    ] = None,
-    window: Annotated[
-        str | None, typer.Option(help="Window width, e.g. '1 minute'.")
-    ] = None,
+    out: Annotated[Path, typer.Option(help="Output directory: Parquet tables and report.html.")] = Path(
+        "journal-analysis"
+    ),
+    master: Annotated[str | None, typer.Option(help="Spark master (default: journal.spark_master).")] = None,
+    window: Annotated[str | None, typer.Option(help="Window width, e.g. '1 minute'.")] = None,
     watermark: Annotated[
         str | None, typer.Option(help="Streaming lateness bound, e.g. '10 minutes'.")
     ] = None,
     accuracy: Annotated[
         int, typer.Option(min=1, help="percentile_approx accuracy (error n/accuracy).")
     ] = 10_000,
-    top_keys: Annotated[
-        int, typer.Option(min=1, help="Hottest keys kept per window and type.")
-    ] = 10,
+    top_keys: Annotated[int, typer.Option(min=1, help="Hottest keys kept per window and type.")] = 10,
     kafka_option: Annotated[
         list[str] | None,
         typer.Option(help="Extra Kafka client setting key=value (repeatable)."),
@@ -119,10 +105,7 @@ def analyze(
     journal_topic = topic or js.topic
     if source is Source.kafka:
         bootstrap_servers = (
-            bootstrap
-            or os.environ.get(BOOTSTRAP_ENV)
-            or settings.kafka.bootstrap_servers
-            or ""
+            bootstrap or os.environ.get(BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers or ""
         )
         if not bootstrap_servers:
             raise _fail(
@@ -172,9 +155,7 @@ def analyze(
         else:
             label = f"kafka topic {journal_topic} (streaming)"
             streaming = start_streaming(
-                kafka_stream_lines(
-                    spark, kafka_options(bootstrap_servers, journal_topic, extra)
-                ),
+                kafka_stream_lines(spark, kafka_options(bootstrap_servers, journal_topic, extra)),
                 out,
                 checkpoint or out / "_checkpoints",
                 source=label,
@@ -183,22 +164,16 @@ def analyze(
                 accuracy=accuracy,
                 available_now=available_now,
             )
-            typer.echo(
-                f"streaming from {journal_topic}; checkpoint in {checkpoint or out / '_checkpoints'}"
-            )
+            typer.echo(f"streaming from {journal_topic}; checkpoint in {checkpoint or out / '_checkpoints'}")
             if available_now:
                 streaming.await_termination()
             else:
-                deadline = (
-                    None if run_seconds is None else time.monotonic() + run_seconds
-                )
+                deadline = None if run_seconds is None else time.monotonic() + run_seconds
                 try:
                     while deadline is None or time.monotonic() < deadline:
                         if not all(query.isActive for query in streaming.queries):
                             break
-                        time.sleep(
-                            1.0
-                        )  # the CLI's wait loop: nothing to synchronise with
+                        time.sleep(1.0)  # the CLI's wait loop: nothing to synchronise with
                 except KeyboardInterrupt:
                     typer.echo("stopping the streaming queries…")
                 streaming.stop()
