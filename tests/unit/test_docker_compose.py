@@ -249,9 +249,9 @@ def test_every_purgatory_variable_names_an_existing_setting(compose: dict[str, A
 def test_field_mapping_refuses_a_misspelt_variable() -> None:
     assert _field_for("PURGATORY_KAFKA__BOOTSTRAP_SERVERS") == "kafka.bootstrap_servers"
     assert _field_for("PURGATORY_PURGATORIES__FETCH__MAX_PENDING") == "purgatories.fetch.max_pending"
-    with pytest.raises(KeyError, match="kafka.bootstrap_server"):
+    with pytest.raises(KeyError, match=r"kafka\.bootstrap_server"):
         _field_for("PURGATORY_KAFKA__BOOTSTRAP_SERVER")
-    with pytest.raises(KeyError, match="timer.tick"):
+    with pytest.raises(KeyError, match=r"timer\.tick"):
         _field_for("PURGATORY_TIMER__TICK")
 
 

@@ -1,0 +1,27 @@
+"""The example service: an HTTP gateway that embeds Kafka's Fetch and Produce purgatories.
+
+Run it (``service`` and ``kafka`` extras) against a cluster::
+
+    PURGATORY_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092 \\
+        uvicorn --factory purgatory.adapters.service:create_app --host 127.0.0.1 --port 8080
+
+or let ``purgatory run`` start a local Kafka, the service, and a short exercise of both.
+See :mod:`._app` for the routes and :mod:`._gateway` for how requests become operations.
+"""
+
+from ._app import create_app
+from ._errors import RequestError
+from ._gateway import FETCH_PURGATORY, PRODUCE_PURGATORY, Gateway, resolve_bootstrap
+from ._requests import FetchParams, ProduceRecordIn, ProduceRequest
+
+__all__ = [
+    "FETCH_PURGATORY",
+    "PRODUCE_PURGATORY",
+    "FetchParams",
+    "Gateway",
+    "ProduceRecordIn",
+    "ProduceRequest",
+    "RequestError",
+    "create_app",
+    "resolve_bootstrap",
+]

@@ -1,0 +1,235 @@
+"""The ASGI app (Starlette): long-poll fetch, produce-and-wait, Prometheus metrics, health.
+
+Routes:
+
+* ``GET /topics/{topic}/partitions/{partition}/records?offset=&max_wait_ms=&min_bytes=&max_bytes=``
+  — long poll (Kafka's FetchRequest): answers once ``min_records`` (default 1) records, or
+  ``min_bytes`` bytes, are there past ``offset``, or after ``max_wait_ms`` with what arrived.
+  ``{"outcome": "COMPLETED"|"EXPIRED", "records": [...], "next_offset": n, ...}``.
+* ``POST /topics/{topic}/records`` ``{"records": [{"value": "...", "key": "...", "partition": 0}],
+  "timeout_ms": 30000}`` — appends, then answers once every in-sync replica has the records:
+  200 with per-partition ``NONE``; 504 ``REQUEST_TIMED_OUT`` or 503 ``NOT_ENOUGH_REPLICAS``
+  (the records *were* appended; they are not known to be safely replicated).
+* ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
+  (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations).
+* ``GET /healthz`` — 200 while serving, 503 before start and while draining.
+
+Errors are JSON ``{"error": CODE, "field": name, "message": why}`` with a 4xx status for the
+client's mistakes (400 bad parameter or body, 404 unknown topic/partition, 413 body too large,
+415 not JSON, 416 offset out of range) and 503 when Kafka or the purgatory cannot take it.
+
+Lifespan: startup builds the :class:`Gateway` and starts its change feed; shutdown drains the
+purgatories (every waiting request is answered) and closes the Kafka clients.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from purgatory.metrics import register_metrics
+from purgatory.settings import Settings, load_settings
+
+from ..kafka import DelayedFetch, DelayedProduce, ErrorCode, FetchedRecord
+from ._errors import RequestError, from_validation_error
+from ._gateway import Gateway
+from ._requests import MAX_PRODUCE_BODY_BYTES, TOPIC_PATTERN, FetchParams, ProduceRequest
+
+__all__ = ["create_app"]
+
+_TOPIC = re.compile(TOPIC_PATTERN)
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway | None = getattr(request.app.state, "gateway", None)
+    if gateway is None or not gateway.serving:
+        raise RequestError(503, "NOT_SERVING", None, "the service is starting or shutting down")
+    return gateway
+
+
+def _topic(request: Request) -> str:
+    topic = str(request.path_params["topic"])
+    if not _TOPIC.match(topic):
+        raise RequestError(
+            400, "INVALID_TOPIC_EXCEPTION", "topic",
+            f"topic {topic!r} is not a legal Kafka topic name ([a-zA-Z0-9._-], 1-249 chars)",
+        )  # fmt: skip
+    return topic
+
+
+def _partition(request: Request) -> int:
+    raw = str(request.path_params["partition"])
+    if not raw.isdigit():
+        raise RequestError(400, "INVALID_REQUEST", "partition", f"partition must be an int >= 0, got {raw!r}")
+    return int(raw)
+
+
+def _record_json(record: FetchedRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {"offset": record.offset, "timestamp_ms": record.timestamp_ms}
+    for name, data in (("key", record.key), ("value", record.value)):
+        if data is None:
+            out[name] = None
+            continue
+        try:
+            out[name] = data.decode("utf-8")
+        except UnicodeDecodeError:  # binary payloads survive the trip as base64
+            out[f"{name}_b64"] = base64.b64encode(data).decode("ascii")
+    return out
+
+
+def _fetch_json(topic: str, partition: int, op: DelayedFetch) -> dict[str, Any]:
+    (key,) = op.fetch_offsets
+    records = op.records[key]
+    return {
+        "topic": topic,
+        "partition": partition,
+        "outcome": op.outcome.name if op.outcome is not None else None,
+        "error_code": op.statuses[key].value,
+        "fetch_offset": op.fetch_offsets[key],
+        "next_offset": records[-1].offset + 1 if records else op.fetch_offsets[key],
+        "records": [_record_json(r) for r in records],
+        "error": str(op.error) if op.error is not None else None,
+    }
+
+
+def _produce_json(topic: str, op: DelayedProduce) -> tuple[int, dict[str, Any]]:
+    statuses = {str(k.partition): (s.value if s is not None else None) for k, s in op.statuses.items()}
+    body = {
+        "topic": topic,
+        "outcome": op.outcome.name if op.outcome is not None else None,
+        "offsets": {str(k.partition): offset for k, offset in op.appended.items()},
+        "statuses": statuses,
+    }
+    if op.succeeded:
+        return 200, body
+    codes = set(op.statuses.values())
+    code = (
+        ErrorCode.NOT_ENOUGH_REPLICAS
+        if ErrorCode.NOT_ENOUGH_REPLICAS in codes
+        else ErrorCode.REQUEST_TIMED_OUT
+    )
+    status = 503 if code is ErrorCode.NOT_ENOUGH_REPLICAS else 504
+    body |= {
+        "error": code.value,
+        "field": None,
+        "message": "the records were appended by the leader but are not known to be replicated: "
+        + ", ".join(f"{p}={s}" for p, s in statuses.items()),
+    }
+    return status, body
+
+
+async def fetch_records(request: Request) -> Response:
+    gateway = _gateway(request)
+    topic, partition = _topic(request), _partition(request)
+    try:
+        params = FetchParams.model_validate(dict(request.query_params))
+    except ValidationError as exc:
+        raise from_validation_error(exc, where="query") from None
+    op = await gateway.fetch(topic, partition, params)
+    return JSONResponse(_fetch_json(topic, partition, op))
+
+
+async def produce_records(request: Request) -> Response:
+    gateway = _gateway(request)
+    topic = _topic(request)
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise RequestError(
+            415, "INVALID_REQUEST", "content-type", f"expected application/json, got {content_type!r}"
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_PRODUCE_BODY_BYTES:
+        raise RequestError(
+            413, "RECORD_LIST_TOO_LARGE", "body", f"body exceeds {MAX_PRODUCE_BODY_BYTES} bytes"
+        )
+    body = bytearray()
+    async for chunk in request.stream():  # bounded even when Content-Length is absent or wrong
+        body += chunk
+        if len(body) > MAX_PRODUCE_BODY_BYTES:
+            raise RequestError(
+                413, "RECORD_LIST_TOO_LARGE", "body", f"body exceeds {MAX_PRODUCE_BODY_BYTES} bytes"
+            )
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        raise RequestError(400, "INVALID_REQUEST", "body", f"body is not valid JSON: {exc}") from None
+    try:
+        produce = ProduceRequest.model_validate(document)
+    except ValidationError as exc:
+        raise from_validation_error(exc, where="body") from None
+    op = await gateway.produce(topic, produce)
+    status, payload = _produce_json(topic, op)
+    return JSONResponse(payload, status_code=status)
+
+
+async def metrics(request: Request) -> Response:
+    registry: CollectorRegistry = request.app.state.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def healthz(request: Request) -> Response:
+    gateway: Gateway | None = getattr(request.app.state, "gateway", None)
+    if gateway is None or not gateway.serving:
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+    return JSONResponse(
+        {
+            "status": "ok",
+            "kafka": {
+                "bootstrap_servers": gateway.bootstrap_servers,
+                "unavailable": gateway.feed.unavailable,
+            },
+            "purgatories": {
+                p.name: {"PurgatorySize": p.watched(), "NumDelayedOperations": p.num_delayed()}
+                for p in gateway.purgatories
+            },
+        }
+    )
+
+
+async def _request_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def create_app(settings: Settings | None = None, *, bootstrap_servers: str | None = None) -> Starlette:
+    """The service as an ASGI app; settings are loaded at startup when not given.
+
+    ``uvicorn --factory purgatory.adapters.service:create_app`` runs it with the environment's
+    settings (``PURGATORY_*``, ``PURGATORY_CONFIG_FILE``).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        gateway = Gateway(settings if settings is not None else load_settings(), bootstrap_servers)
+        gateway.start()
+        app.state.gateway = gateway
+        try:
+            yield
+        finally:
+            gateway.close()
+
+    app = Starlette(
+        routes=[
+            Route("/topics/{topic}/partitions/{partition}/records", fetch_records, methods=["GET"]),
+            Route("/topics/{topic}/records", produce_records, methods=["POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ],
+        exception_handlers={RequestError: _request_error},
+        lifespan=lifespan,
+    )
+    # One registry per app: the collector reads every live purgatory at scrape time.
+    app.state.registry = CollectorRegistry()
+    register_metrics(app.state.registry)
+    return app

@@ -1,0 +1,59 @@
+"""Request errors of the example service: an HTTP status and a JSON body naming the field at fault."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+__all__ = ["RequestError", "from_validation_error"]
+
+
+class RequestError(Exception):
+    """A request the service refuses: ``status`` (4xx/5xx), a Kafka-style ``code``, the ``field``.
+
+    Rendered as ``{"error": code, "field": field, "message": message}`` (plus ``value`` when the
+    offending value is safe and short to echo).
+    """
+
+    def __init__(self, status: int, code: str, field: str | None, message: str, *, value: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.field = field
+        self.message = message
+        self.value = value
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"error": self.code, "field": self.field, "message": self.message}
+        if self.value is not None:
+            out["value"] = self.value
+        return out
+
+
+MAX_ECHOED_VALUE_CHARS = 80  # echo short values only: a client's 4 MiB body is not worth repeating
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    """``("records", 0, "partition")`` -> ``records[0].partition``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def from_validation_error(error: ValidationError, *, where: str) -> RequestError:
+    """The first problem pydantic found, as a 400 naming its field (``where``: query, body)."""
+    first = error.errors()[0]
+    field = _location(tuple(first["loc"])) or where
+    value = first.get("input")
+    shown = (
+        value
+        if isinstance(value, int | float | bool)
+        or (isinstance(value, str) and len(value) <= MAX_ECHOED_VALUE_CHARS)
+        else None
+    )
+    message = f"{field}: {first['msg']}"
+    if len(error.errors()) > 1:
+        message += f" (and {len(error.errors()) - 1} more problem(s))"
+    return RequestError(400, "INVALID_REQUEST", field, message, value=shown)

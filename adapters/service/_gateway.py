@@ -1,0 +1,245 @@
+"""Gateway: the example service's purgatories, change feed and Kafka clients, behind two async calls.
+
+``await gateway.fetch(topic, partition, params)`` submits a :class:`DelayedFetch` (a long poll)
+to the ``fetch`` purgatory and ``await gateway.produce(topic, request)`` appends records
+(``acks=1``) and holds a :class:`DelayedProduce` in the ``produce`` purgatory until every
+in-sync replica has them — Kafka's broker does the same with its Fetch and Produce purgatories.
+Both await ``purgatory.watch(op, keys)``: the event loop never blocks on the purgatory, and one
+change feed (one batched admin request per kind of fact per interval) completes them all.
+
+Before submitting, the topic and partition are checked against cached metadata (one
+DescribeTopics per topic per ``METADATA_MAX_AGE_S``), so an unknown topic or partition is a 404
+naming the field, not an operation that waits in vain.
+
+Concurrency contract: one gateway per event loop. ``fetch``/``produce`` may run concurrently
+(any number of awaiting requests); blocking Kafka calls (produce, metadata, offsets) run in the
+loop's default executor. The first completion attempt of an operation runs on the loop thread,
+inside ``purgatory.watch``: for a fetch whose records are already there it reads them there, a
+read bounded by the reader's short broker wait. ``start()`` and ``close()`` belong to the owner
+(the app's lifespan); ``close()`` drains: every waiting request is answered (EXPIRED) first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError, PurgatoryFullError
+from purgatory.journal import Journal
+from purgatory.settings import ConfigError, Settings
+
+from ..kafka import (
+    BOOTSTRAP_ENV,
+    ChangeFeed,
+    ClusterView,
+    DelayedFetch,
+    DelayedProduce,
+    ErrorCode,
+    KafkaUnavailableError,
+    ProducerRecord,
+    RecordProducer,
+    RecordReader,
+    TopicKey,
+    TopicPartitionKey,
+    UnknownTopicError,
+)
+from ..kafka.journal_sink import build_journal
+from ._errors import RequestError
+from ._requests import FetchParams, ProduceRequest
+
+__all__ = ["FETCH_PURGATORY", "PRODUCE_PURGATORY", "Gateway", "resolve_bootstrap"]
+
+_log = structlog.get_logger("purgatory.service")
+
+FETCH_PURGATORY = "fetch"  # Kafka's broker: "Fetch" purgatory (delayedOperation tag)
+PRODUCE_PURGATORY = "produce"  # Kafka's broker: "Produce" purgatory
+# Topic metadata (partition count) is cached this long: new partitions appear within it, and a
+# burst of requests on one topic costs one DescribeTopics. Unknown topics are never cached (the
+# topic may be created a moment later).
+METADATA_MAX_AGE_S = 5.0
+PRODUCE_APPEND_TIMEOUT_S = 10.0  # the leader's acks=1 append; replication is the purgatory's job
+
+
+def resolve_bootstrap(settings: Settings, bootstrap_servers: str | None = None) -> str:
+    """Explicit argument, then ``kafka.bootstrap_servers``, then ``PURGATORY_KAFKA_BOOTSTRAP``."""
+    servers = bootstrap_servers or settings.kafka.bootstrap_servers or os.environ.get(BOOTSTRAP_ENV)
+    if not servers:
+        raise ConfigError(
+            "the service needs a Kafka cluster: set PURGATORY_KAFKA__BOOTSTRAP_SERVERS "
+            f"(or {BOOTSTRAP_ENV}); `purgatory run` starts a local one by itself"
+        )
+    return servers
+
+
+@dataclass(frozen=True, slots=True)
+class _TopicMeta:
+    partitions: int
+    fetched_at: float
+
+
+class Gateway:
+    """Purgatories ``fetch`` and ``produce``, their change feed and clients (see the module docstring)."""
+
+    def __init__(self, settings: Settings, bootstrap_servers: str | None = None) -> None:
+        self.settings = settings
+        self.bootstrap_servers = resolve_bootstrap(settings, bootstrap_servers)
+        kafka = settings.kafka
+        self.view = ClusterView(kafka, bootstrap_servers=self.bootstrap_servers)
+        self.feed = ChangeFeed(self.view, settings=kafka, name="service")
+        self.producer = RecordProducer(kafka, bootstrap_servers=self.bootstrap_servers)
+        self.reader = RecordReader(kafka, bootstrap_servers=self.bootstrap_servers)
+        self.fetch_purgatory: DelayedOperationPurgatory[DelayedFetch] = (
+            DelayedOperationPurgatory.from_settings(FETCH_PURGATORY, settings)
+        )
+        self.produce_purgatory: DelayedOperationPurgatory[DelayedProduce] = (
+            DelayedOperationPurgatory.from_settings(PRODUCE_PURGATORY, settings)
+        )
+        self.journal: Journal | None = build_journal(settings, self.bootstrap_servers)
+        for purgatory in self.purgatories:
+            self.feed.attach(purgatory)
+            if self.journal is not None:
+                self.journal.attach(purgatory)
+        self._topics: dict[str, _TopicMeta] = {}
+        self.serving = False
+
+    @property
+    def purgatories(self) -> tuple[DelayedOperationPurgatory[Any], ...]:
+        return (self.fetch_purgatory, self.produce_purgatory)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the change feed (no Kafka request is made until an operation waits)."""
+        self.feed.start()
+        self.serving = True
+        _log.info("service_started", bootstrap=self.bootstrap_servers)
+
+    def close(self) -> None:
+        """Stop serving, stop the feed, drain the purgatories, flush the journal, close the clients."""
+        self.serving = False
+        self.feed.stop()
+        drain = self.settings.drain_on_shutdown
+        for purgatory in self.purgatories:
+            self.feed.detach(purgatory)
+            purgatory.shutdown(drain=drain)  # drained waiters get EXPIRED: nobody hangs
+        if self.journal is not None:
+            self.journal.close()
+        self.producer.close()
+        self.reader.close()
+        self.view.close()
+        _log.info("service_stopped", drained=drain)
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    async def partitions(self, topic: str) -> int:
+        """The topic's partition count (cached); a 404 :class:`RequestError` if it does not exist."""
+        meta = self._topics.get(topic)
+        now = time.monotonic()
+        if meta is not None and now - meta.fetched_at < METADATA_MAX_AGE_S:
+            return meta.partitions
+        key = TopicKey(topic)
+        try:
+            facts = await asyncio.to_thread(self.view.topics, [key])
+        except UnknownTopicError:
+            self._topics.pop(topic, None)
+            raise RequestError(
+                404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", f"topic {topic!r} does not exist", value=topic
+            ) from None
+        except KafkaUnavailableError as exc:
+            raise _unavailable(exc) from None
+        count = len(facts[key].leaders)
+        self._topics[topic] = _TopicMeta(count, now)
+        return count
+
+    async def _check_partition(self, topic: str, partition: int, field: str) -> None:
+        count = await self.partitions(topic)
+        if partition >= count:
+            raise RequestError(
+                404,
+                "UNKNOWN_TOPIC_OR_PARTITION",
+                field,
+                f"topic {topic!r} has {count} partition(s): partition {partition} does not exist",
+                value=partition,
+            )
+
+    # -- operations -----------------------------------------------------------------------------
+
+    async def fetch(self, topic: str, partition: int, params: FetchParams) -> DelayedFetch:
+        """Long poll: the records past ``params.offset``, once enough arrived or ``max_wait_ms`` passed."""
+        await self._check_partition(topic, partition, "partition")
+        key = TopicPartitionKey(topic, partition)
+        offset = params.offset
+        if offset is None:  # "new records only": start at the high watermark
+            try:
+                offset = (await asyncio.to_thread(self.view.high_watermarks, [key]))[key]
+            except KafkaUnavailableError as exc:
+                raise _unavailable(exc) from None
+        op = DelayedFetch(
+            self.feed,
+            self.reader,
+            {key: offset},
+            min_records=params.min_records,
+            min_bytes=params.min_bytes,
+            max_bytes=params.max_bytes,
+            max_wait_ms=params.max_wait_ms,
+        )
+        await self._watch(self.fetch_purgatory, op)
+        if op.statuses[key] is ErrorCode.OFFSET_OUT_OF_RANGE:
+            raise RequestError(416, "OFFSET_OUT_OF_RANGE", "offset", str(op.error), value=offset)
+        if op.statuses[key] is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+            self._topics.pop(topic, None)
+            raise RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "partition", str(op.error), value=partition)
+        return op
+
+    async def produce(self, topic: str, request: ProduceRequest) -> DelayedProduce:
+        """Append the records (acks=1), then wait until every in-sync replica has them (or time out)."""
+        count = await self.partitions(topic)
+        for i, record in enumerate(request.records):
+            if record.partition is not None and record.partition >= count:
+                raise RequestError(
+                    404,
+                    "UNKNOWN_TOPIC_OR_PARTITION",
+                    f"records[{i}].partition",
+                    f"topic {topic!r} has {count} partition(s): partition {record.partition} does not exist",
+                    value=record.partition,
+                )
+        records = [
+            ProducerRecord(
+                topic,
+                None if r.value is None else r.value.encode(),
+                None if r.key is None else r.key.encode(),
+                r.partition,
+            )
+            for r in request.records
+        ]
+        try:
+            appended = await asyncio.to_thread(self.producer.produce, records, PRODUCE_APPEND_TIMEOUT_S)
+        except UnknownTopicError as exc:
+            self._topics.pop(topic, None)
+            raise RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", str(exc), value=topic) from None
+        except KafkaUnavailableError as exc:
+            raise _unavailable(exc) from None
+        op = DelayedProduce(self.feed, appended, delay_ms=request.timeout_ms)
+        await self._watch(self.produce_purgatory, op)
+        return op
+
+    async def _watch(
+        self, purgatory: DelayedOperationPurgatory[Any], op: DelayedFetch | DelayedProduce
+    ) -> Outcome:
+        if not self.serving:
+            raise RequestError(503, "SHUTTING_DOWN", None, "the service is shutting down")
+        try:
+            return await purgatory.watch(op, op.watch_keys())
+        except PurgatoryFullError as exc:
+            raise RequestError(503, "PURGATORY_FULL", None, str(exc)) from None
+        except PurgatoryClosedError:
+            raise RequestError(503, "SHUTTING_DOWN", None, "the service is shutting down") from None
+
+
+def _unavailable(exc: KafkaUnavailableError) -> RequestError:
+    return RequestError(503, "KAFKA_UNAVAILABLE", None, str(exc))

@@ -1,0 +1,88 @@
+"""What a request may ask for: the query of a long poll and the body of a produce, with their limits.
+
+pydantic models, strict about names (``extra="forbid"``: a misspelt parameter is refused, not
+ignored) and bounded (a negative wait, a huge ``max_bytes`` or an oversized body is a 4xx naming
+the field, never an allocation or a wait without end).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+__all__ = [
+    "MAX_FETCH_BYTES",
+    "MAX_PRODUCE_BODY_BYTES",
+    "MAX_PRODUCE_TIMEOUT_MS",
+    "MAX_RECORDS_PER_PRODUCE",
+    "MAX_WAIT_MS_LIMIT",
+    "TOPIC_PATTERN",
+    "FetchParams",
+    "ProduceRecordIn",
+    "ProduceRequest",
+]
+
+# Kafka's legal topic names (Topic.java: [a-zA-Z0-9._-], at most 249 characters).
+TOPIC_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"
+# A long poll is held open this long at most: under the 60 s idle timeout of common HTTP proxies
+# and load balancers, so the client hears an answer rather than a dropped connection.
+MAX_WAIT_MS_LIMIT = 60_000
+# A fetch response is read into memory and rendered as JSON: 16x Kafka's 1 MiB per-partition
+# default (max.partition.fetch.bytes) is plenty for an HTTP client and bounds memory per request.
+MAX_FETCH_BYTES = 16 * 1024 * 1024
+DEFAULT_FETCH_BYTES = 1024 * 1024  # Kafka's max.partition.fetch.bytes default
+# Produce bodies are buffered before parsing; 4x Kafka's ~1 MiB message.max.bytes default.
+MAX_PRODUCE_BODY_BYTES = 4 * 1024 * 1024
+MAX_RECORDS_PER_PRODUCE = 10_000  # one request, one DelayedProduce: keep its offsets map small
+MAX_PRODUCE_TIMEOUT_MS = 300_000  # 10x Kafka's 30 s request.timeout.ms default
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FetchParams(_Strict):
+    """Query of ``GET /topics/{topic}/partitions/{p}/records`` (names as Kafka's FetchRequest)."""
+
+    offset: int | None = Field(
+        None, ge=0, description="First offset to return; omitted: the high watermark (new records only)."
+    )
+    max_wait_ms: int | None = Field(
+        None, ge=0, le=MAX_WAIT_MS_LIMIT, description="Longest wait (default: kafka.fetch_max_wait_ms)."
+    )
+    # max_bytes is declared before min_bytes so that min_bytes' validator can compare with it.
+    max_bytes: int = Field(DEFAULT_FETCH_BYTES, gt=0, le=MAX_FETCH_BYTES, description="Response size bound.")
+    min_bytes: int | None = Field(
+        None, ge=0, le=MAX_FETCH_BYTES, description="Answer once this many bytes arrived (else: records)."
+    )
+    min_records: int = Field(
+        1, ge=0, le=MAX_RECORDS_PER_PRODUCE, description="Answer once this many arrived."
+    )
+
+    @field_validator("min_bytes")
+    @classmethod
+    def _min_within_max(cls, min_bytes: int | None, info: ValidationInfo) -> int | None:
+        max_bytes = info.data.get("max_bytes")
+        if min_bytes is not None and max_bytes is not None and min_bytes > max_bytes:
+            # The fetch could never be satisfied: it would always wait its whole max_wait_ms.
+            raise ValueError(f"min_bytes ({min_bytes}) must not exceed max_bytes ({max_bytes})")
+        return min_bytes
+
+
+class ProduceRecordIn(_Strict):
+    """One record of a produce body; key and value are UTF-8 text (``null`` for none)."""
+
+    value: str | None
+    key: str | None = None
+    partition: int | None = Field(None, ge=0, description="Omitted: the producer's partitioner chooses.")
+
+
+class ProduceRequest(_Strict):
+    """Body of ``POST /topics/{topic}/records``."""
+
+    records: list[ProduceRecordIn] = Field(min_length=1, max_length=MAX_RECORDS_PER_PRODUCE)
+    timeout_ms: int | None = Field(
+        None,
+        gt=0,
+        le=MAX_PRODUCE_TIMEOUT_MS,
+        description="Replication wait (default: kafka.produce_timeout_ms).",
+    )

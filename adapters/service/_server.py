@@ -1,0 +1,93 @@
+"""Run the ASGI app under uvicorn on a background thread (``purgatory run`` and the tests use it).
+
+``with BackgroundServer(app) as server: server.url`` binds ``127.0.0.1`` on a port the kernel
+chooses (port 0: no race between picking a free port and binding it), returns once the app's
+lifespan startup finished, and on exit asks uvicorn to stop (graceful: open requests finish, then
+the lifespan shutdown drains the purgatories) and joins the thread, both bounded.
+
+Concurrency contract: start and stop from one thread. uvicorn installs no signal handlers off
+the main thread, so Ctrl-C still reaches the caller.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import TracebackType
+from typing import Any, Self
+
+import uvicorn
+
+__all__ = ["BackgroundServer", "ServerStartError"]
+
+START_TIMEOUT_S = 30.0  # lifespan startup builds clients only (no Kafka round trip): seconds at most
+STOP_TIMEOUT_S = 30.0  # graceful shutdown (bounded below) plus the purgatories' drain
+GRACEFUL_SHUTDOWN_S = 5  # open long polls get this long to finish before uvicorn cancels them
+STARTED_POLL_S = 0.02  # uvicorn exposes startup as a flag, not an event: poll it, bounded
+
+
+class ServerStartError(RuntimeError):
+    """uvicorn did not come up (the lifespan startup failed or the port could not be bound)."""
+
+
+class BackgroundServer:
+    """uvicorn serving ``app`` on ``host`` (loopback by default) from a daemon thread."""
+
+    def __init__(
+        self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ) -> None:
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+        self.server = uvicorn.Server(config)
+        self.host = host
+        self.port = port
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _serve(self) -> None:
+        try:
+            self.server.run()
+        except BaseException as exc:  # reported by start(); a server thread must not die silently
+            self._error = exc
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> Self:
+        self._thread = threading.Thread(target=self._serve, name="purgatory-service", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError(
+                    f"the service did not start within {timeout_s:.0f} s"
+                    + (f": {self._error!r}" if self._error else " (see the log above)")
+                )
+            time.sleep(STARTED_POLL_S)
+        sockets = [s for server in self.server.servers for s in server.sockets]
+        self.port = int(sockets[0].getsockname()[1])
+        return self
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        self.server.should_exit = True
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                raise RuntimeError(f"the service did not stop within {timeout_s:.0f} s")
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
