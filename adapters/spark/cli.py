@@ -116,6 +116,9 @@ def analyze(
             jars = connector_jars()
         except ConnectorJarsMissingError as exc:
             raise _fail(str(exc)) from None
+    journal_path = path or Path(js.directory)
+    if source is Source.files and not journal_path.exists():
+        raise _fail(f"journal path {str(journal_path)!r} does not exist (set --path or journal.directory)")
     try:
         spark = spark_session(master or js.spark_master, jars=jars)
     except SparkEnvironmentError as exc:
@@ -127,11 +130,6 @@ def analyze(
 
     try:
         if source is Source.files:
-            journal_path = path or Path(js.directory)
-            if not journal_path.exists():
-                raise _fail(
-                    f"journal path {str(journal_path)!r} does not exist (set --path or journal.directory)"
-                )
             label = str(journal_path)
             run = run_batch(
                 file_lines(spark, journal_path),
