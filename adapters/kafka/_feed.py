@@ -239,6 +239,10 @@ class ChangeFeed:
         if thread is not None:
             thread.join(JOIN_TIMEOUT_S + self.view.request_timeout_s)
 
+    def is_alive(self) -> bool:
+        """True while the feed thread runs (it survives every failure until ``stop``)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def __enter__(self) -> Self:
         return self.start()
 

@@ -275,10 +275,9 @@ class KafkaNode:
             *self._java(),
             "kafka.tools.StorageTool",
             "format",
-            "-t",
-            cluster_id,
-            "-c",
-            str(self.config_file),
+            # "=" form: a base64url id may start with "-", which argparse would take for an option.
+            f"--cluster-id={cluster_id}",
+            f"--config={self.config_file}",
             "--ignore-formatted",
         ]
 

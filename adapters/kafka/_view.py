@@ -516,8 +516,10 @@ class ClusterView:
             assert isinstance(d, _TopicDescription), f"{key} passed validation, so its topic was described"
             high, start = hw.get(key), ls.get(key)
             error = next((v for v in (high, start) if isinstance(v, ErrorFact)), None)
-            if error is not None and error.kind == "unavailable":
-                raise KafkaUnavailableError(error.message)
+            if error is not None and error.kind == "unknown_topic":
+                # DescribeTopics just said this partition exists: "no leader found" means the
+                # partition is leaderless for now (a broker is down), not that it is unknown.
+                error = ErrorFact("unavailable", f"partition {key.label} has no leader: {error.message}")
             out_partitions[key] = PartitionFacts(
                 high_watermark=high if isinstance(high, int) else None,
                 log_start_offset=start if isinstance(start, int) else None,

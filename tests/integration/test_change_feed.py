@@ -1,0 +1,72 @@
+"""The change feed polls watched keys only, with requests independent of the pending operations."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from purgatory.adapters.kafka import (
+    DelayedProduce,
+    KafkaKey,
+    KafkaPurgatory,
+    ProducerRecord,
+    TopicPartitionKey,
+)
+
+from .conftest import WAIT_S, wait_until
+from .kafka_fixtures import TopicFactory
+
+pytestmark = pytest.mark.kafka
+
+POLLS_MEASURED = 10
+
+
+def _requests_per_poll(kp: KafkaPurgatory) -> set[int]:
+    """Requests the view sent during each of the next ``POLLS_MEASURED`` successful polls."""
+    counts: list[int] = []
+    done = threading.Event()
+    last = [kp.view.requests_sent]
+
+    def observe(_changed: list[KafkaKey]) -> None:
+        # Runs on the feed thread right after a poll: the only thread sending requests.
+        counts.append(kp.view.requests_sent - last[0])
+        last[0] = kp.view.requests_sent
+        if len(counts) > POLLS_MEASURED:
+            done.set()
+
+    kp.feed.add_observer(observe)
+    assert done.wait(WAIT_S), "the feed polls every interval"
+    return set(counts[1:])  # the first count may include a poll that started before observing
+
+
+def test_requests_per_interval_do_not_grow_with_pending_operations(
+    kp: KafkaPurgatory, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(4)
+    keys = [TopicPartitionKey(topic, p) for p in range(4)]
+
+    def submit(n: int) -> None:
+        for i in range(n):
+            kp.submit(DelayedProduce(kp.feed, {keys[i % 4]: 1_000_000}, delay_ms=60_000), validate=False)
+
+    submit(10)
+    few = _requests_per_poll(kp)
+    submit(990)
+    many = _requests_per_poll(kp)
+    # DescribeTopics + ListOffsets(latest) + ListOffsets(earliest); DescribeConfigs is cached.
+    assert few == many == {3}, f"10 pending: {few} requests per poll; 1000 pending: {many}"
+    assert kp.feed.watched_keys() == frozenset(keys), "four keys watched, however many operations"
+
+
+def test_only_watched_keys_are_polled_and_released_when_their_operations_finish(
+    kp: KafkaPurgatory, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(3)
+    key = TopicPartitionKey(topic, 1)
+    op = kp.submit(DelayedProduce(kp.feed, {key: 0}, delay_ms=15_000))
+    wait_until(lambda: kp.feed.partition(key) is not None, "facts of the watched key")
+    assert kp.feed.partition(TopicPartitionKey(topic, 0)) is None, "an unwatched partition is not polled"
+    kp.producer.produce([ProducerRecord(topic, b"x", partition=1)])
+    assert op.wait(WAIT_S) and op.succeeded
+    assert kp.feed.watched_keys() == frozenset(), "the finished operation released its key"
+    assert kp.feed.is_alive()

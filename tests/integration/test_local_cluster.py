@@ -1,0 +1,83 @@
+"""The local Apache Kafka launcher: CLI, failed starts, provider order."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from purgatory.adapters.kafka import (
+    BOOTSTRAP_ENV,
+    KafkaStartError,
+    LocalKafkaCluster,
+    docker_available,
+    provide_cluster,
+)
+
+pytestmark = pytest.mark.kafka
+
+PURGATORY = [str(Path(sys.executable).with_name("purgatory"))]  # the console script of this venv
+CLI_TIMEOUT_S = 120
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PURGATORY, *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False
+    )
+
+
+def test_cli_up_status_down_from_separate_processes() -> None:
+    name = f"it-{uuid.uuid4().hex[:6]}"
+    up = _cli("kafka", "up", "--name", name)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "export PURGATORY_KAFKA_BOOTSTRAP=127.0.0.1:" in up.stdout
+        status = _cli("kafka", "status", "--name", name)
+        assert status.returncode == 0 and "running" in status.stdout, status.stdout
+    finally:
+        down = _cli("kafka", "down", "--name", name)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    after = _cli("kafka", "status", "--name", name)
+    assert after.returncode == 1, "no cluster left after down"
+
+
+def test_failed_start_raises_with_the_tail_of_the_broker_log(tmp_path: Path) -> None:
+    cluster = LocalKafkaCluster(
+        brokers=1, work_dir=tmp_path / "bad", broker_config={"authorizer.class.name": "no.such.Authorizer"}
+    )
+    with pytest.raises(KafkaStartError) as failure:
+        cluster.start(timeout_s=60)
+    message = str(failure.value)
+    assert "--- node 1" in message and "no.such.Authorizer" in message, message[-2000:]
+    assert not any(node.is_running() for node in cluster.nodes.values()), "nothing left running"
+
+
+def test_provider_uses_an_existing_cluster_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BOOTSTRAP_ENV, "kafka.example:9092")
+    handle = provide_cluster()
+    assert handle.provider == "existing" and handle.bootstrap_servers == "kafka.example:9092"
+    assert handle.local is None
+    handle.stop()  # not ours: nothing to stop, and no error
+
+
+def test_docker_check_answers_quickly_without_an_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-docker.sock'}")
+    started = time.monotonic()
+    assert docker_available() is False
+    assert time.monotonic() - started < 1.0
+
+
+def test_local_cluster_stop_leaves_no_process(tmp_path: Path) -> None:
+    with LocalKafkaCluster(brokers=1, work_dir=tmp_path / "k") as cluster:
+        pids = [node.pid for node in cluster.nodes.values()]
+        assert all(pid is not None for pid in pids)
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
