@@ -24,12 +24,13 @@ purgatories (every waiting request is answered) and closes the Kafka clients.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
@@ -49,6 +50,9 @@ from ._requests import MAX_PRODUCE_BODY_BYTES, TOPIC_PATTERN, FetchParams, Produ
 __all__ = ["create_app"]
 
 _TOPIC = re.compile(TOPIC_PATTERN)
+T = TypeVar("T")
+# nginx's "client closed request": logged by the server, never delivered to the departed client.
+CLIENT_CLOSED_REQUEST = 499
 
 
 def _gateway(request: Request) -> Gateway:
@@ -129,6 +133,36 @@ def _produce_json(topic: str, op: DelayedProduce) -> tuple[int, dict[str, Any]]:
     return status, body
 
 
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone away (its request body was already read in full)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """Await ``work``; if the client disconnects first, cancel it and return None.
+
+    Cancelling the task awaiting ``purgatory.watch`` finishes the operation as CANCELLED and
+    takes it out of the timer, so an abandoned long poll does not occupy the purgatory until its
+    ``max_wait_ms`` (the ASGI server does not cancel a handler whose client left).
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    try:
+        return await task  # its result, or its RequestError
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # this handler itself was cancelled (server shutdown): not the client's doing
+        return None
+
+
 async def fetch_records(request: Request) -> Response:
     gateway = _gateway(request)
     topic, partition = _topic(request), _partition(request)
@@ -136,7 +170,9 @@ async def fetch_records(request: Request) -> Response:
         params = FetchParams.model_validate(dict(request.query_params))
     except ValidationError as exc:
         raise from_validation_error(exc, where="query") from None
-    op = await gateway.fetch(topic, partition, params)
+    op = await _unless_disconnected(request, gateway.fetch(topic, partition, params))
+    if op is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     return JSONResponse(_fetch_json(topic, partition, op))
 
 
@@ -168,7 +204,9 @@ async def produce_records(request: Request) -> Response:
         produce = ProduceRequest.model_validate(document)
     except ValidationError as exc:
         raise from_validation_error(exc, where="body") from None
-    op = await gateway.produce(topic, produce)
+    op = await _unless_disconnected(request, gateway.produce(topic, produce))
+    if op is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     status, payload = _produce_json(topic, op)
     return JSONResponse(payload, status_code=status)
 

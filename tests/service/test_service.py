@@ -324,3 +324,24 @@ async def test_closing_the_gateway_answers_every_waiting_poll(
     assert [op.outcome for op in ops] == [Outcome.EXPIRED] * 5
     with pytest.raises(Exception, match="shutting down"):
         await gateway.fetch(topic, 0, FetchParams(offset=0, max_wait_ms=10))
+
+
+async def test_a_client_that_leaves_cancels_its_long_poll(
+    service: Service, kafka_topic_factory: TopicFactory
+) -> None:
+    """The awaiting handler is cancelled on disconnect, so the operation finishes as CANCELLED at once."""
+    topic = kafka_topic_factory(1)
+    purgatory = service.gateway.fetch_purgatory
+    cancelled_before = purgatory.stats.as_dict()["cancelled"]
+    async with service.client() as client:
+        poll = asyncio.create_task(
+            client.get(_records_url(topic), params={"offset": 0, "max_wait_ms": 30_000})
+        )
+        await until(lambda: _fetch_pending(service.gateway) >= 1, "the poll to wait")
+        poll.cancel()  # httpx closes the connection of a cancelled request
+        with pytest.raises(asyncio.CancelledError):
+            await poll
+    await until(
+        lambda: purgatory.stats.as_dict()["cancelled"] == cancelled_before + 1, "the op to be cancelled"
+    )
+    assert purgatory.num_delayed() == 0, "taken out of the timer, not left for its 30 s"
