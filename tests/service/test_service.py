@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from purgatory.adapters.kafka import TopicPartitionKey
-from purgatory.adapters.service import Gateway
+from purgatory.adapters.service import Gateway, create_app
 from purgatory.adapters.service._requests import MAX_FETCH_BYTES, MAX_PRODUCE_BODY_BYTES
+from purgatory.adapters.service._server import BackgroundServer
 
 from purgatory import Outcome
+from purgatory.settings import JournalSettings, KafkaSettings, Settings
 from tests.integration.kafka_fixtures import TopicFactory
 
 from .conftest import WAIT_S, Service, until
@@ -345,3 +348,35 @@ async def test_a_client_that_leaves_cancels_its_long_poll(
         lambda: purgatory.stats.as_dict()["cancelled"] == cancelled_before + 1, "the op to be cancelled"
     )
     assert purgatory.num_delayed() == 0, "taken out of the timer, not left for its 30 s"
+
+
+def test_journal_records_each_request_lifecycle_when_enabled(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory, tmp_path: Path
+) -> None:
+    """With ``journal.enabled`` the service journals its operations (what `purgatory analyze` reads)."""
+    topic = kafka_topic_factory(1)
+    journal = JournalSettings(enabled=True, sinks=("file",), directory=str(tmp_path), flush_interval_ms=10)
+    settings = Settings(kafka=kafka_settings, journal=journal)
+    with BackgroundServer(create_app(settings)) as server:
+        url = f"{server.url}{_records_url(topic)}"
+        assert (
+            httpx.get(url, params={"offset": 0, "max_wait_ms": 100}, timeout=WAIT_S).json()["outcome"]
+            == "EXPIRED"
+        )
+        produced = httpx.post(
+            f"{server.url}/topics/{topic}/records", json={"records": [{"value": "v"}]}, timeout=WAIT_S
+        )
+        assert produced.status_code == 200
+    # Leaving the server ran the lifespan shutdown, which closes (flushes) the journal.
+    events = [
+        json.loads(line)
+        for segment in sorted(tmp_path.glob("*.jsonl"))
+        for line in segment.read_text().splitlines()
+    ]
+    seen = sorted((e["purgatory"], e["op_type"], e["event_type"]) for e in events)
+    assert seen == [
+        ("fetch", "DelayedFetch", "created"),
+        ("fetch", "DelayedFetch", "expired"),
+        ("produce", "DelayedProduce", "completed"),
+        ("produce", "DelayedProduce", "created"),
+    ]
