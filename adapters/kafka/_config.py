@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from purgatory.settings import KafkaSettings
+from purgatory.settings import KafkaSettings, is_secret_name
 
 __all__ = ["SECRET_CONFIG_KEYS", "client_config", "redacted"]
 
@@ -38,7 +38,7 @@ def client_config(
         config["sasl.password"] = settings.sasl_password.get_secret_value()
     if settings.ssl_key_password is not None:
         config["ssl.key.password"] = settings.ssl_key_password.get_secret_value()
-    config.update(settings.client_config)
+    config.update(settings.client_config_values())
     config.update(extra)
     return config
 
@@ -46,6 +46,5 @@ def client_config(
 def redacted(config: Mapping[str, object]) -> dict[str, object]:
     """``config`` with every credential replaced by ``**********`` (safe to log)."""
     return {
-        k: ("**********" if k in SECRET_CONFIG_KEYS or "password" in k or "secret" in k else v)
-        for k, v in config.items()
+        k: ("**********" if k in SECRET_CONFIG_KEYS or is_secret_name(k) else v) for k, v in config.items()
     }

@@ -221,6 +221,9 @@ class ClusterView:
         self._lock = threading.Lock()
         self._admin: AdminClient | None = None
         self._min_isr: dict[str, tuple[float, int]] = {}
+        # Partition count per topic as last described: lets facts() ask ListOffsets for known
+        # partitions in parallel with DescribeTopics (one round trip per poll, not two).
+        self._partition_counts: dict[str, int] = {}
         # Admin requests issued (one per call; a batch counts once). Read by benchmarks/metrics.
         self.requests_sent = 0
 
@@ -263,17 +266,22 @@ class ClusterView:
 
     # -- DescribeTopics -------------------------------------------------------------------------
 
-    def _describe(self, topics: Iterable[str]) -> dict[str, _TopicDescription | ErrorFact]:
+    def _start_describe(self, topics: Iterable[str]) -> dict[str, Future[Any]]:
         names = sorted(set(topics))
         if not names:
             return {}
         self._count()
         try:
-            futures = self.admin.describe_topics(
+            futures: dict[str, Future[Any]] = self.admin.describe_topics(
                 TopicCollection(names), request_timeout=self.request_timeout_s
             )
         except KafkaException as exc:
             raise _unavailable_or(exc, "DescribeTopics") from None
+        return futures
+
+    def _finish_describe(
+        self, futures: Mapping[str, Future[Any]]
+    ) -> dict[str, _TopicDescription | ErrorFact]:
         out: dict[str, _TopicDescription | ErrorFact] = {}
         wait(futures.values(), timeout=self.request_timeout_s + 1.0)
         for name, future in futures.items():
@@ -284,6 +292,7 @@ class ClusterView:
                 if fact.kind == "unavailable":
                     raise KafkaUnavailableError(fact.message) from None
                 out[name] = fact
+                self._partition_counts.pop(name, None)
                 continue
             partitions = sorted(description.partitions, key=lambda p: p.id)
             out[name] = _TopicDescription(
@@ -291,7 +300,11 @@ class ClusterView:
                 isr=tuple(tuple(sorted(n.id for n in p.isr)) for p in partitions),
                 replicas=tuple(tuple(n.id for n in p.replicas) for p in partitions),
             )
+            self._partition_counts[name] = len(partitions)
         return out
+
+    def _describe(self, topics: Iterable[str]) -> dict[str, _TopicDescription | ErrorFact]:
+        return self._finish_describe(self._start_describe(topics))
 
     def topic_exists(self, topics: Iterable[str]) -> dict[str, bool]:
         """Which of ``topics`` exist (one DescribeTopics request)."""
@@ -479,7 +492,14 @@ class ClusterView:
         # Group requests go to the group coordinator and do not depend on DescribeTopics: start first.
         started_groups = self._start_groups(group_keys) if group_keys else {}
         names = {k.topic for k in partitions} | {k.topic for k in topic_keys}
-        described = self._describe(names)
+        describing = self._start_describe(names)
+        counts = self._partition_counts
+        early = [k for k in partitions if counts.get(k.topic, 0) > k.partition]
+        early_latest = self._list_offsets(early, _LATEST, "ListOffsets(latest)")
+        early_earliest = (
+            self._list_offsets(early, _EARLIEST, "ListOffsets(earliest)") if with_log_start else None
+        )
+        described = self._finish_describe(describing)
         min_isr = self.min_insync_replicas(
             t for t in {k.topic for k in partitions} if isinstance(described.get(t), _TopicDescription)
         ) if partitions else {}  # fmt: skip
@@ -500,12 +520,23 @@ class ClusterView:
                 )
             else:
                 valid.append(key)
-        latest = self._list_offsets(valid, _LATEST, "ListOffsets(latest)")
-        earliest = self._list_offsets(valid, _EARLIEST, "ListOffsets(earliest)") if with_log_start else None
-        hw: dict[TopicPartitionKey, int | ErrorFact] = self._result(latest, "ListOffsets") if latest else {}
-        ls: dict[TopicPartitionKey, int | ErrorFact] = (
-            self._result(earliest, "ListOffsets") if earliest else {}
+        # Partitions first seen now (new keys, new topics): a second round, once per key.
+        early_set = set(early)
+        late = [k for k in valid if k not in early_set]
+        late_latest = self._list_offsets(late, _LATEST, "ListOffsets(latest)")
+        late_earliest = (
+            self._list_offsets(late, _EARLIEST, "ListOffsets(earliest)") if with_log_start else None
         )
+        hw: dict[TopicPartitionKey, int | ErrorFact] = {}
+        ls: dict[TopicPartitionKey, int | ErrorFact] = {}
+        for future, into in (
+            (early_latest, hw),
+            (late_latest, hw),
+            (early_earliest, ls),
+            (late_earliest, ls),
+        ):
+            if future is not None:
+                into.update(self._result(future, "ListOffsets"))
 
         out_partitions: dict[TopicPartitionKey, PartitionFacts] = {}
         for key in partitions:

@@ -1,0 +1,242 @@
+"""``purgatory bench kafka``: completion lag and request rate of the change feed on a real cluster.
+
+Workload: one topic with ``partitions`` partitions; ``pending`` ``DelayedProduce`` operations
+spread evenly, each waiting for a *future* offset of its partition (so it completes when that
+record is appended). A producer thread appends records to random partitions at ``rate`` per
+second; each record completes exactly one operation, which is immediately replaced by one
+waiting further ahead, so the pending count stays constant.
+
+Figures, per pending count (the second count shows the cost does not depend on it):
+
+* completion lag: from the ``produce()`` call of record ``k`` to the ``on_complete`` of the
+  operation waiting for ``k`` (p50 / p99 / max) — includes the broker round trip, the wait for
+  the next poll, the poll itself and the purgatory's check;
+* requests sent to Kafka per second and per poll, polls per second, poll duration.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+import typer
+from confluent_kafka import KafkaError, Message, Producer
+
+from purgatory.settings import KafkaSettings, load_settings
+
+from ._feed import ChangeFeed
+from ._keys import TopicPartitionKey
+from ._operations import DelayedProduce, DelayedTopicReady, KafkaOperation
+from ._provider import provide_cluster
+from ._service import KafkaPurgatory
+
+__all__ = ["BenchResult", "kafka", "run_once"]
+
+WARMUP_S = 1.0  # first polls fill the facts and the JIT-less caches; not measured
+OP_TIMEOUT_MS = 600_000  # nothing may expire during a run: every completion is a Kafka event
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    pending: int
+    partitions: int
+    completions: int
+    lag_p50_ms: float
+    lag_p99_ms: float
+    lag_max_ms: float
+    requests_per_s: float
+    requests_per_poll: float
+    polls_per_s: float
+    poll_p50_ms: float
+    pending_at_end: int
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+class _Workload:
+    """Keeps ``pending`` operations waiting, replaces each completed one, records lags."""
+
+    def __init__(self, kp: KafkaPurgatory, topic: str, partitions: int, pending: int) -> None:
+        self.kp = kp
+        self.keys = [TopicPartitionKey(topic, p) for p in range(partitions)]
+        self.next_target = [0] * partitions
+        self.per_partition = pending // partitions
+        self.sent_ns: dict[tuple[int, int], int] = {}
+        self.done: list[tuple[int, int, int]] = []  # (partition, offset, completed_ns)
+        self.measuring = False
+        self._lock = threading.Lock()
+
+    def submit(self, partition: int) -> None:
+        with self._lock:
+            target = self.next_target[partition]
+            self.next_target[partition] += 1
+        key = self.keys[partition]
+        op = DelayedProduce(self.kp.feed, {key: target}, delay_ms=OP_TIMEOUT_MS, on_response=self._completed)
+        self.kp.submit(op, validate=False)
+
+    def _completed(self, op: KafkaOperation) -> None:
+        now = time.monotonic_ns()
+        assert isinstance(op, DelayedProduce)
+        ((key, offset),) = op.appended.items()
+        if self.measuring:
+            self.done.append((key.partition, offset, now))
+        if not self.kp.purgatory.closed:
+            self.submit(key.partition)  # keep the pending count constant
+
+    def lags_ms(self) -> list[float]:
+        lags = []
+        for partition, offset, completed in self.done:
+            sent = self.sent_ns.get((partition, offset))
+            if sent is not None:
+                lags.append((completed - sent) / 1e6)
+        return sorted(lags)
+
+
+def _producer_loop(
+    producer: Producer,
+    workload: _Workload,
+    rate: float,
+    stop: threading.Event,
+    on_error: Callable[[str], None],
+) -> None:
+    topic = workload.keys[0].topic
+    partitions = len(workload.keys)
+    period = 1.0 / rate
+    next_send = time.monotonic()
+    while not stop.is_set():
+        partition = random.randrange(partitions)
+        sent = time.monotonic_ns()
+
+        def delivered(error: KafkaError | None, message: Message, sent: int = sent) -> None:
+            if error is not None:
+                on_error(str(error))
+            else:
+                workload.sent_ns[(message.partition() or 0, message.offset() or 0)] = sent
+
+        producer.produce(topic, b"e", partition=partition, on_delivery=delivered)
+        producer.poll(0)
+        next_send += period
+        delay = next_send - time.monotonic()
+        if delay > 0:
+            stop.wait(delay)  # pacing the event rate
+    producer.flush(10)
+
+
+def run_once(
+    settings: KafkaSettings, *, pending: int, partitions: int, rate: float, duration_s: float
+) -> BenchResult:
+    """One measured run (see the module docstring)."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    bootstrap = settings.bootstrap_servers or ""
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=30).values():
+        future.result(timeout=30)
+    errors: list[str] = []
+    with KafkaPurgatory.connect(settings, name=f"bench-{pending}") as kp:
+        # Wait for the new topic's leaders with the purgatory itself.
+        ready = kp.submit(DelayedTopicReady(kp.feed, topic, delay_ms=30_000))
+        if not (ready.wait(35.0) and ready.ready):
+            raise RuntimeError(f"benchmark topic {topic} has no leaders after 30 s")
+        workload = _Workload(kp, topic, partitions, pending)
+        for i in range(workload.per_partition * partitions):
+            workload.submit(i % partitions)
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 0, "log_level": 0})
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=_producer_loop, args=(producer, workload, rate, stop, errors.append), name="bench-producer"
+        )
+        thread.start()
+        try:
+            time.sleep(WARMUP_S)  # the benchmark's own clock: warm-up, then a fixed window
+            feed: ChangeFeed = kp.feed
+            workload.measuring = True
+            polls0, req0, t0 = feed.stats.polls, kp.view.requests_sent, time.monotonic()
+            poll_ms0 = len(feed.stats.poll_ms)
+            time.sleep(duration_s)
+            polls1, req1, t1 = feed.stats.polls, kp.view.requests_sent, time.monotonic()
+            workload.measuring = False
+            poll_ms = sorted(feed.stats.poll_ms[poll_ms0:])
+        finally:
+            stop.set()
+            thread.join(30)
+        pending_at_end = kp.purgatory.num_delayed()
+    for future in admin.delete_topics([topic], request_timeout=30).values():
+        future.result(timeout=30)
+    if errors:
+        raise RuntimeError(f"producer errors during the benchmark: {errors[:3]}")
+    lags = workload.lags_ms()
+    elapsed = t1 - t0
+    polls = max(polls1 - polls0, 1)
+    return BenchResult(
+        pending=workload.per_partition * partitions,
+        partitions=partitions,
+        completions=len(lags),
+        lag_p50_ms=_pct(lags, 0.50),
+        lag_p99_ms=_pct(lags, 0.99),
+        lag_max_ms=lags[-1] if lags else float("nan"),
+        requests_per_s=(req1 - req0) / elapsed,
+        requests_per_poll=(req1 - req0) / polls,
+        polls_per_s=polls / elapsed,
+        poll_p50_ms=statistics.median(poll_ms) if poll_ms else float("nan"),
+        pending_at_end=pending_at_end,
+    )
+
+
+def kafka(
+    pending: Annotated[int, typer.Option(help="Pending operations in the main run.")] = 10_000,
+    compare_pending: Annotated[int, typer.Option(help="Pending operations in the comparison run.")] = 1_000,
+    partitions: Annotated[int, typer.Option(help="Partitions (watched keys).")] = 100,
+    rate: Annotated[float, typer.Option(help="Records appended per second (Kafka events).")] = 500.0,
+    duration: Annotated[float, typer.Option(help="Measured seconds per run.")] = 10.0,
+    repeats: Annotated[int, typer.Option(help="Runs per pending count; medians are reported.")] = 1,
+) -> None:
+    """Completion lag (Kafka event → completion) and requests to Kafka, for two pending counts."""
+    settings = load_settings().kafka
+    with provide_cluster(settings) as cluster:
+        kafka_settings = settings.model_copy(update={"bootstrap_servers": cluster.bootstrap_servers})
+        typer.echo(
+            f"Kafka via {cluster.provider} at {cluster.bootstrap_servers}; feed interval "
+            f"{settings.feed_interval_ms} ms; {partitions} partitions; {rate:.0f} events/s; "
+            f"{duration:.0f} s runs"
+        )
+        header = (
+            f"{'pending':>8} {'done':>6} {'lag p50':>8} {'lag p99':>8} {'lag max':>8} "
+            f"{'req/s':>7} {'req/poll':>8} {'polls/s':>7} {'poll p50':>8}"
+        )
+        typer.echo(header)
+        medians: dict[int, BenchResult] = {}
+        for count in (pending, compare_pending):
+            runs = [
+                run_once(kafka_settings, pending=count, partitions=partitions, rate=rate, duration_s=duration)
+                for _ in range(repeats)
+            ]
+            result = sorted(runs, key=lambda r: r.lag_p99_ms)[len(runs) // 2]
+            medians[count] = result
+            typer.echo(
+                f"{result.pending:>8} {result.completions:>6} {result.lag_p50_ms:>6.1f}ms "
+                f"{result.lag_p99_ms:>6.1f}ms "
+                f"{result.lag_max_ms:>6.1f}ms {result.requests_per_s:>7.1f} {result.requests_per_poll:>8.2f} "
+                f"{result.polls_per_s:>7.1f} {result.poll_p50_ms:>6.1f}ms"
+            )
+        main, other = medians[pending], medians[compare_pending]
+        typer.echo(
+            f"requests per poll, {main.pending} vs {other.pending} pending: "
+            f"{main.requests_per_poll:.2f} vs {other.requests_per_poll:.2f} "
+            f"(ratio {main.requests_per_poll / max(other.requests_per_poll, 1e-9):.2f}; 1.00 = independent)"
+        )
+        target = "met" if main.lag_p99_ms <= 25.0 else "NOT met"
+        typer.echo(
+            f"p99 completion lag {main.lag_p99_ms:.1f} ms at {main.pending} pending: target 25 ms {target}"
+        )
