@@ -19,6 +19,7 @@ Steps, each bounded in time:
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from rich.table import Table
 
 from purgatory.settings import ConfigError, Settings, load_settings
 
-from ..kafka import KafkaAdapterError, KafkaClusterHandle, client_config, provide_cluster
+from ..kafka import BOOTSTRAP_ENV, KafkaAdapterError, KafkaClusterHandle, client_config, provide_cluster
 from ._app import create_app
 from ._server import BackgroundServer, ServerStartError
 
@@ -194,8 +195,10 @@ def run(
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     started = time.monotonic()
+    configured = os.environ.get(BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers
     try:
-        handle: KafkaClusterHandle = provide_cluster(settings.kafka, brokers=brokers)
+        # A configured cluster is used as it is; --brokers only shapes a local one we start.
+        handle: KafkaClusterHandle = provide_cluster(settings.kafka, brokers=1 if configured else brokers)
     except KafkaAdapterError as exc:
         typer.echo(f"could not start Kafka: {exc}", err=True)
         raise typer.Exit(1) from None

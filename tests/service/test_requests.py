@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from purgatory.adapters.service import FetchParams, ProduceRequest
+from purgatory.adapters.service import FetchParams, Gateway, ProduceRequest, resolve_bootstrap
 from purgatory.adapters.service._errors import from_validation_error
 from purgatory.adapters.service._requests import (
     MAX_FETCH_BYTES,
@@ -11,6 +11,8 @@ from purgatory.adapters.service._requests import (
     MAX_WAIT_MS_LIMIT,
 )
 from pydantic import ValidationError
+
+from purgatory.settings import ConfigError, KafkaSettings, Settings
 
 
 def _refusal(model: type[FetchParams] | type[ProduceRequest], data: object) -> tuple[int, str | None, str]:
@@ -61,3 +63,18 @@ def test_long_values_are_not_echoed_back() -> None:
         FetchParams.model_validate({"offset": "x" * 1000})
     error = from_validation_error(info.value, where="query")
     assert error.value is None and "x" * 100 not in error.message
+
+
+def test_the_service_refuses_to_start_without_a_kafka_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PURGATORY_KAFKA_BOOTSTRAP", raising=False)
+    with pytest.raises(ConfigError, match="PURGATORY_KAFKA__BOOTSTRAP_SERVERS"):
+        Gateway(Settings())
+
+
+def test_bootstrap_order_matches_the_kafka_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers="from-settings:9092"))
+    monkeypatch.delenv("PURGATORY_KAFKA_BOOTSTRAP", raising=False)
+    assert resolve_bootstrap(settings) == "from-settings:9092"
+    monkeypatch.setenv("PURGATORY_KAFKA_BOOTSTRAP", "from-env:9092")
+    assert resolve_bootstrap(settings) == "from-env:9092"
+    assert resolve_bootstrap(settings, "explicit:9092") == "explicit:9092"

@@ -19,9 +19,9 @@ ROWS = 7  # 3 polls completed by records, 2 expiring polls, 1 produce-and-wait, 
 PURGATORY = Path(sys.executable).with_name("purgatory")
 
 
-def _run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(PURGATORY), "run"],
+        [str(PURGATORY), "run", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -61,7 +61,8 @@ def test_run_without_kafka_configured_starts_a_local_cluster_and_stops_it() -> N
 
 
 def test_run_uses_the_configured_cluster_and_leaves_it_running(kafka_bootstrap: str) -> None:
-    result = _run(_environment(PURGATORY_KAFKA__BOOTSTRAP_SERVERS=kafka_bootstrap))
+    # --brokers shapes only a cluster `run` starts itself: a configured one is used as it is.
+    result = _run(_environment(PURGATORY_KAFKA__BOOTSTRAP_SERVERS=kafka_bootstrap), "--brokers", "3")
     _check_report(result)
     assert f"Kafka (existing): {kafka_bootstrap}" in result.stdout
     assert "stopped local Kafka" not in result.stdout
