@@ -115,3 +115,14 @@ def test_environment_overrides_the_file(monkeypatch: pytest.MonkeyPatch) -> None
     settings = load_settings(_example("docker"))
     assert settings.kafka.bootstrap_servers == "127.0.0.1:1234"
     assert settings.journal.spark_master == "spark://spark-master:7077", "the rest of the file still applies"
+
+
+@pytest.mark.parametrize("env", ENVIRONMENTS)
+def test_config_show_prints_each_example_file(env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PURGATORY_KAFKA__SASL_PASSWORD", "never-printed-secret")
+    result = runner.invoke(app, ["config", "show", "--config", str(_example(env))])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown == json.loads(load_settings(_example(env)).model_dump_json())
+    assert shown["kafka"]["sasl_password"] == "**********"
+    assert "never-printed-secret" not in result.output
