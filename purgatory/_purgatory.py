@@ -165,6 +165,13 @@ class DelayedOperationPurgatory(Generic[T]):
         """
         if self._closed:
             raise PurgatoryClosedError(self.name)
+        if not isinstance(op, DelayedOperation):
+            raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}: {op!r}")
+        if isinstance(keys, str | bytes):
+            # A str is iterable: it would silently be watched on each of its characters.
+            raise TypeError(
+                f"keys must be a collection of watch keys, got a single {type(keys).__name__}: {keys!r}"
+            )
         watch_keys = keys if isinstance(keys, list | tuple) else list(keys)
         if not watch_keys:
             raise ValueError("keys must name at least one watch key; got an empty collection")

@@ -10,9 +10,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, ValidationError
+import annotated_types
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -30,10 +39,42 @@ __all__ = [
     "PurgatoryOverrides",
     "Settings",
     "TimerSettings",
+    "is_secret_name",
     "load_settings",
 ]
 
 CONFIG_FILE_ENV = "PURGATORY_CONFIG_FILE"
+
+# Parts of a setting or librdkafka property name that mark its value as a credential.
+_SECRET_NAME_PARTS = (
+    "password",
+    "secret",
+    "key.pem",
+    "keystore",
+    "oauthbearer.config",
+    "jaas",
+    "token",
+    "credential",
+    "private",
+)
+
+
+def is_secret_name(name: str) -> bool:
+    """True when a setting or client property called ``name`` holds a credential (never shown)."""
+    lowered = name.lower()
+    return any(part in lowered for part in _SECRET_NAME_PARTS)
+
+
+def _no_bool(value: object) -> object:
+    # pydantic's lax mode reads `true` as 1: `max_pending = true` would silently mean 1.
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_no_bool)]
+PositiveInt = Annotated[int, annotated_types.Gt(0), BeforeValidator(_no_bool)]
+NonNegativeInt = Annotated[int, annotated_types.Ge(0), BeforeValidator(_no_bool)]
 
 
 class ConfigError(PurgatoryError, ValueError):
@@ -52,7 +93,7 @@ class TimerSettings(_Section):
 class PurgatoryOverrides(_Section):
     """Per-purgatory values; unset fields fall back to the top-level ones."""
 
-    purge_interval: int | None = Field(None, ge=0)
+    purge_interval: NonNegativeInt | None = None
     max_pending: PositiveInt | None = None
     reaper_poll_ms: PositiveInt | None = None
     timer: TimerSettings | None = None
@@ -79,10 +120,29 @@ class KafkaSettings(_Section):
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
     ssl_key_password: SecretStr | None = None
-    client_config: dict[str, str] = Field(
-        default_factory=dict, description="Extra librdkafka settings passed through as given."
+    client_config: dict[str, str | SecretStr] = Field(
+        default_factory=dict,
+        description="Extra librdkafka settings passed through (credential-like keys are kept secret).",
     )
     feed_interval_ms: PositiveInt = Field(20, description="How often the change feed polls watched keys.")
+
+    @field_validator("client_config", mode="after")
+    @classmethod
+    def _hide_passthrough_credentials(cls, value: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+        # 'sasl.password', 'ssl.key.pem', 'sasl.oauthbearer.config'... passed through must be
+        # as invisible in dumps and reprs as the typed credential fields.
+        return {
+            key: SecretStr(item) if isinstance(item, str) and is_secret_name(key) else item
+            for key, item in value.items()
+        }
+
+    def client_config_values(self) -> dict[str, str]:
+        """The passthrough properties with credentials unwrapped: only for handing to librdkafka."""
+        return {
+            key: item.get_secret_value() if isinstance(item, SecretStr) else item
+            for key, item in self.client_config.items()
+        }
+
     request_timeout_ms: PositiveInt = Field(
         5000, description="Bound on one batched admin request of the cluster view (then: unavailable)."
     )
@@ -127,10 +187,12 @@ class Settings(BaseSettings):
 
     timer: TimerSettings = TimerSettings()
     reaper_poll_ms: PositiveInt = Field(200, description="Longest wait of one reaper step (Kafka: 200).")
-    purge_interval: int = Field(1000, ge=0, description="Purge watch lists past this many completed ops.")
+    purge_interval: NonNegativeInt = Field(
+        1000, description="Purge watch lists past this many completed ops."
+    )
     max_pending: PositiveInt | None = Field(None, description="Refuse new operations past this many timed.")
     drain_on_shutdown: bool = True
-    broker_id: int = 0
+    broker_id: Int = 0
     purgatories: dict[str, PurgatoryOverrides] = Field(default_factory=dict)
     log: LogSettings = LogSettings()
     kafka: KafkaSettings = KafkaSettings()
@@ -174,9 +236,12 @@ def _explain(error: ValidationError, origin: str) -> str:
     lines = [f"invalid settings ({origin}):"]
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"]) or "<root>"
-        value = item.get("input")
-        shown = "<secret>" if any(word in field.lower() for word in ("password", "secret", "key")) else value
-        lines.append(f"  {field} = {shown!r}: {item['msg']}")
+        if item["type"] == "extra_forbidden":
+            # An unknown name may be a misspelt credential ('sasl_pasword'): never echo its value.
+            lines.append(f"  {field}: unknown setting (value not shown); check the spelling")
+            continue
+        shown = "<secret>" if is_secret_name(field) or field.endswith("_key") else repr(item.get("input"))
+        lines.append(f"  {field} = {shown}: {item['msg']}")
     return "\n".join(lines)
 
 

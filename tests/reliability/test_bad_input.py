@@ -220,11 +220,6 @@ def _mock_purgatory(name: str = "misuse") -> DelayedOperationPurgatory[DelayedOp
     return DelayedOperationPurgatory(name, timer=MockTimer(), reaper_enabled=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a str passed as `keys` is iterated: the op is watched on each character (reported to the lead; "
-    "a TypeError asking for a collection of keys is expected)",
-)
 def test_a_single_string_passed_as_keys_is_refused() -> None:
     purgatory = _mock_purgatory()
     try:
@@ -234,11 +229,6 @@ def test_a_single_string_passed_as_keys_is_refused() -> None:
         purgatory.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an object that is not a DelayedOperation fails with AttributeError (reported to the lead; "
-    "a TypeError naming the expected type is expected)",
-)
 def test_submitting_something_that_is_not_an_operation_is_refused_with_a_type_error() -> None:
     purgatory = _mock_purgatory()
     try:
@@ -272,11 +262,6 @@ def test_resubmitting_a_pending_operation_still_finishes_it_once() -> None:
     assert finished == [Outcome.COMPLETED], "drain must not finish it again"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pydantic's lax mode reads TOML `true` as the integer 1: `max_pending = true` silently "
-    "means max_pending=1 (reported to the settings' owner; a ConfigError is expected)",
-)
 def test_a_boolean_for_an_integer_setting_is_refused() -> None:
     path = _SCRATCH / "bool-int.toml"
     path.write_text("max_pending = true\n", encoding="utf-8")

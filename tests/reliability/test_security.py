@@ -162,15 +162,9 @@ def test_secrets_never_appear_in_logs_reprs_dumps_or_errors(
     _scan(captured)
 
 
-# -- gaps found (strict xfails: they fail loudly once fixed, so the marker gets removed) --------
+# -- gaps found by this suite, now fixed -------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kafka.client_config is a plain dict[str, str]: a credential passed through it "
-    "('sasl.password', 'ssl.key.pem') is printed by `purgatory config show` and repr(settings) "
-    "(reported to the settings' owner)",
-)
 def test_credentials_passed_through_client_config_are_masked_in_dumps() -> None:
     secret = f"passthrough-{uuid.uuid4().hex}"
     variables = {"PURGATORY_KAFKA__CLIENT_CONFIG": json.dumps({"sasl.password": secret})}
@@ -182,12 +176,6 @@ def test_credentials_passed_through_client_config_are_masked_in_dumps() -> None:
     _scan({"repr": repr(settings), "config show": shown}, (secret,))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="redacted() masks only keys with 'password'/'secret': librdkafka's 'ssl.key.pem' (a "
-    "private key) and 'sasl.oauthbearer.config' (may hold a client secret) are logged in clear "
-    "(reported to the Kafka adapter's owner)",
-)
 def test_redacted_config_masks_private_keys_and_oauth_config() -> None:
     from purgatory.adapters.kafka import redacted
 
@@ -197,12 +185,6 @@ def test_redacted_config_masks_private_keys_and_oauth_config() -> None:
     _scan({"redacted": json.dumps(shown)}, (key, oauth))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a misspelt secret field ('sasl_pasword') is refused as an extra input, and ConfigError "
-    "echoes its value (the masking looks for 'password' in the field name) — reported to the "
-    "settings' owner; unknown fields' values should not be echoed",
-)
 def test_a_misspelt_secret_field_does_not_echo_its_value(tmp_path: Path) -> None:
     secret = f"typo-{uuid.uuid4().hex}"
     config = tmp_path / "typo.toml"
