@@ -78,10 +78,13 @@ def docker_available(timeout_s: float = DOCKER_PING_TIMEOUT_S) -> bool:
 
 
 def _testcontainers_cluster() -> KafkaClusterHandle | None:
-    try:
-        from testcontainers.kafka import KafkaContainer
+    try:  # testcontainers >= 4.14 moved the module; older releases keep the first path
+        from testcontainers.community.kafka import KafkaContainer
     except ImportError:
-        return None
+        try:
+            from testcontainers.kafka import KafkaContainer
+        except ImportError:
+            return None
     container = KafkaContainer(TESTCONTAINERS_IMAGE).with_kraft()
     container.start()
     return KafkaClusterHandle(container.get_bootstrap_server(), "testcontainers", None, container.stop)
