@@ -23,7 +23,7 @@ def kp(kafka_settings: KafkaSettings) -> Iterator[KafkaPurgatory]:
         service.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # module: its three JVMs stop once the replication tests are done
 def kafka_cluster3() -> Iterator[LocalKafkaCluster]:
     """Three local brokers (node 1 is also the controller); only the replication tests use it."""
     cluster = LocalKafkaCluster(brokers=3)
