@@ -14,15 +14,17 @@ naming the field, not an operation that waits in vain.
 Concurrency contract: one gateway per event loop. ``fetch``/``produce`` may run concurrently
 (any number of awaiting requests); blocking Kafka calls (produce, metadata, offsets) run in the
 loop's default executor. The first completion attempt of an operation runs on the loop thread,
-inside ``purgatory.watch``: for a fetch whose records are already there it reads them there, a
-read bounded by the reader's short broker wait. ``start()`` and ``close()`` belong to the owner
-(the app's lifespan); ``close()`` drains: every waiting request is answered (EXPIRED) first.
+inside ``purgatory.watch``; a fetch declines it there and is attempted at once from a worker
+thread instead (:class:`OffLoopFetch`), so reading records never blocks the loop. ``start()``
+and ``close()`` belong to the owner (the app's lifespan); ``close()`` drains: every waiting
+request is answered (EXPIRED, with the records that arrived) first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +52,7 @@ from ..kafka import (
 )
 from ..kafka.journal_sink import build_journal
 from ._errors import RequestError
+from ._fetch import OffLoopFetch
 from ._requests import FetchParams, ProduceRequest
 
 __all__ = ["FETCH_PURGATORY", "PRODUCE_PURGATORY", "Gateway", "resolve_bootstrap"]
@@ -183,7 +186,7 @@ class Gateway:
                 offset = (await asyncio.to_thread(self.view.high_watermarks, [key]))[key]
             except KafkaUnavailableError as exc:
                 raise _unavailable(exc) from None
-        op = DelayedFetch(
+        op = OffLoopFetch(
             self.feed,
             self.reader,
             {key: offset},
@@ -191,8 +194,20 @@ class Gateway:
             min_bytes=params.min_bytes,
             max_bytes=params.max_bytes,
             max_wait_ms=params.max_wait_ms,
+            loop_thread=threading.get_ident(),
         )
-        await self._watch(self.fetch_purgatory, op)
+        watching = asyncio.ensure_future(self._watch(self.fetch_purgatory, op))
+        try:
+            # One turn of the loop runs the watch task up to its await: the op is then watched
+            # and timed (its on-loop attempt declined), and the real first attempt happens here,
+            # off the loop. Records already there are read now, not at the next fact change.
+            await asyncio.sleep(0)
+            if not watching.done():
+                await asyncio.to_thread(self.fetch_purgatory.check_and_complete, key)
+            await watching
+        except BaseException:
+            watching.cancel()  # the client left (or shutdown): finish the op as CANCELLED
+            raise
         if op.statuses[key] is ErrorCode.OFFSET_OUT_OF_RANGE:
             raise RequestError(416, "OFFSET_OUT_OF_RANGE", "offset", str(op.error), value=offset)
         if op.statuses[key] is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:

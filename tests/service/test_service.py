@@ -380,3 +380,36 @@ def test_journal_records_each_request_lifecycle_when_enabled(
         ("produce", "DelayedProduce", "completed"),
         ("produce", "DelayedProduce", "created"),
     ]
+
+
+async def test_reading_records_already_there_never_blocks_the_event_loop(
+    service: Service, kafka_topic_factory: TopicFactory
+) -> None:
+    """The read of a fetch completed at submission happens off the loop: other tasks keep running."""
+    from purgatory.adapters.service._requests import FetchParams
+
+    topic = kafka_topic_factory(1)
+    async with service.client() as client:
+        assert (await _produce(client, topic, *["v" * 100] * 20)).status_code == 200
+    gateway = Gateway(service.settings)
+    gateway.start()
+    try:
+        await gateway.partitions(topic)  # metadata cached: only the purgatory path is left
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticking = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        for offset in range(5):
+            before = ticks
+            op = await gateway.fetch(topic, 0, FetchParams(offset=offset, min_bytes=100, max_wait_ms=20_000))
+            assert op.outcome is Outcome.COMPLETED and len(op.records[TopicPartitionKey(topic, 0)]) >= 1
+            assert ticks > before, "the loop ran other tasks while the records were read"
+        ticking.cancel()
+    finally:
+        gateway.close()
