@@ -30,11 +30,13 @@ import json
 import re
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -240,6 +242,13 @@ async def _request_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no such route) and 405 (wrong method), in the service's JSON shape."""
+    assert isinstance(exc, HTTPException)
+    body = {"error": HTTPStatus(exc.status_code).name, "field": None, "message": str(exc.detail)}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
 def create_app(settings: Settings | None = None, *, bootstrap_servers: str | None = None) -> Starlette:
     """The service as an ASGI app; settings are loaded at startup when not given.
 
@@ -264,7 +273,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
             Route("/metrics", metrics, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ],
-        exception_handlers={RequestError: _request_error},
+        exception_handlers={RequestError: _request_error, HTTPException: _http_error},
         lifespan=lifespan,
     )
     # One registry per app: the collector reads every live purgatory at scrape time.

@@ -413,3 +413,12 @@ async def test_reading_records_already_there_never_blocks_the_event_loop(
         ticking.cancel()
     finally:
         gateway.close()
+
+
+async def test_unknown_routes_and_methods_answer_in_the_same_json_shape(service: Service) -> None:
+    async with service.client() as client:
+        missing = await client.get("/no/such/route")
+        wrong = await client.delete("/topics/t/records")
+    assert missing.status_code == 404 and missing.json()["error"] == "NOT_FOUND"
+    assert wrong.status_code == 405 and wrong.json()["error"] == "METHOD_NOT_ALLOWED"
+    assert "POST" in wrong.headers["allow"]
