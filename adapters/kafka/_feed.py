@@ -134,7 +134,9 @@ class ChangeFeed:
         self._refs: dict[KafkaKey, dict[str, int]] = {}
         self._purgatories: dict[str, Purgatoryish] = {}
         # id(op) -> (purgatory name, its Kafka keys): what on_finished must release.
-        self._op_keys: dict[int, tuple[str, tuple[KafkaKey, ...]]] = {}
+        self._op_keys: dict[int, tuple[str, tuple[KafkaKey, ...], bool]] = {}
+        # Partitions whose watchers read the log start offset -> how many such watchers.
+        self._log_start_refs: dict[TopicPartitionKey, int] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,8 +179,12 @@ class ChangeFeed:
                 if not self._refs[key]:
                     del self._refs[key]
 
-    def watch(self, purgatory: str, keys: Iterable[Hashable]) -> None:
-        """Count one more watcher of each Kafka key in ``keys`` for ``purgatory`` (others are ignored)."""
+    def watch(self, purgatory: str, keys: Iterable[Hashable], *, needs_log_start: bool = True) -> None:
+        """Count one more watcher of each Kafka key in ``keys`` for ``purgatory`` (others are ignored).
+
+        ``needs_log_start``: the watcher reads log start offsets (ListOffsets earliest is then
+        polled for its partitions; keys nobody needs it for skip that request).
+        """
         added = False
         with self._lock:
             for key in keys:
@@ -186,12 +192,18 @@ class ChangeFeed:
                     added |= key not in self._refs
                     per = self._refs.setdefault(key, {})
                     per[purgatory] = per.get(purgatory, 0) + 1
+                    if needs_log_start and isinstance(key, TopicPartitionKey):
+                        self._log_start_refs[key] = self._log_start_refs.get(key, 0) + 1
         if added:
             self._wake.set()  # facts for a new key are wanted now, not at the next interval
 
-    def release(self, purgatory: str, keys: Iterable[Hashable]) -> None:
+    def release(self, purgatory: str, keys: Iterable[Hashable], *, needs_log_start: bool = True) -> None:
         with self._lock:
             for key in keys:
+                if needs_log_start and key in self._log_start_refs:
+                    self._log_start_refs[key] -= 1
+                    if self._log_start_refs[key] <= 0:
+                        del self._log_start_refs[key]
                 per = self._refs.get(key)  # type: ignore[call-overload]
                 if per is None or purgatory not in per:
                     continue
@@ -209,15 +221,18 @@ class ChangeFeed:
     def on_submitted(self, purgatory: str, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
         kafka_keys = tuple(k for k in keys if isinstance(k, TopicPartitionKey | GroupPartitionKey | TopicKey))
         if kafka_keys:
+            # Operation types that never read log start offsets say so (KafkaOperation does);
+            # anything else is assumed to need every fact.
+            needs = bool(getattr(op, "needs_log_start", True))
             with self._lock:
-                self._op_keys[id(op)] = (purgatory, kafka_keys)
-            self.watch(purgatory, kafka_keys)
+                self._op_keys[id(op)] = (purgatory, kafka_keys, needs)
+            self.watch(purgatory, kafka_keys, needs_log_start=needs)
 
     def on_finished(self, purgatory: str, op: DelayedOperation) -> None:
         with self._lock:
             entry = self._op_keys.pop(id(op), None)
         if entry is not None:
-            self.release(entry[0], entry[1])
+            self.release(entry[0], entry[1], needs_log_start=entry[2])
 
     def add_observer(self, observer: _Observer) -> None:
         """Called after each successful poll with the keys that changed (benchmarks use it)."""
@@ -284,6 +299,7 @@ class ChangeFeed:
         """One round: fetch facts of the watched keys, publish, wake changed keys. False if none watched."""
         with self._lock:
             keys = list(self._refs)
+            log_start_keys = list(self._log_start_refs)
         if not keys:
             if self._snapshot is not _EMPTY:
                 self._snapshot = _Snapshot({}, {}, {}, self._snapshot.unavailable)
@@ -294,7 +310,7 @@ class ChangeFeed:
         started = time.monotonic()
         self.stats.polls += 1
         try:
-            facts = self.view.facts(parts, topics, groups)
+            facts = self.view.facts(parts, topics, groups, log_start_for=log_start_keys)
         except KafkaUnavailableError as exc:
             self._outage(exc)
             return True

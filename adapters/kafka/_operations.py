@@ -69,6 +69,10 @@ def _require_offsets(what: str, offsets: Mapping[TopicPartitionKey, int]) -> dic
 class KafkaOperation(DelayedOperation):
     """Base of the Kafka operations: facts source, error, completion event, response callback."""
 
+    # Whether try_complete reads log start offsets: the feed polls ListOffsets(earliest) only
+    # for partitions some watcher needs it for.
+    needs_log_start = False
+
     def __init__(
         self,
         delay_ms: int,
@@ -190,6 +194,8 @@ class DelayedFetch(KafkaOperation):
     unknown partition with ``UNKNOWN_TOPIC_OR_PARTITION``. ``records`` holds what was read per
     partition (on expiry: whatever had arrived), at most ``max_bytes`` per partition.
     """
+
+    needs_log_start = True  # a fetch offset below the log start is out of range
 
     def __init__(
         self,
@@ -377,6 +383,8 @@ class DelayedDeleteRecords(KafkaOperation):
     Issue the DeleteRecords request yourself (``AdminClient.delete_records``); this holds the
     response until the deletion is visible. ``log_start_offsets`` holds the last values seen.
     """
+
+    needs_log_start = True
 
     def __init__(
         self,

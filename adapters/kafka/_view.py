@@ -479,7 +479,7 @@ class ClusterView:
         topics: Iterable[TopicKey] = (),
         groups: Iterable[GroupPartitionKey] = (),
         *,
-        with_log_start: bool = True,
+        log_start_for: Iterable[TopicPartitionKey] | None = None,
     ) -> ClusterFacts:
         """Facts for every key: one request per kind (see the module docstring).
 
@@ -487,6 +487,8 @@ class ClusterView:
         are in the returned facts' ``error``.
         """
         partitions = list(dict.fromkeys(partitions))
+        # ListOffsets(earliest) only where someone reads log start offsets (None: everywhere).
+        wants_start = set(partitions) if log_start_for is None else set(log_start_for)
         topic_keys = list(dict.fromkeys(topics))
         group_keys = list(dict.fromkeys(groups))
         # Group requests go to the group coordinator and do not depend on DescribeTopics: start first.
@@ -496,8 +498,8 @@ class ClusterView:
         counts = self._partition_counts
         early = [k for k in partitions if counts.get(k.topic, 0) > k.partition]
         early_latest = self._list_offsets(early, _LATEST, "ListOffsets(latest)")
-        early_earliest = (
-            self._list_offsets(early, _EARLIEST, "ListOffsets(earliest)") if with_log_start else None
+        early_earliest = self._list_offsets(
+            [k for k in early if k in wants_start], _EARLIEST, "ListOffsets(earliest)"
         )
         described = self._finish_describe(describing)
         min_isr = self.min_insync_replicas(
@@ -524,8 +526,8 @@ class ClusterView:
         early_set = set(early)
         late = [k for k in valid if k not in early_set]
         late_latest = self._list_offsets(late, _LATEST, "ListOffsets(latest)")
-        late_earliest = (
-            self._list_offsets(late, _EARLIEST, "ListOffsets(earliest)") if with_log_start else None
+        late_earliest = self._list_offsets(
+            [k for k in late if k in wants_start], _EARLIEST, "ListOffsets(earliest)"
         )
         hw: dict[TopicPartitionKey, int | ErrorFact] = {}
         ls: dict[TopicPartitionKey, int | ErrorFact] = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -77,12 +77,28 @@ def create_topic(
     while time.monotonic() < deadline:
         metadata = admin.list_topics(name, timeout=5)
         parts = metadata.topics[name].partitions if name in metadata.topics else {}
-        if len(parts) == (len(replica_assignment) if replica_assignment else partitions) and all(
-            p.leader >= 0 for p in parts.values()
+        if (
+            len(parts) == (len(replica_assignment) if replica_assignment else partitions)
+            and all(p.leader >= 0 for p in parts.values())
+            and _leaders_answer(admin, name, len(parts))
         ):
             return name
         time.sleep(0.05)  # metadata propagation has no event to wait on from the client side
     raise TimeoutError(f"topic {name} has no leaders after {TOPIC_CREATE_TIMEOUT_S} s")
+
+
+def _leaders_answer(admin: Any, name: str, partitions: int) -> bool:
+    """True once every partition's leader answers ListOffsets (metadata can run ahead of it)."""
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    request = {TopicPartition(name, p): OffsetSpec.latest() for p in range(partitions)}
+    try:
+        for future in admin.list_offsets(request, request_timeout=5).values():
+            future.result(timeout=10)
+    except KafkaException:
+        return False
+    return True
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from purgatory.adapters.kafka import (
+    DelayedDeleteRecords,
     DelayedProduce,
     KafkaKey,
     KafkaPurgatory,
@@ -53,9 +54,23 @@ def test_requests_per_interval_do_not_grow_with_pending_operations(
     few = _requests_per_poll(kp)
     submit(990)
     many = _requests_per_poll(kp)
-    # DescribeTopics + ListOffsets(latest) + ListOffsets(earliest); DescribeConfigs is cached.
-    assert few == many == {3}, f"10 pending: {few} requests per poll; 1000 pending: {many}"
+    # DescribeTopics + ListOffsets(latest); DescribeConfigs is cached, and no DelayedProduce reads
+    # log start offsets, so ListOffsets(earliest) is not sent.
+    assert few == many == {2}, f"10 pending: {few} requests per poll; 1000 pending: {many}"
     assert kp.feed.watched_keys() == frozenset(keys), "four keys watched, however many operations"
+
+
+def test_log_start_offsets_are_polled_only_for_operations_that_read_them(
+    kp: KafkaPurgatory, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(2)
+    produce_key, delete_key = TopicPartitionKey(topic, 0), TopicPartitionKey(topic, 1)
+    kp.submit(DelayedProduce(kp.feed, {produce_key: 1_000_000}, delay_ms=60_000))
+    kp.submit(DelayedDeleteRecords(kp.feed, {delete_key: 1_000_000}, delay_ms=60_000))
+    assert _requests_per_poll(kp) == {3}, "DescribeTopics, ListOffsets latest, ListOffsets earliest"
+    produce_facts, delete_facts = kp.feed.partition(produce_key), kp.feed.partition(delete_key)
+    assert produce_facts is not None and produce_facts.log_start_offset is None
+    assert delete_facts is not None and delete_facts.log_start_offset == 0
 
 
 def test_only_watched_keys_are_polled_and_released_when_their_operations_finish(
