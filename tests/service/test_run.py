@@ -31,9 +31,9 @@ def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PURGATORY_")}
-    if "PURGATORY_KAFKA_CACHE" in os.environ:  # where the resolved Kafka jars are
-        env["PURGATORY_KAFKA_CACHE"] = os.environ["PURGATORY_KAFKA_CACHE"]
+    """The user's environment without any Kafka or settings configuration (launcher knobs kept)."""
+    kept = ("PURGATORY_KAFKA_CACHE", "PURGATORY_KAFKA_VERSION")  # where the Kafka jars are, which Kafka
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PURGATORY_") or k in kept}
     return env | extra
 
 
