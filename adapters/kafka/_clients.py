@@ -90,6 +90,7 @@ class RecordProducer:
                     "linger.ms": "0",
                     "enable.idempotence": False,
                     "log_level": "0",
+                    "socket.nagle.disable": True,  # latency over packet count: one record per produce
                 }
                 self._producer = Producer(config)
             return self._producer

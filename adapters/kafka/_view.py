@@ -240,6 +240,9 @@ class ClusterView:
                     }
                     # librdkafka logs its own connection errors to stderr; we report ours.
                     config.setdefault("log_level", "0")
+                    # Small request/response pairs every interval: Nagle plus delayed ACKs could
+                    # hold a request back tens of milliseconds.
+                    config.setdefault("socket.nagle.disable", True)
                     _log.debug("kafka_admin_connect", config=redacted(config))
                     self._admin = AdminClient(config)
                 admin = self._admin
