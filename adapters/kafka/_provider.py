@@ -19,7 +19,7 @@ import structlog
 
 from purgatory.settings import KafkaSettings
 
-from ._local import LocalKafkaCluster
+from ._local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster
 
 __all__ = ["BOOTSTRAP_ENV", "KafkaClusterHandle", "docker_available", "provide_cluster"]
 
@@ -27,7 +27,7 @@ _log = structlog.get_logger("purgatory.kafka.provider")
 
 BOOTSTRAP_ENV = "PURGATORY_KAFKA_BOOTSTRAP"
 DOCKER_PING_TIMEOUT_S = 0.5  # a local engine answers /_ping in milliseconds; absent ones fail fast
-TESTCONTAINERS_IMAGE = "apache/kafka:4.1.1"
+TESTCONTAINERS_IMAGE = f"apache/kafka:{DEFAULT_KAFKA_VERSION}"  # the same Kafka as the local launcher
 
 Provider = Literal["existing", "testcontainers", "local"]
 
