@@ -4,8 +4,8 @@ Input: a DataFrame with a string column ``value`` (one JSON line per row — a f
 record's value) plus any provenance columns (file name; topic, partition, offset). Output: the
 same rows split in two, every input row landing in exactly one of them:
 
-* events — ``event_id, event_type, op_id, op_type, purgatory, ts_ms, keys, timeout_ms,
-  latency_ms, event_time`` (``event_time`` = ``ts_ms`` as a UTC timestamp);
+* events — ``event_id, event_type, op_type, latency_ms, keys, event_time`` (``event_time`` =
+  ``ts_ms`` as a UTC timestamp): what the aggregates need;
 * bad records — ``value``, the provenance columns and ``reason``:
   ``malformed_json`` (not a JSON object, or a field of the wrong type), ``unknown_event_type``,
   ``missing_field`` (an id, type, purgatory, timestamp, or a finish event's latency is missing).
@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 __all__ = [
-    "EVENT_COLUMNS",
+    "ANALYSIS_COLUMNS",
     "EVENT_TYPES",
     "JOURNAL_SCHEMA",
     "bad_records_of",
@@ -45,7 +45,9 @@ JOURNAL_SCHEMA = T.StructType(
         T.StructField(CORRUPT, T.StringType()),
     ]
 )
-EVENT_COLUMNS = [field.name for field in JOURNAL_SCHEMA.fields if field.name != CORRUPT] + ["event_time"]
+# What the aggregates read; the rest of an event (op_id, purgatory, timeout) is not carried along.
+PARSED_COLUMNS = ("event_id", "event_type", "op_type", "latency_ms", "keys")
+ANALYSIS_COLUMNS = (*PARSED_COLUMNS, "event_time")
 REQUIRED = ("event_id", "op_id", "op_type", "purgatory", "ts_ms")
 
 
@@ -63,25 +65,31 @@ def _reason(parsed: Column) -> Column:
 
 
 def classify(lines: DataFrame) -> DataFrame:
-    """Parse ``value``; adds struct ``parsed`` and ``reason`` (null for a good event)."""
+    """Parse ``value`` into one narrow row per line: ``reason`` (null for a good event), the
+    analysis columns (``ANALYSIS_COLUMNS``) for good rows, ``value``/``source`` for bad rows.
+
+    Narrow on purpose: the batch job caches this, and dropping the raw line of good rows (they
+    are most rows) and the fields no aggregate uses keeps the cache and the dedup shuffle small.
+    """
     parsed = F.from_json(
-        F.col("value"),
-        JOURNAL_SCHEMA,
-        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
+        F.col("value"), JOURNAL_SCHEMA, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
     )
-    return lines.withColumn("parsed", parsed).withColumn("reason", _reason(F.col("parsed")))
+    with_parsed = lines.withColumn("parsed", parsed).withColumn("reason", _reason(F.col("parsed")))
+    bad = F.col("reason").isNotNull()
+    return with_parsed.select(
+        "reason",
+        F.when(bad, F.col("value")).alias("value"),
+        F.when(bad, F.col("source")).alias("source"),
+        *[F.col(f"parsed.{name}").alias(name) for name in PARSED_COLUMNS],
+        F.timestamp_millis(F.col("parsed.ts_ms")).alias("event_time"),
+    )
 
 
 def events_of(classified: DataFrame) -> DataFrame:
-    """The good rows of :func:`classify`, as typed event columns."""
-    return (
-        classified.where(F.col("reason").isNull())
-        .select("parsed.*")
-        .drop(CORRUPT)
-        .withColumn("event_time", F.timestamp_millis("ts_ms"))
-    )
+    """The good rows of :func:`classify`: ``ANALYSIS_COLUMNS``."""
+    return classified.where(F.col("reason").isNull()).select(*ANALYSIS_COLUMNS)
 
 
 def bad_records_of(classified: DataFrame) -> DataFrame:
     """The bad rows of :func:`classify`: the raw line, its provenance and the reason."""
-    return classified.where(F.col("reason").isNotNull()).drop("parsed")
+    return classified.where(F.col("reason").isNotNull()).select("value", "source", "reason")

@@ -103,6 +103,11 @@ def pipeline(
         small, large = sizes
         ratio = (medians[large] / medians[small]) / (large / small)
         typer.echo(f"cost ratio (t_N / t_N/2) / 2 = {ratio:.2f}  (1.00 = linear; < 1: fixed costs amortised)")
+        # The second half's rows over the second half's time: the per-row cost without the
+        # job's fixed costs (planning, job scheduling, writing small tables).
+        marginal = (large - small) / max(medians[large] - medians[small], 1e-9)
+        fixed = medians[small] - small / marginal
+        typer.echo(f"marginal rate {marginal:,.0f} rows/s; fixed cost per run ~{fixed:.1f} s")
         spark_session(master).stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
