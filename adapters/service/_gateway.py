@@ -45,7 +45,6 @@ from ..kafka import (
     KafkaUnavailableError,
     ProducerRecord,
     RecordProducer,
-    RecordReader,
     TopicKey,
     TopicPartitionKey,
     UnknownTopicError,
@@ -53,6 +52,7 @@ from ..kafka import (
 from ..kafka.journal_sink import build_journal
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
+from ._record_cache import SharedReadReader
 from ._requests import FetchParams, ProduceRequest
 
 __all__ = ["FETCH_PURGATORY", "PRODUCE_PURGATORY", "Gateway", "resolve_bootstrap"]
@@ -99,7 +99,8 @@ class Gateway:
         self.view = ClusterView(kafka, bootstrap_servers=self.bootstrap_servers)
         self.feed = ChangeFeed(self.view, settings=kafka, name="service")
         self.producer = RecordProducer(kafka, bootstrap_servers=self.bootstrap_servers)
-        self.reader = RecordReader(kafka, bootstrap_servers=self.bootstrap_servers)
+        # Long polls on one partition share their reads (one Kafka read answers them all).
+        self.reader = SharedReadReader(kafka, bootstrap_servers=self.bootstrap_servers)
         self.fetch_purgatory: DelayedOperationPurgatory[DelayedFetch] = (
             DelayedOperationPurgatory.from_settings(FETCH_PURGATORY, settings)
         )

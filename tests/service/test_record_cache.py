@@ -1,0 +1,162 @@
+"""SharedReadReader: reads shared through per-partition spans give exactly what a direct read gives.
+
+The Kafka read underneath is replaced by a fake log (our own port: ``RecordReader.read``), so the
+span arithmetic is checked without a cluster, including compacted logs (gaps in offsets),
+``max_bytes`` cuts and eviction; one test compares with direct reads on the real Kafka.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from purgatory.adapters.kafka import (
+    FetchedRecord,
+    ProducerRecord,
+    RecordProducer,
+    RecordReader,
+    TopicPartitionKey,
+)
+from purgatory.adapters.service import _record_cache
+from purgatory.adapters.service._record_cache import SharedReadReader
+
+from purgatory.settings import KafkaSettings
+from tests.integration.kafka_fixtures import TopicFactory
+
+KEY = TopicPartitionKey("t", 0)
+
+
+def _log(offsets: list[int], size: int = 10) -> list[FetchedRecord]:
+    return [FetchedRecord(o, None, b"v" * size, 0) for o in offsets]
+
+
+def _direct(log: list[FetchedRecord], start: int, end: int, max_bytes: int) -> list[FetchedRecord]:
+    """RecordReader's contract on a log: offsets in [start, end), cut before exceeding max_bytes (>= 1)."""
+    out: list[FetchedRecord] = []
+    used = 0
+    for record in log:
+        if record.offset < start or record.offset >= end:
+            continue
+        if out and used + record.size > max_bytes:
+            break
+        out.append(record)
+        used += record.size
+    return out
+
+
+@pytest.fixture
+def fake_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FetchedRecord]]:
+    log: list[FetchedRecord] = []
+
+    def read(
+        self: RecordReader,
+        key: TopicPartitionKey,
+        start: int,
+        end: int,
+        *,
+        max_bytes: int,
+        timeout_s: float = 2.0,
+    ) -> list[FetchedRecord]:
+        return _direct(log, start, end, max_bytes)
+
+    monkeypatch.setattr(RecordReader, "read", read)
+    yield log
+
+
+def test_polls_at_the_same_offset_share_one_kafka_read(fake_log: list[FetchedRecord]) -> None:
+    fake_log += _log(list(range(5)))
+    reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
+    results = [reader.read(KEY, 2, 5, max_bytes=1 << 20) for _ in range(100)]
+    assert all(r == fake_log[2:5] for r in results)
+    assert reader.kafka_reads == 1 and reader.shared_hits == 99
+
+
+def test_a_read_past_the_span_fetches_only_the_missing_tail(fake_log: list[FetchedRecord]) -> None:
+    fake_log += _log(list(range(10)))
+    reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
+    assert reader.read(KEY, 0, 4, max_bytes=1 << 20) == fake_log[0:4]
+    calls: list[tuple[int, int]] = []
+    inner = RecordReader.read
+
+    def spy(
+        self: RecordReader, key: TopicPartitionKey, start: int, end: int, **kw: object
+    ) -> list[FetchedRecord]:
+        calls.append((start, end))
+        return inner(self, key, start, end, **kw)  # type: ignore[arg-type]
+
+    RecordReader.read = spy  # type: ignore[method-assign]  # undone by the fixture's monkeypatch
+    assert reader.read(KEY, 2, 10, max_bytes=1 << 20) == fake_log[2:10]
+    assert calls == [(4, 10)], "records 2 and 3 came from the span"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    offsets=st.lists(st.integers(0, 60), min_size=1, max_size=40, unique=True).map(sorted),
+    reads=st.lists(
+        st.tuples(st.integers(0, 65), st.integers(0, 70), st.integers(1, 120)), min_size=1, max_size=25
+    ),
+    sizes=st.lists(st.integers(1, 40), min_size=40, max_size=40),
+)
+def test_shared_reads_equal_direct_reads_on_any_log(
+    offsets: list[int], reads: list[tuple[int, int, int]], sizes: list[int]
+) -> None:
+    """Any sequence of reads, on a log with gaps (compaction), returns what a direct read would."""
+    log = [FetchedRecord(o, None, b"v" * s, 0) for o, s in zip(offsets, sizes, strict=False)]
+    original = RecordReader.read
+
+    def read(
+        self: RecordReader, key: TopicPartitionKey, start: int, end: int, **kw: int
+    ) -> list[FetchedRecord]:
+        return _direct(log, start, end, kw["max_bytes"])
+
+    RecordReader.read = read  # type: ignore[method-assign,assignment]
+    try:
+        reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
+        for start, end, max_bytes in reads:
+            assert reader.read(KEY, start, end, max_bytes=max_bytes) == _direct(log, start, end, max_bytes), (
+                f"read({start}, {end}, max_bytes={max_bytes})"
+            )
+    finally:
+        RecordReader.read = original  # type: ignore[method-assign]
+
+
+def test_memory_stays_bounded(fake_log: list[FetchedRecord], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_record_cache, "SPAN_MAX_BYTES", 100)
+    monkeypatch.setattr(_record_cache, "TOTAL_MAX_BYTES", 250)
+    fake_log += _log(list(range(50)))  # 10 bytes each
+    reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
+    assert reader.read(KEY, 0, 50, max_bytes=1 << 20) == fake_log
+    assert reader._spans[KEY].size <= 100, "a span keeps only its newest records"
+    for partition in range(1, 6):
+        reader.read(TopicPartitionKey("t", partition), 0, 50, max_bytes=1 << 20)
+    assert reader._total <= 250 and sum(s.size for s in reader._spans.values()) == reader._total
+    assert reader.read(KEY, 0, 50, max_bytes=1 << 20) == fake_log, "evicted spans are read again"
+
+
+@pytest.mark.kafka
+def test_shared_reads_equal_direct_reads_on_real_kafka(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(1)
+    key = TopicPartitionKey(topic, 0)
+    producer = RecordProducer(kafka_settings)
+    direct, shared = RecordReader(kafka_settings), SharedReadReader(kafka_settings)
+    try:
+        producer.produce([ProducerRecord(topic, f"value-{i}".encode(), partition=0) for i in range(30)])
+        for start, end, max_bytes in [
+            (0, 10, 1 << 20),
+            (5, 30, 40),
+            (5, 30, 1 << 20),
+            (29, 30, 1),
+            (12, 20, 16),
+        ]:
+            assert shared.read(key, start, end, max_bytes=max_bytes) == direct.read(
+                key, start, end, max_bytes=max_bytes
+            )
+        assert shared.shared_hits >= 3 and shared.kafka_reads <= 3
+    finally:
+        producer.close()
+        direct.close()
+        shared.close()
