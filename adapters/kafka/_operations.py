@@ -258,9 +258,14 @@ class DelayedFetch(KafkaOperation):
                 )
             self._high_watermarks[key] = high
             available += high - offset
+        if len(self._high_watermarks) < len(self.fetch_offsets):
+            # Not every partition's range is known (or checked) yet: Kafka answers a fetch only
+            # once each partition's offset was validated, even with min_bytes=0.
+            enough_known = available >= self.min_records > 0 if self.min_bytes is None else False
+            return self.force_complete() if enough_known else False
         if self.min_bytes is None:
-            return self.force_complete() if available >= max(self.min_records, 1) else False
-        return self.force_complete() if self._read_new() >= max(self.min_bytes, 1) else False
+            return self.force_complete() if available >= self.min_records else False
+        return self.force_complete() if self._read_new() >= self.min_bytes else False
 
     def _read_new(self) -> int:
         """Read what arrived since the last read, up to ``max_bytes`` per partition; total bytes held."""

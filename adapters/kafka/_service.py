@@ -110,14 +110,24 @@ class KafkaPurgatory:
         """Validate, then ``try_complete_else_watch(op, op.watch_keys())``; return ``op``."""
         if validate:
             self._validate(op)
-        self.purgatory.try_complete_else_watch(op, op.watch_keys())
+        try:
+            self.purgatory.try_complete_else_watch(op, op.watch_keys())
+        except BaseException:
+            # Refused (PurgatoryFullError, closed, try_complete raised): the feed counted the op's
+            # keys when it was offered; release them or they would be polled forever.
+            self.feed.on_finished(self.purgatory.name, op)
+            raise
         return op
 
     async def watch(self, op: Op, *, validate: bool = True) -> Outcome:
         """asyncio: submit and await the outcome (validation runs in the default executor)."""
         if validate:
             await asyncio.get_running_loop().run_in_executor(None, self._validate, op)
-        return await self.purgatory.watch(op, op.watch_keys())
+        try:
+            return await self.purgatory.watch(op, op.watch_keys())
+        except BaseException:
+            self.feed.on_finished(self.purgatory.name, op)  # as in submit(); a no-op once finished
+            raise
 
     def produce(
         self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None, timeout_s: float = 10.0

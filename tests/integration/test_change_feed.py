@@ -14,6 +14,9 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
 )
 
+from purgatory import DelayedOperationPurgatory, PurgatoryFullError
+from purgatory.settings import KafkaSettings
+
 from .conftest import WAIT_S, wait_until
 from .kafka_fixtures import TopicFactory
 
@@ -85,3 +88,18 @@ def test_only_watched_keys_are_polled_and_released_when_their_operations_finish(
     assert op.wait(WAIT_S) and op.succeeded
     assert kp.feed.watched_keys() == frozenset(), "the finished operation released its key"
     assert kp.feed.is_alive()
+
+
+def test_a_refused_submission_releases_its_keys(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(1)
+    key = TopicPartitionKey(topic, 0)
+    purgatory = DelayedOperationPurgatory("full", max_pending=1)
+    with KafkaPurgatory.connect(kafka_settings, purgatory=purgatory) as kp:
+        kp.submit(DelayedProduce(kp.feed, {key: 1_000_000}, delay_ms=60_000))
+        with pytest.raises(PurgatoryFullError):
+            kp.submit(DelayedProduce(kp.feed, {TopicPartitionKey(topic, 0): 2_000_000}, delay_ms=60_000))
+        kp.purgatory.shutdown()  # drains the first one
+        assert kp.feed.watched_keys() == frozenset(), "no key left counted by the refused operation"
+    purgatory.shutdown()

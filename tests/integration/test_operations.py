@@ -248,3 +248,13 @@ def test_delete_records_expires_when_the_target_is_not_reached(
     assert op.wait(WAIT_S)
     assert op.outcome is Outcome.EXPIRED
     assert op.statuses == {key: ErrorCode.REQUEST_TIMED_OUT} and op.log_start_offsets == {key: 0}
+
+
+def test_fetch_with_min_records_zero_answers_at_once(
+    kp: KafkaPurgatory, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(1)
+    op = kp.fetch({TopicPartitionKey(topic, 0): 0}, min_records=0, max_wait_ms=15_000)
+    assert op.wait(WAIT_S)
+    assert op.outcome is Outcome.COMPLETED, "min_records=0 is Kafka's min_bytes=0: no waiting"
+    assert op.records == {TopicPartitionKey(topic, 0): []}
