@@ -13,8 +13,9 @@ Algorithm (one thread, ``kafka-feed-<name>``), every ``interval_ms``:
 4. For each key whose facts changed (including "first seen"), call ``check_and_complete(key)``
    on each purgatory watching it.
 
-Worked example: 10,000 ``DelayedProduce`` on 100 partitions → 100 watched keys → 3 requests per
-interval (DescribeTopics for the one topic, ListOffsets latest and earliest for 100 partitions);
+Worked example: 10,000 ``DelayedProduce`` on 100 partitions → 100 watched keys → 2 requests per
+interval (DescribeTopics for the one topic, ListOffsets latest for 100 partitions; earliest is
+polled only for partitions watched by operations with ``needs_log_start``, e.g. DelayedFetch);
 a record landing on ``orders-7`` changes that key's high watermark, so only the ~100 operations
 watched on ``orders-7`` are checked.
 

@@ -8,15 +8,17 @@ fact                        Kafka request (confluent-kafka admin)   batched over
 topic existence, leaders,   DescribeTopics (``describe_topics``)    all topics asked about
 ISR, replicas
 high watermark              ListOffsets latest (``list_offsets``)   all partitions asked about
-log start offset            ListOffsets earliest                    all partitions asked about
+log start offset            ListOffsets earliest                    partitions that need it
 min.insync.replicas         DescribeConfigs (cached ``CONFIG_TTL``) all topics asked about
 committed offsets           ListConsumerGroupOffsets                one per *group* (the client
                                                                     accepts one group per call)
 ==========================  =====================================  ==========================
 
-:meth:`ClusterView.facts` is what the change feed calls each interval: DescribeTopics first (it
-says which partitions exist, so ListOffsets is never asked about an unknown topic and one bad key
-cannot spoil the batch), then the offset and group requests concurrently.
+:meth:`ClusterView.facts` is what the change feed calls each interval. DescribeTopics says which
+partitions exist; ListOffsets is sent in parallel with it for partitions already known to exist
+(so a poll costs one round trip), and after it only for partitions seen for the first time — so
+ListOffsets is asked only about partitions known to exist, and one bad key cannot spoil the batch.
+ListOffsets(earliest) is sent only for the partitions named in ``log_start_for``.
 
 The admin client is created lazily on first use (no network in ``__init__``) and rebuilt by
 :meth:`reconnect`. Errors are translated: an unreachable cluster raises
