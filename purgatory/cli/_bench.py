@@ -1,13 +1,172 @@
-"""``purgatory bench``: benchmarks. Adapters add theirs through the ``purgatory.bench`` entry points."""
+"""``purgatory bench``: benchmarks against baselines measured side by side in the same run.
+
+Every benchmark runs each side (this project, and its baselines) in its own subprocess,
+alternating the order, ``--repeats`` times, and prints medians and the median of same-run
+ratios in a table; the full figures go to a JSON file under ``bench-results/``. Adapters add
+their benchmarks through the ``purgatory.bench`` entry points.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .. import _accel
+from ..bench._report import DEFAULT_RESULTS_DIR, print_comparisons, save_results
+from ..bench._runner import Comparison, run_comparison
 
 app = typer.Typer(help="Benchmarks against baselines measured in the same run.", no_args_is_help=True)
+
+# Piped output (CI logs, files) gets a wide table rather than rich's 80-column default.
+_console = Console(width=None if sys.stdout.isatty() else 160)
+
+RepeatsOpt = Annotated[int, typer.Option("--repeats", "-r", min=1, help="Runs per side (medians over them).")]
+SeedOpt = Annotated[int, typer.Option(help="Seed of the generated inputs (the same for every side).")]
+OutOpt = Annotated[Path, typer.Option("--out", help="Directory for the JSON result file.")]
+
+
+def _run_all(title: str, comparisons: list[Comparison], repeats: int) -> None:
+    total = sum(len(c.sides) for c in comparisons) * repeats
+    _console.print(f"[bold]{title}[/] — purgatory timer: {_accel.status()}")
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("starting", total=total)
+        for comparison in comparisons:
+
+            def step(description: str) -> None:
+                progress.update(task, description=description)
+
+            run_comparison(comparison, repeats, step)
+            progress.advance(task, len(comparison.sides) * repeats)
+
+
+def _finish(
+    bench: str, title: str, comparisons: list[Comparison], options: dict[str, Any], out: Path
+) -> None:
+    print_comparisons(_console, title, comparisons)
+    path = save_results(bench, comparisons, options, out)
+    missed = [t.description for c in comparisons for t, _value, met in c.verdicts() if not met]
+    if missed:
+        _console.print(f"[red]targets missed:[/] {'; '.join(missed)}")
+    _console.print(f"results: {path}")
 
 
 @app.command("list")
 def list_benchmarks() -> None:
     """List the available benchmarks."""
-    typer.echo("no benchmarks yet")
+    typer.echo("timer      timing wheel vs heapq timers: W1 add+cancel, W2 expire, W3 steady, memory, e2e")
+    typer.echo("purgatory  Kafka's TestPurgatoryPerformance vs a naive pure-Python purgatory")
+    typer.echo("expiry     lateness of expiry (p50/p99/max) with 100k pending under load")
+
+
+DEFAULT_NS = [100_000]
+DEFAULT_WORKLOADS = ["W1", "W2", "W3", "memory", "e2e"]
+DEFAULT_SIDES = ["wheel", "heap_tuple", "asyncio_heap"]
+
+
+@app.command("timer")
+def timer_bench(
+    n: Annotated[
+        list[int] | None, typer.Option("--n", "-n", help="Timers per run (default 100000); repeatable.")
+    ] = None,
+    workload: Annotated[
+        list[str] | None,
+        typer.Option("--workload", "-w", help="W1, W2, W3, memory, e2e (default: all); repeatable."),
+    ] = None,
+    side: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--side", "-s", help="wheel, heap_tuple, asyncio_heap (default: all), or <side>_pure; repeatable."
+        ),
+    ] = None,
+    iterations: Annotated[int, typer.Option(help="W3: add+cancel iterations.")] = 200_000,
+    repeats: RepeatsOpt = 5,
+    seed: SeedOpt = 1,
+    out: OutOpt = DEFAULT_RESULTS_DIR,
+) -> None:
+    """Timing wheel vs heapq timers (PERFORMANCE.md's workloads); -n 100000 -n 1000000 for both sizes."""
+    from ..bench import timer
+
+    ns = n or DEFAULT_NS
+    workloads = workload or DEFAULT_WORKLOADS
+    sides = side or DEFAULT_SIDES
+    if "wheel" not in sides:
+        raise typer.BadParameter("the sides must include 'wheel' (the subject)", param_hint="--side")
+    try:
+        comparisons = timer.comparisons(ns, workloads, sides, seed, iterations)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    title = "purgatory bench timer"
+    _run_all(title, comparisons, repeats)
+    options = {"n": ns, "workload": workloads, "side": sides, "iterations": iterations, "repeats": repeats}
+    _finish("timer", title, comparisons, {**options, "seed": seed}, out)
+
+
+@app.command("purgatory")
+def purgatory_bench(
+    num: Annotated[int, typer.Option("--num", help="Number of requests.")] = 100_000,
+    rate: Annotated[
+        float, typer.Option("--rate", help="Target requests per second (0: as fast as the generator can go).")
+    ] = 0.0,
+    keys: Annotated[int, typer.Option("--keys", help="Keys each request watches.")] = 3,
+    key_space_size: Annotated[int, typer.Option("--key-space-size", help="Number of possible keys.")] = 100,
+    timeout: Annotated[int, typer.Option("--timeout", help="Request timeout (ms).")] = 200,
+    pct50: Annotated[
+        float, typer.Option("--pct50", help="50th percentile of completion latency (ms).")
+    ] = 20.0,
+    pct75: Annotated[
+        float, typer.Option("--pct75", help="75th percentile of completion latency (ms).")
+    ] = 50.0,
+    repeats: RepeatsOpt = 3,
+    seed: SeedOpt = 1,
+    out: OutOpt = DEFAULT_RESULTS_DIR,
+) -> None:
+    """Kafka's TestPurgatoryPerformance: this purgatory vs a naive pure-Python one."""
+    from ..bench import purgatory_perf
+
+    params = purgatory_perf.PurgatoryParams(num, rate, keys, key_space_size, timeout, pct50, pct75)
+    try:
+        params.validate()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    comparisons = purgatory_perf.comparisons(params, seed)
+    title = "purgatory bench purgatory (Kafka's TestPurgatoryPerformance)"
+    _run_all(title, comparisons, repeats)
+    purgatory_perf.print_kafka_lines(_console, comparisons)
+    _finish("purgatory", title, comparisons, {**params.as_dict(), "repeats": repeats, "seed": seed}, out)
+
+
+@app.command("expiry")
+def expiry_bench(
+    pending: Annotated[int, typer.Option(help="Timers kept pending.")] = 100_000,
+    duration: Annotated[float, typer.Option(help="Measured seconds per run.")] = 5.0,
+    load_rate: Annotated[
+        int, typer.Option(help="Background adds (each with a cancel) per second while measuring.")
+    ] = 20_000,
+    repeats: RepeatsOpt = 3,
+    seed: SeedOpt = 1,
+    out: OutOpt = DEFAULT_RESULTS_DIR,
+) -> None:
+    """Lateness of expiry (p50/p99/max) with many timers pending, under add/cancel load."""
+    from ..bench import expiry
+
+    params = expiry.ExpiryParams(pending, duration, load_rate)
+    try:
+        params.validate()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    comparisons = expiry.comparisons(params, seed)
+    title = "purgatory bench expiry"
+    _run_all(title, comparisons, repeats)
+    _finish("expiry", title, comparisons, {**params.as_dict(), "repeats": repeats, "seed": seed}, out)

@@ -1,0 +1,142 @@
+"""Side-by-side runs: every side in its own subprocess, alternating order, repeated; medians.
+
+A *comparison* is one case (say W1 at N=100k) measured for a subject (this project) and its
+baselines. Repeat ``r`` runs the sides in an order rotated by ``r`` so that no side always runs
+first (or last) on a machine whose load drifts. Each repeat gives a same-run ratio
+baseline / subject; the reported ratio is the median of those (PERFORMANCE.md's method), next
+to the median of each side's own figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._worker import RESULT_MARKER
+
+__all__ = ["Comparison", "SideSpec", "Target", "run_comparison", "side_env"]
+
+PURE_SUFFIX = "_pure"  # a side named "<side>_pure" runs the same side with PURGATORY_PURE=1
+WORKER_TIMEOUT_S = 1800.0
+
+
+class BenchError(RuntimeError):
+    """A benchmark side failed (its process exited non-zero or broke a correctness check)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the issue asks: ``baseline``'s figure over the subject's >= ``min_ratio``, or the
+    subject's figure within ``limit`` (absolute)."""
+
+    description: str
+    baseline: str | None = None
+    min_ratio: float | None = None
+    limit: float | None = None
+
+
+@dataclass
+class SideSpec:
+    name: str
+    spec: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Comparison:
+    bench: str
+    case: str
+    metric: str  # the figure compared (lower is better for every metric used)
+    unit: str
+    subject: str
+    sides: list[SideSpec]
+    targets: list[Target] = field(default_factory=list)
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def values(self, side: str) -> list[float]:
+        return [float(run[self.metric]) for run in self.runs.get(side, [])]
+
+    def median(self, side: str) -> float:
+        values = self.values(side)
+        return statistics.median(values) if values else float("nan")
+
+    def ratios(self, baseline: str) -> list[float]:
+        """Same-repeat ratios baseline / subject (> 1: the subject is better)."""
+        subject = self.values(self.subject)
+        base = self.values(baseline)
+        return [b / s for b, s in zip(base, subject, strict=False) if s > 0]
+
+    def ratio(self, baseline: str) -> float:
+        ratios = self.ratios(baseline)
+        return statistics.median(ratios) if ratios else float("nan")
+
+    def verdicts(self) -> list[tuple[Target, float, bool]]:
+        out: list[tuple[Target, float, bool]] = []
+        for target in self.targets:
+            if target.baseline is not None and target.min_ratio is not None:
+                value = self.ratio(target.baseline)
+                out.append((target, value, value >= target.min_ratio))
+            elif target.limit is not None:
+                value = self.median(self.subject)
+                out.append((target, value, value <= target.limit))
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "bench": self.bench,
+            "case": self.case,
+            "metric": self.metric,
+            "unit": self.unit,
+            "subject": self.subject,
+            "medians": {side.name: self.median(side.name) for side in self.sides},
+            "ratios": {
+                side.name: {"median": self.ratio(side.name), "per_repeat": self.ratios(side.name)}
+                for side in self.sides
+                if side.name != self.subject
+            },
+            "targets": [
+                {"target": t.description, "value": value, "met": met} for t, value, met in self.verdicts()
+            ],
+            "runs": self.runs,
+        }
+
+
+def side_env(name: str) -> dict[str, str]:
+    return {"PURGATORY_PURE": "1"} if name.endswith(PURE_SUFFIX) else {}
+
+
+def _run_side(side: SideSpec) -> dict[str, Any]:
+    env = {**os.environ, **side.env}
+    if not side.env.get("PURGATORY_PURE"):
+        env.pop("PURGATORY_PURE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "purgatory.bench._worker", json.dumps(side.spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=WORKER_TIMEOUT_S,
+        check=False,
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            result: dict[str, Any] = json.loads(line[len(RESULT_MARKER) :])
+            return result
+    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+    raise BenchError(f"side {side.name!r} of {side.spec} failed (exit {proc.returncode}):\n{tail}")
+
+
+def run_comparison(comparison: Comparison, repeats: int, step: Callable[[str], None] | None = None) -> None:
+    """Run every side ``repeats`` times, in rotated order; results land in ``comparison.runs``."""
+    sides = comparison.sides
+    for repeat in range(repeats):
+        shift = repeat % len(sides)
+        for side in sides[shift:] + sides[:shift]:
+            if step is not None:
+                step(f"{comparison.bench} {comparison.case}: {side.name} ({repeat + 1}/{repeats})")
+            comparison.runs.setdefault(side.name, []).append(_run_side(side))

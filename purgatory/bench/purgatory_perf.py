@@ -1,0 +1,335 @@
+"""A port of Kafka's ``TestPurgatoryPerformance`` (``kafka.TestPurgatoryPerformance``).
+
+Kafka's tool: a generator thread submits ``--num`` requests at ``--rate`` per second
+(exponential inter-arrival times: a Poisson process), each watching the same ``--keys`` keys
+drawn once from ``--key-space-size`` possible keys, with timeout ``--timeout``. Each request
+"completes" after a latency drawn from a log-normal distribution fitted to ``--pct50`` and
+``--pct75``; if that latency is below the timeout, a completion thread force-completes it at
+that moment, otherwise it expires. It prints the target and actual enqueue rates, the process
+CPU time and the GC counts and times. Here the same workload also runs on a naive pure-Python
+purgatory (``baselines.NaivePurgatory``) as the baseline, each side in its own process, and every
+request is checked to have finished exactly once.
+
+Rate 0 means "as fast as the generator can go" (no sleeps), the setting of PERFORMANCE.md's
+purgatory figures.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import itertools
+import math
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from rich.console import Console
+
+from .. import _accel
+from .._operation import DelayedOperation
+from .._purgatory import DelayedOperationPurgatory
+from ._measure import GcMeter, percentile
+from ._runner import Comparison, SideSpec, Target
+from .baselines import NaiveOperation, NaivePurgatory
+
+__all__ = ["PurgatoryParams", "comparisons", "print_kafka_lines", "run_side"]
+
+SIDES = ("purgatory", "naive")
+NORMAL_75TH_PERCENTILE = 0.674490  # the 75th percentile point of N(0, 1), as in Kafka's tool
+FINISH_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class PurgatoryParams:
+    num: int = 100_000
+    rate: float = 0.0
+    keys: int = 3
+    key_space_size: int = 100
+    timeout: int = 200
+    pct50: float = 20.0
+    pct75: float = 50.0
+
+    def validate(self) -> None:
+        checks = [
+            (self.num > 0, "--num must be > 0"),
+            (self.rate >= 0, "--rate must be >= 0 (0: as fast as possible)"),
+            (self.keys > 0, "--keys must be > 0"),
+            (self.key_space_size > 0, "--key-space-size must be > 0"),
+            (self.timeout > 0, "--timeout must be > 0 ms"),
+            (self.pct50 > 0, "--pct50 must be > 0 ms"),
+            (self.pct75 >= self.pct50, "--pct75 must be >= --pct50"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"{message} (got {self})")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+class _Sink:
+    """Counts finished requests from any thread (``next`` on itertools.count is atomic in
+    CPython) and records expiry lateness; ``done`` is set when all have finished."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._finished = itertools.count(1)
+        self.done = threading.Event()
+        self.lateness_ms: list[float] = []
+
+    def finished(self) -> None:
+        if next(self._finished) == self.total:
+            self.done.set()
+
+
+class _Fake(Protocol):
+    latency_ms: int
+    completes_at: float
+    created_at: float
+    delay_ms: int
+    finishes: int
+    sink: _Sink
+
+    def force_complete(self) -> bool: ...
+
+
+class _FakeBehaviour:
+    """Kafka's FakeOperation, for either purgatory: completes once its latency has passed."""
+
+    __slots__ = ()
+
+    def _init_fake(self: _Fake, latency_ms: int, sink: _Sink) -> None:
+        self.latency_ms = latency_ms
+        self.created_at = _now_ms()
+        self.completes_at = self.created_at + latency_ms
+        self.sink = sink
+        self.finishes = 0
+
+    def try_complete(self: _Fake) -> bool:
+        return _now_ms() >= self.completes_at and self.force_complete()
+
+    def on_complete(self: _Fake) -> None:
+        self.finishes += 1
+        self.sink.finished()
+
+    def on_expiration(self: _Fake) -> None:
+        self.sink.lateness_ms.append(_now_ms() - (self.created_at + self.delay_ms))
+
+
+class FakeOperation(_FakeBehaviour, DelayedOperation):
+    __slots__ = ("completes_at", "created_at", "finishes", "latency_ms", "sink")
+
+    def __init__(self, delay_ms: int, latency_ms: int, sink: _Sink) -> None:
+        super().__init__(delay_ms)
+        self._init_fake(latency_ms, sink)
+
+
+class NaiveFakeOperation(_FakeBehaviour, NaiveOperation):
+    __slots__ = ("completes_at", "created_at", "finishes", "latency_ms", "sink")
+
+    def __init__(self, delay_ms: int, latency_ms: int, sink: _Sink) -> None:
+        super().__init__(delay_ms)
+        self._init_fake(latency_ms, sink)
+
+
+class CompletionQueue:
+    """Kafka's CompletionQueue: a thread force-completing each operation at its latency."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, _Fake]] = []
+        self._cond = threading.Condition(threading.Lock())
+        self._seq = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="completion thread", daemon=True)
+        self._thread.start()
+
+    def add(self, op: _Fake) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (op.completes_at, next(self._seq), op))
+            if self._heap[0][2] is op:
+                self._cond.notify()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    now = _now_ms()
+                    if self._heap and self._heap[0][0] <= now:
+                        op = heapq.heappop(self._heap)[2]
+                        break
+                    self._cond.wait((self._heap[0][0] - now) / 1000.0 if self._heap else 0.1)
+            op.force_complete()
+
+
+def _latencies(rng: random.Random, params: PurgatoryParams) -> list[int]:
+    # Log-normal fitted to the 50th and 75th percentiles (Kafka's LatencySamples).
+    mu = math.log(params.pct50)
+    sigma = (math.log(params.pct75) - mu) / NORMAL_75TH_PERCENTILE
+    return [int(math.exp(rng.gauss(mu, sigma))) for _ in range(params.num)]
+
+
+def _intervals(rng: random.Random, params: PurgatoryParams) -> list[int]:
+    # Exponential inter-arrival times in whole ms, carrying the rounding residue (IntervalSamples).
+    if params.rate <= 0:
+        return [0] * params.num
+    lam = params.rate / 1000.0
+    out: list[int] = []
+    residue = 0.0
+    for _ in range(params.num):
+        interval = -math.log(1.0 - rng.random()) / lam + residue
+        whole = int(interval)
+        residue = interval - whole
+        out.append(whole)
+    return out
+
+
+def run_side(side: str, raw_params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Run the workload on one side in this process; Kafka's figures plus correctness checks."""
+    params = PurgatoryParams(**raw_params)
+    params.validate()
+    rng = random.Random(seed)
+    latencies = _latencies(rng, params)
+    intervals = _intervals(rng, params)
+    keys = [f"fakeKey{rng.randrange(params.key_space_size)}" for _ in range(params.keys)]
+    sink = _Sink(params.num)
+    ops: list[Any] = []
+    queue = CompletionQueue()
+    if side == "purgatory":
+        purgatory: Any = DelayedOperationPurgatory[FakeOperation]("fake purgatory")
+        op_type: Any = FakeOperation
+    elif side == "naive":
+        purgatory = NaivePurgatory()
+        op_type = NaiveFakeOperation
+    else:
+        raise ValueError(f"unknown purgatory side {side!r}; expected one of {SIDES}")
+    timeout = params.timeout
+    submit = purgatory.try_complete_else_watch
+    failure: list[BaseException] = []
+    arrival_box = [0.0]
+    end_box = [0.0]
+
+    def generate() -> None:
+        arrival = start
+        for i in range(params.num):
+            arrival += intervals[i]
+            latency = latencies[i]
+            now = _now_ms()
+            if arrival > now:
+                time.sleep((arrival - now) / 1000.0)
+            op = op_type(timeout, latency, sink)
+            ops.append(op)
+            # Kafka queues the completion first; our purgatory refuses to watch an operation that
+            # is already finished (InvalidOperationError), so submit first: a request whose
+            # latency has already passed then completes inside try_complete_else_watch.
+            submit(op, keys)
+            if latency < timeout:
+                queue.add(op)
+        arrival_box[0] = arrival
+        end_box[0] = _now_ms()
+
+    def generate_or_fail() -> None:
+        try:
+            generate()
+        except BaseException as exc:
+            failure.append(exc)
+            sink.done.set()  # do not wait for requests that will never come
+            raise
+
+    gc.collect()
+    with GcMeter() as meter:
+        cpu0 = time.process_time()
+        start = _now_ms()
+        generator = threading.Thread(target=generate_or_fail, name="generator")
+        generator.start()
+        generator.join()
+        finished = sink.done.wait(FINISH_TIMEOUT_S)
+        done = _now_ms()
+        cpu_ms = (time.process_time() - cpu0) * 1000.0
+    queue.shutdown()
+    purgatory.shutdown()
+    if failure:
+        raise AssertionError(f"{side}: the generator failed: {failure[0]!r}")
+    if not finished:
+        raise AssertionError(f"{side}: requests unfinished after {FINISH_TIMEOUT_S} s")
+    wrong = sum(1 for op in ops if op.finishes != 1)
+    if wrong or len(ops) != params.num:
+        raise AssertionError(f"{side}: {wrong} of {len(ops)} requests did not finish exactly once")
+    end = end_box[0]
+    actual_rate = params.num * 1000.0 / max(end - start, 1e-9)
+    target_rate = params.num * 1000.0 / (arrival_box[0] - start) if arrival_box[0] > start else math.inf
+    lateness = sorted(sink.lateness_ms)
+    return {
+        "elapsed_ms": done - start,
+        "target_rate": target_rate,
+        "actual_rate": actual_rate,
+        "us_per_enqueue": 1e6 / actual_rate,
+        "cpu_ms": cpu_ms,
+        "cpu_us_per_request": cpu_ms * 1000.0 / params.num,
+        "expired": len(lateness),
+        "expiry_lateness_p50_ms": percentile(lateness, 0.5),
+        "expiry_lateness_p99_ms": percentile(lateness, 0.99),
+        "variant": _accel.status() if side == "purgatory" else "pure Python",
+        **meter.as_dict(),
+    }
+
+
+def comparisons(params: PurgatoryParams, seed: int) -> list[Comparison]:
+    sides = [
+        SideSpec(side, {"bench": "purgatory", "side": side, "params": params.as_dict(), "seed": seed})
+        for side in SIDES
+    ]
+    case = f"{params.num:,} requests, rate {'max' if params.rate <= 0 else f'{params.rate:g}/s'}"
+    cpu = Comparison(
+        "purgatory",
+        case,
+        "cpu_us_per_request",
+        "CPU µs/request",
+        "purgatory",
+        sides,
+        [Target(">= 1.2x less CPU/request than naive", baseline="naive", min_ratio=1.2)],
+    )
+    # Same runs, second figure: the enqueue rate as time per request (10 µs = 100k requests/s).
+    enqueue = Comparison(
+        "purgatory",
+        case,
+        "us_per_enqueue",
+        "µs/enqueue",
+        "purgatory",
+        sides,
+        [Target(">= 100k req/s enqueued (<= 10 µs)", limit=10.0)],
+    )
+    enqueue.runs = cpu.runs  # one set of runs, two figures
+    return [cpu, enqueue]
+
+
+def print_kafka_lines(console: Console, comparisons: list[Comparison]) -> None:
+    """What Kafka's tool prints, one line per run and side."""
+    runs = comparisons[0].runs
+    console.print(
+        "# <side> <elapsed time ms>\t<target rate>\t<actual rate>\t<process cpu time ms>\t"
+        "<gen0 count> <gen1 count> <gen2 count>\t<gc time ms>\t<expired>\t<expiry lateness p99 ms>"
+    )
+    for side, side_runs in runs.items():
+        for run in side_runs:
+            counts = " ".join(str(c) for c in run["gc_counts"])
+            console.print(
+                f"{side} {run['elapsed_ms']:.0f}\t{run['target_rate']:.2f}\t{run['actual_rate']:.2f}\t"
+                f"{run['cpu_ms']:.0f}\t{counts}\t{run['gc_ms']:.0f}\t{run['expired']}\t"
+                f"{run['expiry_lateness_p99_ms']:.1f}",
+                highlight=False,
+            )

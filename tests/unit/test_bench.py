@@ -1,0 +1,183 @@
+"""Benchmarks: the baselines are correct timers, every workload checks itself, the CLI writes its
+results. Tiny sizes only — the figures themselves are checked by running ``purgatory bench``."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from purgatory.bench import expiry, purgatory_perf, timer
+from purgatory.bench._runner import Comparison, SideSpec, Target
+from purgatory.bench.baselines import (
+    AsyncioHeapTimer,
+    HeapTimer,
+    NaiveOperation,
+    NaivePurgatory,
+    ThreadedHeapTimer,
+)
+from purgatory.cli import app
+
+
+class _Task:
+    __slots__ = ("delay_ms", "fired")
+
+    def __init__(self, delay_ms: int) -> None:
+        self.delay_ms = delay_ms
+        self.fired = 0
+
+    def run(self) -> None:
+        self.fired += 1
+
+
+@pytest.mark.parametrize("heap_type", [HeapTimer, AsyncioHeapTimer])
+def test_heap_baselines_fire_live_timers_once_and_compact_cancelled_ones(heap_type: type) -> None:
+    heap = heap_type()
+    tasks = [_Task(d) for d in range(1, 1001)]
+    handles = [heap.add(t) for t in tasks]
+    cancelled = set(range(0, 1000, 2)) | set(range(1, 20, 2))  # 510 of 1000: more than half
+    for i in sorted(cancelled):
+        heap.cancel(handles[i])
+    heap.cancel(handles[0])  # twice: harmless
+    assert heap.size() == 490
+    assert len(heap._heap) < 1000, "more than half cancelled: the heap was rebuilt (asyncio's rule)"
+    heap.advance_clock(1000)
+    assert [t.fired for t in tasks] == [0 if i in cancelled else 1 for i in range(1000)]
+    heap.cancel(handles[21])  # cancelling a timer that already ran changes nothing
+    assert heap.size() == 0
+
+
+def test_threaded_heap_timer_runs_due_tasks_on_its_thread() -> None:
+    heap = ThreadedHeapTimer("test-heap")
+    done = threading.Event()
+
+    class Task(_Task):
+        __slots__ = ()
+
+        def run(self) -> None:
+            super().run()
+            done.set()
+
+    cancelled = Task(1)
+    heap.cancel(heap.add(cancelled))
+    kept = Task(5)
+    heap.add(kept)
+    try:
+        assert done.wait(5), "a due task runs"
+    finally:
+        heap.close()
+    assert (kept.fired, cancelled.fired) == (1, 0)
+
+
+def test_naive_purgatory_finishes_each_operation_once() -> None:
+    purgatory = NaivePurgatory(purge_interval=2)
+    finished: list[str] = []
+
+    class Op(NaiveOperation):
+        __slots__ = ("name", "ready")
+
+        def __init__(self, name: str, delay_ms: int) -> None:
+            super().__init__(delay_ms)
+            self.name, self.ready = name, False
+
+        def try_complete(self) -> bool:
+            return self.ready and self.force_complete()
+
+        def on_complete(self) -> None:
+            finished.append(self.name)
+
+    a, b, expiring = Op("a", 60_000), Op("b", 60_000), Op("expiring", 1)
+    try:
+        for op in (a, b, expiring):
+            assert purgatory.try_complete_else_watch(op, ["k1", "k2"]) is False
+        a.ready = True
+        assert purgatory.check_and_complete("k1") == 1
+        assert purgatory.check_and_complete("k2") == 0
+        assert b.force_complete() and not b.force_complete()
+        deadline = threading.Event()
+        for _ in range(500):
+            if "expiring" in finished:
+                break
+            deadline.wait(0.01)
+    finally:
+        purgatory.shutdown()
+    assert sorted(finished) == ["a", "b", "expiring"]
+
+
+@pytest.mark.parametrize("workload", ["W1", "W2", "W3", "memory"])
+@pytest.mark.parametrize("side", timer.SIDES)
+def test_timer_workloads_check_themselves_on_every_side(workload: str, side: str) -> None:
+    result = timer.run_workload(workload, side, 3000, seed=7, iterations=2000)
+    figure = result["bytes_per_timer" if workload == "memory" else "ns_per_timer"]
+    assert figure > 0 and math.isfinite(figure)
+
+
+@pytest.mark.parametrize("side", timer.E2E_SIDES)
+def test_end_to_end_timer_run_fires_the_uncancelled_exactly_once(side: str) -> None:
+    result = timer.run_workload("e2e", side, 400, seed=3)
+    assert result["cpu_s"] > 0 and result["wall_s"] >= timer.E2E_MIN_DELAY_MS / 1000.0
+
+
+@pytest.mark.parametrize("side", purgatory_perf.SIDES)
+def test_purgatory_performance_port_finishes_every_request_once(side: str) -> None:
+    params = purgatory_perf.PurgatoryParams(num=1500, timeout=50, pct50=5, pct75=20)
+    result = purgatory_perf.run_side(side, params.as_dict(), seed=5)
+    assert 0 < result["expired"] < 1500, "some requests complete, the slow ones expire"
+    assert result["actual_rate"] > 0 and result["target_rate"] == math.inf
+
+
+def test_purgatory_params_refuse_nonsense_naming_the_option() -> None:
+    with pytest.raises(ValueError, match="--pct75"):
+        purgatory_perf.PurgatoryParams(pct50=50, pct75=20).validate()
+
+
+@pytest.mark.parametrize("side", expiry.SIDES)
+def test_expiry_run_measures_every_probe(side: str) -> None:
+    result = expiry.run_side(
+        side, expiry.ExpiryParams(pending=2000, duration=0.3, load_rate=2000).as_dict(), 1
+    )
+    assert result["probes"] >= 100
+    assert result["lateness_p50_ms"] <= result["lateness_p99_ms"] <= result["lateness_max_ms"]
+
+
+def test_comparison_reports_medians_same_run_ratios_and_verdicts() -> None:
+    sides = [SideSpec("wheel", {}), SideSpec("heap", {})]
+    comparison = Comparison(
+        "timer", "W1", "ns", "ns/timer", "wheel", sides, [Target("2x", baseline="heap", min_ratio=2.0)]
+    )
+    comparison.runs = {
+        "wheel": [{"ns": 100}, {"ns": 200}, {"ns": 100}],
+        "heap": [{"ns": 300}, {"ns": 300}, {"ns": 150}],
+    }
+    assert comparison.median("wheel") == 100
+    assert comparison.ratios("heap") == [3.0, 1.5, 1.5]
+    assert comparison.ratio("heap") == 1.5, "the median of same-run ratios, not a ratio of medians"
+    [(_, value, met)] = comparison.verdicts()
+    assert (value, met) == (1.5, False)
+
+
+def test_bench_timer_cli_runs_each_side_in_a_subprocess_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "timer", "-n", "2000", "-r", "2", "-w", "W1", "-w", "memory", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    assert "W1 N=2,000" in result.output
+    [path] = list(out.glob("timer-*.json"))
+    data = json.loads(path.read_text())
+    [w1, memory] = data["comparisons"]
+    assert set(w1["runs"]) == {"wheel", "heap_tuple", "asyncio_heap"}
+    assert all(len(runs) == 2 for runs in w1["runs"].values()), "every side ran once per repeat"
+    assert memory["medians"]["wheel"] > 0
+    assert data["environment"]["purgatory_variant"]
+
+
+def test_bench_cli_refuses_an_unknown_workload() -> None:
+    result = CliRunner().invoke(app, ["bench", "timer", "-w", "W9"])
+    assert result.exit_code != 0
+    assert "W9" in result.output
