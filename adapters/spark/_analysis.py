@@ -39,10 +39,31 @@ __all__ = [
 PERCENTILES = (0.5, 0.95, 0.99)
 DEFAULT_ACCURACY = 10_000  # Spark's default: rank error <= n / 10,000 (see the module docstring)
 DEFAULT_TOP_KEYS = 10
+OUTCOME_COUNTS = ("created", "completed", "expired", "cancelled")
 
 
 def _is(event_type: str) -> Column:
     return F.col("event_type") == event_type
+
+
+def _measures(selected: Column, accuracy: int) -> list[Column]:
+    """Aggregates over the rows where ``selected``: outcome counts and completion latency percentiles."""
+    percentiles = F.array(*[F.lit(p) for p in PERCENTILES])
+    completed_latency = F.when(selected & _is("completed"), F.col("latency_ms"))
+    return [
+        *[F.count(F.when(selected & _is(kind), 1)).alias(kind) for kind in OUTCOME_COUNTS],
+        F.percentile_approx(completed_latency, percentiles, accuracy).alias("latency"),
+    ]
+
+
+def _derived() -> list[Column]:
+    """The published columns computed from :func:`_measures`."""
+    finished = F.col("completed") + F.col("expired") + F.col("cancelled")
+    return [
+        *[F.col(kind) for kind in OUTCOME_COUNTS],
+        F.when(finished > 0, F.col("expired") / finished).alias("expiry_ratio"),
+        *[F.col("latency")[i].alias(f"latency_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
+    ]
 
 
 def aggregate(events: DataFrame, window: str, accuracy: int = DEFAULT_ACCURACY) -> DataFrame:
@@ -54,39 +75,21 @@ def aggregate(events: DataFrame, window: str, accuracy: int = DEFAULT_ACCURACY) 
     """
     none = F.array(F.lit(None).cast("string"))
     dims = F.when(_is("created") & F.col("keys").isNotNull(), F.concat(none, F.col("keys"))).otherwise(none)
-    rows = events.select(
-        "event_time",
-        "op_type",
-        "event_type",
-        "latency_ms",
-        F.explode(dims).alias("key"),
-    )
+    rows = events.select("event_time", "op_type", "event_type", "latency_ms", F.explode(dims).alias("key"))
     stats_row = F.col("key").isNull()
-    percentiles = F.array(*[F.lit(p) for p in PERCENTILES])
-    completed_latency = F.when(stats_row & _is("completed"), F.col("latency_ms"))
     return rows.groupBy(F.window("event_time", window).alias("window"), "op_type", "key").agg(
-        F.count(F.when(stats_row & _is("created"), 1)).alias("created"),
-        F.count(F.when(stats_row & _is("completed"), 1)).alias("completed"),
-        F.count(F.when(stats_row & _is("expired"), 1)).alias("expired"),
-        F.count(F.when(stats_row & _is("cancelled"), 1)).alias("cancelled"),
+        *_measures(stats_row, accuracy),
         F.count(F.when(~stats_row, 1)).alias("ops"),
-        F.percentile_approx(completed_latency, percentiles, accuracy).alias("latency"),
     )
 
 
 def stats_of(aggregates: DataFrame) -> DataFrame:
     """The ``window_stats`` table: one row per (window, op_type)."""
-    finished = F.col("completed") + F.col("expired") + F.col("cancelled")
     return aggregates.where(F.col("key").isNull()).select(
         F.col("window.start").alias("window_start"),
         F.col("window.end").alias("window_end"),
         "op_type",
-        "created",
-        "completed",
-        "expired",
-        "cancelled",
-        F.when(finished > 0, F.col("expired") / finished).alias("expiry_ratio"),
-        *[F.col("latency")[i].alias(f"latency_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
+        *_derived(),
     )
 
 
@@ -109,23 +112,4 @@ def hot_keys(key_counts: DataFrame, top: int = DEFAULT_TOP_KEYS) -> DataFrame:
 
 def summary(events: DataFrame, accuracy: int = DEFAULT_ACCURACY) -> DataFrame:
     """Whole-journal totals per op_type (batch only: percentiles need all events of a type)."""
-    percentiles = F.array(*[F.lit(p) for p in PERCENTILES])
-    finished = F.col("completed") + F.col("expired") + F.col("cancelled")
-    totals = events.groupBy("op_type").agg(
-        F.count(F.when(_is("created"), 1)).alias("created"),
-        F.count(F.when(_is("completed"), 1)).alias("completed"),
-        F.count(F.when(_is("expired"), 1)).alias("expired"),
-        F.count(F.when(_is("cancelled"), 1)).alias("cancelled"),
-        F.percentile_approx(F.when(_is("completed"), F.col("latency_ms")), percentiles, accuracy).alias(
-            "latency"
-        ),
-    )
-    return totals.select(
-        "op_type",
-        "created",
-        "completed",
-        "expired",
-        "cancelled",
-        F.when(finished > 0, F.col("expired") / finished).alias("expiry_ratio"),
-        *[F.col("latency")[i].alias(f"latency_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
-    )
+    return events.groupBy("op_type").agg(*_measures(F.lit(True), accuracy)).select("op_type", *_derived())

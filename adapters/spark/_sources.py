@@ -12,7 +12,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-__all__ = ["file_lines", "kafka_lines", "kafka_options", "kafka_stream_lines"]
+__all__ = ["file_lines", "kafka_lines", "kafka_options"]
 
 SEGMENT_GLOB = "*.jsonl"  # FileJournalSink's segments; a single file path is read whatever its name
 
@@ -36,37 +36,29 @@ def kafka_options(
     return options
 
 
-def _lines(records: DataFrame) -> DataFrame:
-    source = F.concat_ws(
-        ":",
-        F.col("topic"),
-        F.col("partition").cast("string"),
-        F.col("offset").cast("string"),
-    )
-    return records.select(F.col("value").cast("string").alias("value"), source.alias("source"))
-
-
-def kafka_lines(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
-    """Everything on the topic now (earliest to latest offsets), as one batch."""
-    records = (
-        spark.read.format("kafka")
-        .options(**options)
-        .option("startingOffsets", "earliest")
-        .option("endingOffsets", "latest")
-        .load()
-    )
-    return _lines(records)
-
-
-def kafka_stream_lines(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
-    """The topic as a stream, from the earliest offset on first start (then: the checkpoint's)."""
-    records = (
-        spark.readStream.format("kafka")
-        .options(**options)
-        .option("startingOffsets", "earliest")
+def kafka_lines(spark: SparkSession, options: Mapping[str, str], *, stream: bool = False) -> DataFrame:
+    """The topic's records: as one batch (earliest to latest offsets now), or as a stream (from
+    the earliest offset on first start, then from the checkpoint's)."""
+    records: DataFrame
+    if stream:
         # Retention may delete journal records before a stopped query resumes: carry on, Spark
         # logs the gap, rather than refusing to analyse anything.
-        .option("failOnDataLoss", "false")
-        .load()
+        records = (
+            spark.readStream.format("kafka")
+            .options(**options)
+            .option("startingOffsets", "earliest")
+            .option("failOnDataLoss", "false")
+            .load()
+        )
+    else:
+        records = (
+            spark.read.format("kafka")
+            .options(**options)
+            .option("startingOffsets", "earliest")
+            .option("endingOffsets", "latest")
+            .load()
+        )
+    position = [F.col("topic"), F.col("partition").cast("string"), F.col("offset").cast("string")]
+    return records.select(
+        F.col("value").cast("string").alias("value"), F.concat_ws(":", *position).alias("source")
     )
-    return _lines(records)

@@ -7,8 +7,8 @@ the ``spark`` extra.
 from __future__ import annotations
 
 import enum
+import math
 import os
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -124,36 +124,26 @@ def analyze(
     except SparkEnvironmentError as exc:
         raise _fail(str(exc)) from None
 
+    from pyspark.errors import StreamingQueryException
+
     from ._job import run_batch, start_streaming
     from ._report import write_report
-    from ._sources import file_lines, kafka_lines, kafka_options, kafka_stream_lines
+    from ._sources import file_lines, kafka_lines, kafka_options
 
     try:
-        if source is Source.files:
-            label = str(journal_path)
+        if not stream:
+            if source is Source.files:
+                label, lines = str(journal_path), file_lines(spark, journal_path)
+            else:
+                label = f"kafka topic {journal_topic}"
+                lines = kafka_lines(spark, kafka_options(bootstrap_servers, journal_topic, extra))
             run = run_batch(
-                file_lines(spark, journal_path),
-                out,
-                source=label,
-                window=window or js.window,
-                accuracy=accuracy,
-                top_keys=top_keys,
-            )
-        elif not stream:
-            label = f"kafka topic {journal_topic}"
-            options = kafka_options(bootstrap_servers, journal_topic, extra)
-            run = run_batch(
-                kafka_lines(spark, options),
-                out,
-                source=label,
-                window=window or js.window,
-                accuracy=accuracy,
-                top_keys=top_keys,
+                lines, out, source=label, window=window or js.window, accuracy=accuracy, top_keys=top_keys
             )
         else:
             label = f"kafka topic {journal_topic} (streaming)"
             streaming = start_streaming(
-                kafka_stream_lines(spark, kafka_options(bootstrap_servers, journal_topic, extra)),
+                kafka_lines(spark, kafka_options(bootstrap_servers, journal_topic, extra), stream=True),
                 out,
                 checkpoint or out / "_checkpoints",
                 source=label,
@@ -166,14 +156,13 @@ def analyze(
             if available_now:
                 streaming.await_termination()
             else:
-                deadline = None if run_seconds is None else time.monotonic() + run_seconds
                 try:
-                    while deadline is None or time.monotonic() < deadline:
-                        if not all(query.isActive for query in streaming.queries):
-                            break
-                        time.sleep(1.0)  # the CLI's wait loop: nothing to synchronise with
+                    # Returns when a query stops (or fails: reported below) or the time is up.
+                    spark.streams.awaitAnyTermination(None if run_seconds is None else math.ceil(run_seconds))
                 except KeyboardInterrupt:
                     typer.echo("stopping the streaming queries…")
+                except StreamingQueryException:
+                    pass  # the failed query's exception is reported below
                 streaming.stop()
             for query in streaming.queries:
                 error = query.exception()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from purgatory.adapters.kafka.journal_sink import KafkaJournalSink
 from purgatory.adapters.spark._job import RunSummary, run_batch, start_streaming
-from purgatory.adapters.spark._sources import kafka_lines, kafka_options, kafka_stream_lines
+from purgatory.adapters.spark._sources import kafka_lines, kafka_options
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -139,7 +139,7 @@ def test_streaming_counts_once_across_restarts_and_drops_late_events(
 
     def run_once() -> RunSummary:
         streaming = start_streaming(
-            kafka_stream_lines(spark, options),
+            kafka_lines(spark, options, stream=True),
             out,
             checkpoints,
             source=topic,
