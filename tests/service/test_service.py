@@ -146,6 +146,7 @@ async def test_many_long_polls_on_one_partition_are_answered_by_one_record(
     polls = 50
     async with service.client() as client:
         before = service.gateway.fetch_purgatory.stats.as_dict()["completed"]
+        reads_before = service.gateway.reader.kafka_reads
         tasks = [
             asyncio.create_task(client.get(_records_url(topic), params={"offset": 0, "max_wait_ms": 15_000}))
             for _ in range(polls)
@@ -155,6 +156,7 @@ async def test_many_long_polls_on_one_partition_are_answered_by_one_record(
         responses = await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
     assert all(r.json()["records"][0]["value"] == "fan-out" for r in responses)
     assert service.gateway.fetch_purgatory.stats.as_dict()["completed"] - before == polls
+    assert service.gateway.reader.kafka_reads - reads_before == 1, "one Kafka read answered every poll"
 
 
 # -- produce and wait ------------------------------------------------------------------------------
