@@ -11,7 +11,8 @@ Routes:
   200 with per-partition ``NONE``; 504 ``REQUEST_TIMED_OUT`` or 503 ``NOT_ENOUGH_REPLICAS``
   (the records *were* appended; they are not known to be safely replicated).
 * ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
-  (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations).
+  (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations) and
+  the service's own (shared reads, change feed polls, Kafka reachability).
 * ``GET /healthz`` — 200 while serving, 503 before start and while draining.
 
 Errors are JSON ``{"error": CODE, "field": name, "message": why}`` with a 4xx status for the
@@ -47,6 +48,7 @@ from purgatory.settings import Settings, load_settings
 from ..kafka import DelayedFetch, DelayedProduce, ErrorCode, FetchedRecord
 from ._errors import RequestError, from_validation_error
 from ._gateway import Gateway
+from ._metrics import ServiceCollector
 from ._requests import MAX_PRODUCE_BODY_BYTES, TOPIC_PATTERN, FetchParams, ProduceRequest
 
 __all__ = ["create_app"]
@@ -264,6 +266,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
         try:
             yield
         finally:
+            app.state.gateway = None  # requests arriving now get 503, /healthz says unavailable
             gateway.close()
 
     app = Starlette(
@@ -276,7 +279,8 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
         exception_handlers={RequestError: _request_error, HTTPException: _http_error},
         lifespan=lifespan,
     )
-    # One registry per app: the collector reads every live purgatory at scrape time.
+    # One registry per app: the collectors read every live purgatory and the gateway at scrape time.
     app.state.registry = CollectorRegistry()
     register_metrics(app.state.registry)
+    app.state.registry.register(ServiceCollector(lambda: getattr(app.state, "gateway", None)))
     return app

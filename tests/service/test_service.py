@@ -294,6 +294,16 @@ async def test_metrics_export_kafka_purgatory_names_per_purgatory(
         assert (await asyncio.wait_for(poll, WAIT_S)).json()["outcome"] == "EXPIRED"
         after = (await client.get("/metrics")).text
     assert _sample(after, "ExpiresPerSec_total", "fetch") == expired_before + 1
+    service_metrics = {
+        line.split(" ")[0] for line in after.splitlines() if line.startswith("purgatory_service_")
+    }
+    assert {
+        'purgatory_service_fetch_reads_total{source="kafka"}',
+        'purgatory_service_fetch_reads_total{source="shared"}',
+        "purgatory_service_feed_polls_total",
+        "purgatory_service_kafka_unavailable",
+    } <= service_metrics
+    assert "purgatory_service_kafka_unavailable 0.0" in after
     assert _sample(after, "NumDelayedOperations", "produce") == 0
 
 
