@@ -51,6 +51,11 @@ class Journal:
     up to ``batch_size``, builds the :class:`JournalEvent` objects (ids, strings, latency) and hands
     each batch to every sink in turn.
 
+    What is recorded: ``created`` when the purgatory is handed the operation (before its first
+    ``try_complete``), and one finish event when it finishes. An operation refused at submission
+    (``PurgatoryFullError``, or its ``try_complete`` raising) or taken back by ``cancel_for_key``
+    and never finished has a ``created`` event only; the analytics count it as created.
+
     Back-pressure: when ``capacity`` events are queued the new event is dropped and counted
     (``stats().dropped``); the caller is never blocked. The capacity check and the append are two
     steps, so concurrent callers may overshoot ``capacity`` by at most their number.
