@@ -193,3 +193,29 @@ def test_a_misspelt_secret_field_does_not_echo_its_value(tmp_path: Path) -> None
         load_settings(config)
     assert "sasl_pasword" in str(info.value)
     _scan({"ConfigError": str(info.value)}, (secret,))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="configure_logging's console renderer uses structlog's default rich tracebacks with "
+    "show_locals=True: a logged exception prints its frames' local variables, credentials included "
+    "(reported to the logging's owner; ConsoleRenderer(exception_formatter=RichTracebackFormatter("
+    "show_locals=False)) closes it)",
+)
+def test_console_log_tracebacks_do_not_print_local_variables(
+    restore_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    purgatory_logging.configure_logging("INFO", "console", force=True)
+    capsys.readouterr()
+
+    def connect(password: str) -> None:
+        raise ConnectionError("authentication failed")
+
+    try:
+        connect(SASL_PASSWORD)
+    except ConnectionError:
+        structlog.get_logger("security-test").exception("connect_failed")
+    out = capsys.readouterr()
+    rendered = out.out + out.err
+    assert "connect_failed" in rendered and "authentication failed" in rendered
+    _scan({"console traceback": rendered})
