@@ -154,17 +154,19 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        # This handler itself was cancelled (uvicorn's graceful shutdown ran out): finish the
+        # work's operation as CANCELLED now, before the lifespan shutdown drains the purgatories.
+        task.cancel()
+        await asyncio.wait({task})
+        raise
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-    try:
-        return await task  # its result, or its RequestError
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise  # this handler itself was cancelled (server shutdown): not the client's doing
+    if not task.done():  # the client left first
+        task.cancel()
+        await asyncio.wait({task})
         return None
+    return task.result()  # its result, or its RequestError
 
 
 async def fetch_records(request: Request) -> Response:

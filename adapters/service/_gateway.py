@@ -207,7 +207,10 @@ class Gateway:
                 await asyncio.to_thread(self.fetch_purgatory.check_and_complete, key)
             await watching
         except BaseException:
-            watching.cancel()  # the client left (or shutdown): finish the op as CANCELLED
+            # The client left (or the server gave up on the request): finish the op as CANCELLED,
+            # and wait until it is, so nothing of this request outlives it.
+            watching.cancel()
+            await asyncio.wait({watching})
             raise
         if op.statuses[key] is ErrorCode.OFFSET_OUT_OF_RANGE:
             raise RequestError(416, "OFFSET_OUT_OF_RANGE", "offset", str(op.error), value=offset)

@@ -34,7 +34,13 @@ class BackgroundServer:
     """uvicorn serving ``app`` on ``host`` (loopback by default) from a daemon thread."""
 
     def __init__(
-        self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        graceful_shutdown_s: int = GRACEFUL_SHUTDOWN_S,
     ) -> None:
         config = uvicorn.Config(
             app,
@@ -42,7 +48,7 @@ class BackgroundServer:
             port=port,
             log_level=log_level,
             lifespan="on",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            timeout_graceful_shutdown=graceful_shutdown_s,
         )
         self.server = uvicorn.Server(config)
         self.host = host

@@ -434,3 +434,35 @@ async def test_unknown_routes_and_methods_answer_in_the_same_json_shape(service:
     assert missing.status_code == 404 and missing.json()["error"] == "NOT_FOUND"
     assert wrong.status_code == 405 and wrong.json()["error"] == "METHOD_NOT_ALLOWED"
     assert "POST" in wrong.headers["allow"]
+
+
+async def test_stopping_the_server_ends_a_poll_still_open_after_the_grace_period(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
+) -> None:
+    """Shutdown is bounded: after uvicorn's grace period the poll's request is cancelled and the
+    lifespan shutdown drains the purgatory; its operation finishes exactly once either way."""
+    topic = kafka_topic_factory(1)
+    app = create_app(Settings(kafka=kafka_settings))
+    server = BackgroundServer(app, graceful_shutdown_s=1).start()
+    purgatory = app.state.gateway.fetch_purgatory
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
+            poll = asyncio.create_task(
+                client.get(_records_url(topic), params={"offset": 0, "max_wait_ms": 30_000})
+            )
+            await until(lambda: purgatory.num_delayed() == 1, "the poll to wait")
+            started = time.monotonic()
+            await asyncio.to_thread(server.stop)
+            stopped_after = time.monotonic() - started
+            try:
+                answer: int | None = (await poll).status_code  # uvicorn answers a cancelled request 500
+            except httpx.HTTPError:
+                answer = None  # or the connection closed first
+    finally:
+        server.stop()
+    assert stopped_after < 10.0, f"stopped after {stopped_after:.1f} s, not after the poll's 30 s"
+    assert answer in (500, None), "no answer pretends the poll completed or expired"
+    stats = purgatory.stats.as_dict()
+    # Finished exactly once: cancelled with its request, or expired by the drain if that ran first.
+    assert stats["completed"] == 0 and stats["cancelled"] + stats["expired"] == 1, stats
+    assert purgatory.closed
