@@ -5,7 +5,9 @@ Routes:
 * ``GET /topics/{topic}/partitions/{partition}/records?offset=&max_wait_ms=&min_bytes=&max_bytes=``
   — long poll (Kafka's FetchRequest): answers once ``min_records`` (default 1) records, or
   ``min_bytes`` bytes, are there past ``offset``, or after ``max_wait_ms`` with what arrived.
-  ``{"outcome": "COMPLETED"|"EXPIRED", "records": [...], "next_offset": n, ...}``.
+  ``{"outcome": "COMPLETED"|"EXPIRED", "records": [...], "next_offset": n, ...}``. Without
+  ``offset`` only new records count (it starts at the high watermark). Keys and values are
+  UTF-8 text, or ``key_b64``/``value_b64`` when they are not.
 * ``POST /topics/{topic}/records`` ``{"records": [{"value": "...", "key": "...", "partition": 0}],
   "timeout_ms": 30000}`` — appends, then answers once every in-sync replica has the records:
   200 with per-partition ``NONE``; 504 ``REQUEST_TIMED_OUT`` or 503 ``NOT_ENOUGH_REPLICAS``
@@ -18,6 +20,9 @@ Routes:
 Errors are JSON ``{"error": CODE, "field": name, "message": why}`` with a 4xx status for the
 client's mistakes (400 bad parameter or body, 404 unknown topic/partition, 413 body too large,
 415 not JSON, 416 offset out of range) and 503 when Kafka or the purgatory cannot take it.
+
+A client that disconnects while waiting cancels its operation (finished CANCELLED, out of the
+timer): abandoned long polls do not fill the purgatory.
 
 Lifespan: startup builds the :class:`Gateway` and starts its change feed; shutdown drains the
 purgatories (every waiting request is answered) and closes the Kafka clients.
