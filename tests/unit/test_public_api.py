@@ -31,3 +31,18 @@ def test_adapters_are_installed_under_the_purgatory_namespace() -> None:
     assert importlib.util.find_spec("purgatory.adapters.kafka") is not None
     top_level = importlib.metadata.distribution("kafka-purgatory").read_text("top_level.txt") or ""
     assert top_level.split() == ["purgatory"], f"only 'purgatory' may be installed top-level: {top_level!r}"
+
+
+def test_every_package_in_the_tree_is_listed_for_the_wheel() -> None:
+    """Editable installs find any subpackage by path; a wheel ships only the listed ones."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    present = set()
+    for top, name in (("purgatory", "purgatory"), ("adapters", "purgatory.adapters")):
+        for init in (root / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(root / top).parts
+            present.add(".".join((name, *rel)))
+    assert present - listed == set(), "packages missing from [tool.setuptools] packages"
