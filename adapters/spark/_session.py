@@ -17,6 +17,9 @@ __all__ = ["SparkEnvironmentError", "prepare_environment", "spark_session"]
 LOOPBACK = "127.0.0.1"  # Spark binds the driver here: no surprises from the host's other interfaces
 DEFAULT_SHUFFLE_PARTITIONS = 8  # journals are small next to Spark's default of 200 (one task each)
 DEFAULT_DRIVER_MEMORY = "2g"  # local mode runs everything in the driver JVM; 1g (Spark's) is tight
+# Input split size: a 64 MiB journal segment becomes two tasks, so a few segments keep every core
+# busy to the end instead of one core finishing a lone 128 MiB split (Spark's default) alone.
+DEFAULT_MAX_PARTITION_BYTES = "32m"
 
 
 class SparkEnvironmentError(PurgatoryError):
@@ -58,6 +61,7 @@ def spark_session(
         .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
         .config("spark.ui.showConsoleProgress", "false")  # progress bars garble the CLI's output
         .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.sql.files.maxPartitionBytes", DEFAULT_MAX_PARTITION_BYTES)
     )
     if jars:
         builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
