@@ -58,6 +58,8 @@ def print_comparisons(console: Console, title: str, comparisons: Sequence[Compar
             for t, value, met in comparison.verdicts()
         )
         cells = [_fmt(comparison.median(name)) if name in comparison.runs else "" for name in sides]
+        if comparison.error is not None:
+            verdicts = f"[red]FAILED[/] {comparison.error.splitlines()[-1]}"
         table.add_row(comparison.case, comparison.unit, *cells, ratios, verdicts)
     console.print(table)
     gc_table = Table(title="cyclic GC during the measured phase (medians)", title_justify="left")

@@ -58,6 +58,7 @@ class Comparison:
     sides: list[SideSpec]
     targets: list[Target] = field(default_factory=list)
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    error: str | None = None  # why the comparison could not be completed (a side failed)
 
     def values(self, side: str) -> list[float]:
         return [float(run[self.metric]) for run in self.runs.get(side, [])]
@@ -78,6 +79,8 @@ class Comparison:
 
     def verdicts(self) -> list[tuple[Target, float, bool]]:
         out: list[tuple[Target, float, bool]] = []
+        if self.error is not None:
+            return [(target, float("nan"), False) for target in self.targets]
         for target in self.targets:
             if target.baseline is not None and target.min_ratio is not None:
                 value = self.ratio(target.baseline)
@@ -104,6 +107,7 @@ class Comparison:
                 {"target": t.description, "value": value, "met": met} for t, value, met in self.verdicts()
             ],
             "runs": self.runs,
+            "error": self.error,
         }
 
 
@@ -132,11 +136,20 @@ def _run_side(side: SideSpec) -> dict[str, Any]:
 
 
 def run_comparison(comparison: Comparison, repeats: int, step: Callable[[str], None] | None = None) -> None:
-    """Run every side ``repeats`` times, in rotated order; results land in ``comparison.runs``."""
+    """Run every side ``repeats`` times, in rotated order; results land in ``comparison.runs``.
+
+    A failing side ends this comparison (``comparison.error``), not the others: the figures
+    already measured are kept and the failure is reported next to them.
+    """
     sides = comparison.sides
     for repeat in range(repeats):
         shift = repeat % len(sides)
         for side in sides[shift:] + sides[:shift]:
             if step is not None:
                 step(f"{comparison.bench} {comparison.case}: {side.name} ({repeat + 1}/{repeats})")
-            comparison.runs.setdefault(side.name, []).append(_run_side(side))
+            try:
+                result = _run_side(side)
+            except (BenchError, subprocess.TimeoutExpired) as exc:
+                comparison.error = str(exc)
+                return
+            comparison.runs.setdefault(side.name, []).append(result)

@@ -57,9 +57,14 @@ def _finish(
     print_comparisons(_console, title, comparisons)
     path = save_results(bench, comparisons, options, out)
     missed = [t.description for c in comparisons for t, _value, met in c.verdicts() if not met]
+    failed = [f"{c.case}: {c.error}" for c in comparisons if c.error is not None]
+    for failure in failed:
+        _console.print(f"[red]failed:[/] {failure}", highlight=False)
     if missed:
         _console.print(f"[red]targets missed:[/] {'; '.join(missed)}")
     _console.print(f"results: {path}")
+    if failed:
+        raise typer.Exit(1)  # a side broke a correctness check or crashed: not a figure
 
 
 @app.command("list")
