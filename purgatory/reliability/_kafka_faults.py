@@ -295,7 +295,8 @@ def journal_sink_unreachable(cluster: LocalKafkaCluster) -> FaultResult:
 
     result = FaultResult("journal's Kafka sink unreachable")
     started = time.perf_counter()
-    config = {"bootstrap.servers": cluster.bootstrap_servers}
+    # log_level 0: librdkafka would print every refused reconnect of the outage to stderr.
+    config = {"bootstrap.servers": cluster.bootstrap_servers, "log_level": "0"}
     topic = f"journal-{uuid.uuid4().hex[:8]}"
     ensure_journal_topic(config, topic, partitions=1, replication_factor=1)
     sink = KafkaJournalSink(config, topic)
