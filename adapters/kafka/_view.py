@@ -31,7 +31,6 @@ and the config cache are guarded by a lock. ``requests_sent`` counts admin reque
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -330,7 +329,10 @@ class ClusterView:
 
     # -- ListOffsets ----------------------------------------------------------------------------
 
-    def _list_offsets(self, keys: list[TopicPartitionKey], spec: OffsetSpec, what: str) -> Future[Any] | None:
+    def _list_offsets(
+        self, keys: list[TopicPartitionKey], spec: OffsetSpec, what: str
+    ) -> _PendingOffsets | None:
+        """Send one ListOffsets request for ``keys``; collect the answers later (requests overlap)."""
         if not keys:
             return None
         self._count()
@@ -339,38 +341,16 @@ class ClusterView:
             futures = self.admin.list_offsets(request, request_timeout=self.request_timeout_s)
         except KafkaException as exc:
             raise _unavailable_or(exc, what) from None
-        # One Future per partition; gathered into one so callers can wait on all kinds together.
-        combined: Future[Any] = Future()
-        pending = len(futures)
-        results: dict[TopicPartitionKey, int | ErrorFact] = {}
-        lock = threading.Lock()
-
-        def done(tp: TopicPartition, future: Future[Any]) -> None:
-            nonlocal pending
-            key = TopicPartitionKey(tp.topic, tp.partition)
-            try:
-                value: int | ErrorFact = int(future.result().offset)
-            except KafkaException as exc:
-                value = _error_fact(exc, f"partition {key.label}", key.topic, key.partition)
-            with lock:
-                results[key] = value
-                pending -= 1
-                last = pending == 0
-            if last:
-                combined.set_result(results)
-
-        for tp, future in futures.items():
-            future.add_done_callback(functools.partial(done, tp))
-        return combined
+        return _PendingOffsets(futures, what, self.request_timeout_s + 1.0)
 
     def _offsets(
         self, keys: Iterable[TopicPartitionKey], spec: OffsetSpec, what: str
     ) -> dict[TopicPartitionKey, int]:
         keys = list(dict.fromkeys(keys))
-        future = self._list_offsets(keys, spec, what)
-        if future is None:
+        pending = self._list_offsets(keys, spec, what)
+        if pending is None:
             return {}
-        results: dict[TopicPartitionKey, int | ErrorFact] = self._result(future, what)
+        results = pending.collect()
         out = {}
         for key in keys:
             value = results[key]
@@ -543,7 +523,7 @@ class ClusterView:
             (late_earliest, ls),
         ):
             if future is not None:
-                into.update(self._result(future, "ListOffsets"))
+                into.update(future.collect())
 
         out_partitions: dict[TopicPartitionKey, PartitionFacts] = {}
         for key in partitions:
@@ -573,6 +553,31 @@ class ClusterView:
             out_topics[tkey] = TopicFacts(error=d) if isinstance(d, ErrorFact) else TopicFacts(d.leaders)
         out_groups = self._finish_groups(started_groups) if started_groups else {}
         return ClusterFacts(out_partitions, out_topics, out_groups)
+
+
+class _PendingOffsets:
+    """The per-partition futures of one ListOffsets request, collected in one wait."""
+
+    __slots__ = ("_futures", "_timeout_s", "_what")
+
+    def __init__(self, futures: Mapping[TopicPartition, Future[Any]], what: str, timeout_s: float) -> None:
+        self._futures = futures
+        self._what = what
+        self._timeout_s = timeout_s
+
+    def collect(self) -> dict[TopicPartitionKey, int | ErrorFact]:
+        """Offsets (or per-partition errors); :class:`KafkaUnavailableError` if the answer is late."""
+        _done, late = wait(self._futures.values(), timeout=self._timeout_s)
+        if late:
+            raise KafkaUnavailableError(f"Kafka did not answer {self._what} within {self._timeout_s:.1f} s")
+        out: dict[TopicPartitionKey, int | ErrorFact] = {}
+        for tp, future in self._futures.items():
+            key = TopicPartitionKey(tp.topic, tp.partition)
+            try:
+                out[key] = int(future.result().offset)
+            except KafkaException as exc:
+                out[key] = _error_fact(exc, f"partition {key.label}", key.topic, key.partition)
+        return out
 
 
 def _unavailable_or(exc: KafkaException, what: str) -> KafkaAdapterError:
