@@ -258,3 +258,32 @@ def test_fetch_with_min_records_zero_answers_at_once(
     assert op.wait(WAIT_S)
     assert op.outcome is Outcome.COMPLETED, "min_records=0 is Kafka's min_bytes=0: no waiting"
     assert op.records == {TopicPartitionKey(topic, 0): []}
+
+
+async def test_produce_from_asyncio_waits_for_replication_without_blocking_the_loop(
+    kp: KafkaPurgatory, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(2)
+    records = [ProducerRecord(topic, b"a", partition=p) for p in range(2)]
+    op = await asyncio.wait_for(kp.produce_async(records, delay_ms=10_000), WAIT_S)
+    assert op.outcome is Outcome.COMPLETED and op.succeeded
+
+
+async def test_cancelling_an_awaited_fetch_finishes_it_as_cancelled_and_releases_its_key(
+    kp: KafkaPurgatory, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(1)
+    key = TopicPartitionKey(topic, 0)
+    op = DelayedFetch(kp.feed, kp.reader, {key: 0}, max_wait_ms=15_000)
+    task = asyncio.ensure_future(kp.watch(op))
+
+    async def submitted() -> None:
+        while key not in kp.feed.watched_keys():  # submitted once the feed counts its key
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(submitted(), WAIT_S)
+    task.cancel()  # e.g. the HTTP client of a long-poll gateway went away
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert op.outcome is Outcome.CANCELLED
+    assert kp.feed.watched_keys() == frozenset(), "a cancelled operation releases its key"
