@@ -27,6 +27,7 @@ the CLI). The JVMs it starts are separate processes; nothing here shares state a
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import json
@@ -305,13 +306,17 @@ class KafkaNode:
             return False
         if self._process is not None:
             return self._process.poll() is None
-        return _pid_alive(self.pid)
+        # A PID read from a state file may have been reused by an unrelated process since.
+        return _pid_alive(self.pid) and _runs_config(self.pid, self.config_file)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM (controlled shutdown), then SIGKILL if still alive after ``timeout_s``."""
         if self.pid is None:
             return
         pid = self.pid
+        if self._process is None and not self.is_running():
+            self.pid = None  # gone already, or the PID now belongs to someone else: never signal it
+            return
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
             os.kill(pid, signal.SIGTERM)
@@ -368,6 +373,15 @@ class KafkaNode:
         return "\n".join(parts) or f"--- node {self.node_id}: no logs ---"
 
 
+def _runs_config(pid: int, config_file: Path) -> bool:
+    """True iff process ``pid`` is a Kafka JVM started with ``config_file`` (Linux /proc check)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no /proc (macOS): trust the state file
+    return b"kafka.Kafka" in cmdline and str(config_file).encode() in cmdline
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -401,6 +415,7 @@ class LocalKafkaCluster:
         heap_mb: int = DEFAULT_HEAP_MB,
         broker_config: Mapping[str, str] | None = None,
         keep_work_dir: bool = False,
+        detach: bool = False,
     ) -> None:
         if isinstance(brokers, bool) or not isinstance(brokers, int) or brokers < 1:
             raise ValueError(f"brokers must be an int >= 1, got {brokers!r}")
@@ -411,6 +426,9 @@ class LocalKafkaCluster:
         self.heap_mb = heap_mb
         self.broker_config = dict(broker_config or {})
         self.keep_work_dir = keep_work_dir
+        # detach: the JVMs outlive this Python process (``purgatory kafka up``); otherwise they
+        # are stopped at interpreter exit too, so a crashed test run leaves no broker behind.
+        self.detach = detach
         self.cluster_id = _kafka_uuid()
         self.nodes: dict[int, KafkaNode] = {}
 
@@ -437,6 +455,8 @@ class LocalKafkaCluster:
             node.write_config(controller, self.brokers, self.broker_config)
             self.nodes[spec.node_id] = node
         self._format()
+        if not self.detach:
+            atexit.register(self.stop)
         try:
             for node in self.nodes.values():
                 node.start()
@@ -496,6 +516,7 @@ class LocalKafkaCluster:
 
     def stop(self) -> None:
         """Stop every node by PID (brokers first, the controller last) and drop the state file."""
+        atexit.unregister(self.stop)
         for node in sorted(self.nodes.values(), key=lambda n: -n.node_id):
             node.stop()
         if self.work_dir is not None:

@@ -54,7 +54,7 @@ def up(
         return
     work_dir = _work_dir(name)
     shutil.rmtree(work_dir, ignore_errors=True)  # a stale, stopped cluster of the same name
-    cluster = LocalKafkaCluster(brokers, version=version, work_dir=work_dir, heap_mb=heap_mb)
+    cluster = LocalKafkaCluster(brokers, version=version, work_dir=work_dir, heap_mb=heap_mb, detach=True)
     try:
         cluster.start()
     except KafkaAdapterError as exc:

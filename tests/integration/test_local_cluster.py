@@ -81,3 +81,28 @@ def test_local_cluster_stop_leaves_no_process(tmp_path: Path) -> None:
         assert pid is not None
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_down_never_signals_a_pid_that_is_no_longer_our_broker(tmp_path: Path) -> None:
+    """A state file outliving its cluster may name a PID the system has given to someone else."""
+    import json
+
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        work_dir = tmp_path / "stale"
+        (work_dir / "node-1").mkdir(parents=True)
+        state = {
+            "version": "4.3.1",
+            "cluster_id": "x",
+            "bootstrap_servers": "127.0.0.1:1",
+            "work_dir": str(work_dir),
+            "nodes": [{"node_id": 1, "broker_port": 1, "controller_port": 2, "pid": stranger.pid}],
+        }
+        (work_dir / "state.json").write_text(json.dumps(state))
+        cluster = LocalKafkaCluster.from_state(work_dir)
+        assert not cluster.node(1).is_running(), "the PID runs something else than our broker"
+        cluster.stop()
+        assert stranger.poll() is None, "the unrelated process was left alone"
+    finally:
+        stranger.kill()
+        stranger.wait(10)
