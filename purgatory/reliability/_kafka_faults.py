@@ -45,7 +45,7 @@ __all__ = ["broker_fault", "journal_sink_unreachable"]
 
 NODE = 1  # the single broker (also the controller) of the scenarios' cluster
 REQUEST_TIMEOUT_MS = 1000  # the view gives up on a dead or frozen broker after this long
-OP_DELAY_MS = 5000  # the waiting operations' timeout: the fault happens while they wait
+OP_DELAY_MS = 7000  # expire well after the view (1 s request timeout) has reported the outage
 WAIT_S = 30.0  # bound on any single wait for Kafka (start, recover, deliver)
 SERVE_BUDGET_S = 0.5  # a local operation must be served this fast while Kafka is down
 WAITING_PER_KIND = 3  # operations of each Kafka kind waiting when the fault hits

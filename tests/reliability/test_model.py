@@ -307,7 +307,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
 
 
 PurgatoryMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=250,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
