@@ -145,7 +145,14 @@ class DelayedOperation(TimerTask):
             owner.operation_finished(self)
         waiter = self._waiter
         if waiter is not None:
-            waiter(self)
+            # A waiter can fail too (its event loop closed with the task still pending: "Event
+            # loop is closed"). The op is finished all the same, and the failure must not escape
+            # into the finishing thread — inside shutdown's drain it stopped the drain, leaving
+            # later operations unfinished (tests/reliability/test_faults.py, closed event loop).
+            try:
+                waiter(self)
+            except Exception as exc:
+                self._report("waiter", exc)
         return True
 
     def _report(self, callback: str, exc: BaseException) -> None:

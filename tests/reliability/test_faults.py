@@ -18,3 +18,45 @@ def test_exceptions_from_every_user_callback_never_stop_the_purgatory() -> None:
     }
     assert result.user_code_errors == 3 * FAULTY_OPS_PER_KIND
     assert result.logged_errors >= result.user_code_errors
+
+
+def test_an_event_loop_closed_under_an_awaited_operation_does_not_stop_the_drain() -> None:
+    """An application closes its event loop while a ``purgatory.watch`` is still pending (no
+    cancellation reaches the task). Handing the outcome to that loop then raises ("Event loop is
+    closed") on the finishing thread; inside ``shutdown(drain=True)`` that aborted the drain and
+    every operation after it was never finished. The finish must survive a dead waiter."""
+    import asyncio
+
+    from purgatory import DelayedOperation, DelayedOperationPurgatory, MockTimer, Outcome
+
+    class Pending(DelayedOperation):
+        def __init__(self) -> None:
+            super().__init__(60_000)
+            self.completions = 0
+
+        def try_complete(self) -> bool:
+            return False
+
+        def on_complete(self) -> None:
+            self.completions += 1
+
+    purgatory: DelayedOperationPurgatory[Pending] = DelayedOperationPurgatory(
+        "closed-loop", timer=MockTimer(), reaper_enabled=False
+    )
+    awaited = Pending()
+    loop = asyncio.new_event_loop()
+
+    async def submit() -> asyncio.Future[Outcome]:
+        task = asyncio.ensure_future(purgatory.watch(awaited, ["k"]))
+        await asyncio.sleep(0)  # the op is submitted; its task stays pending
+        return task
+
+    loop.run_until_complete(submit())
+    loop.close()  # closed with the task pending: nothing will ever cancel it
+    others = [Pending() for _ in range(5)]
+    for op in others:
+        purgatory.try_complete_else_watch(op, ["k"])
+    purgatory.shutdown(drain=True)
+    assert awaited.outcome is Outcome.EXPIRED and awaited.completions == 1
+    assert [op.outcome for op in others] == [Outcome.EXPIRED] * 5, "the drain stopped at the dead waiter"
+    assert all(op.completions == 1 for op in others)
