@@ -5,17 +5,21 @@ Algorithm (one thread, ``kafka-feed-<name>``), every ``interval_ms``:
 1. Take the set of watched keys (a registry of key → reference count per purgatory, kept up to
    date through the purgatory's listener hooks: ``on_submitted`` adds an operation's Kafka keys,
    ``on_finished`` releases them).
-2. Ask the :class:`ClusterView` for their facts: one batched request per kind of fact
-   (DescribeTopics, ListOffsets latest, ListOffsets earliest, one ListConsumerGroupOffsets per
-   group). The number of requests depends on the watched keys, never on the pending operations.
+2. Ask the :class:`ClusterView` for their facts: at most one batched request per kind of fact
+   (ListOffsets latest; ListOffsets earliest for partitions whose operations read log starts;
+   one ListConsumerGroupOffsets per group; DescribeTopics every ``metadata_every`` polls, or
+   every poll while topics are awaited or a partition is degraded — an error, no leader, or an
+   ISR below min.insync.replicas). The number of requests
+   depends on the watched keys, never on the pending operations.
 3. Publish the new facts as an immutable snapshot (copy-on-write dict swapped in one store:
    operations read it lock-free in ``try_complete``).
 4. For each key whose facts changed (including "first seen"), call ``check_and_complete(key)``
    on each purgatory watching it.
 
-Worked example: 10,000 ``DelayedProduce`` on 100 partitions → 100 watched keys → 2 requests per
-interval (DescribeTopics for the one topic, ListOffsets latest for 100 partitions; earliest is
-polled only for partitions watched by operations with ``needs_log_start``, e.g. DelayedFetch);
+Worked example: 10,000 ``DelayedProduce`` on 100 partitions → 100 watched keys → 1.2 requests
+per interval (ListOffsets latest for the 100 partitions every poll, DescribeTopics for the one
+topic every 5th; earliest is polled only for partitions watched by operations with
+``needs_log_start``, e.g. DelayedFetch);
 a record landing on ``orders-7`` changes that key's high watermark, so only the ~100 operations
 watched on ``orders-7`` are checked.
 
@@ -47,7 +51,7 @@ from purgatory.settings import KafkaSettings
 
 from ._errors import KafkaUnavailableError
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
-from ._view import ClusterView, GroupFacts, PartitionFacts, TopicFacts
+from ._view import NO_LEADER, ClusterView, GroupFacts, PartitionFacts, TopicFacts
 
 __all__ = ["ChangeFeed", "FactSource", "FeedStats", "Purgatoryish"]
 
@@ -56,6 +60,10 @@ _log = structlog.get_logger("purgatory.kafka.feed")
 MAX_BACKOFF_MS = 1000  # keep probing a dead cluster at least once a second so recovery is quick
 RECONNECT_AFTER_FAILURES = 3  # then rebuild the admin client: fresh sockets, fresh metadata
 IDLE_WAIT_S = 1.0  # nothing watched: sleep until a key is added (woken at once) or this passes
+# Leaders and ISRs change rarely: DescribeTopics every 5th poll (100 ms at the default interval)
+# halves the requests and keeps most polls to one round trip. It is sent every poll while a
+# TopicKey is watched (topic readiness is read from it) or while some partition has an error.
+METADATA_EVERY = 5
 JOIN_TIMEOUT_S = 10.0  # a request in flight is bounded by the view's request timeout
 
 
@@ -121,7 +129,11 @@ class ChangeFeed:
         interval_ms: int | None = None,
         settings: KafkaSettings | None = None,
         name: str = "kafka",
+        metadata_every: int = METADATA_EVERY,
     ) -> None:
+        if metadata_every < 1:
+            raise ValueError(f"metadata_every must be >= 1, got {metadata_every!r}")
+        self.metadata_every = metadata_every
         self.settings = settings or KafkaSettings()
         self.view = view
         self.interval_ms = interval_ms if interval_ms is not None else self.settings.feed_interval_ms
@@ -142,6 +154,7 @@ class ChangeFeed:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._observers: list[_Observer] = []
+        self._metadata_suspect = True
 
     @classmethod
     def from_settings(cls, settings: KafkaSettings, bootstrap_servers: str | None = None) -> ChangeFeed:
@@ -311,7 +324,14 @@ class ChangeFeed:
         started = time.monotonic()
         self.stats.polls += 1
         try:
-            facts = self.view.facts(parts, topics, groups, log_start_for=log_start_keys)
+            refresh = (
+                bool(topics)
+                or self._metadata_suspect
+                or self.stats.polls % self.metadata_every == 1 % self.metadata_every
+            )
+            facts = self.view.facts(
+                parts, topics, groups, log_start_for=log_start_keys, refresh_metadata=refresh
+            )
         except KafkaUnavailableError as exc:
             self._outage(exc)
             return True
@@ -329,6 +349,10 @@ class ChangeFeed:
         # One store publishes the whole new snapshot; facts of keys no longer watched are dropped.
         self._snapshot = _Snapshot(facts.partitions, facts.topics, facts.groups, None)
         self.stats.keys_changed += len(changed)
+        # Re-describe every poll while a partition is degraded (an error, no leader, ISR below
+        # min.insync.replicas): a verdict such as NOT_ENOUGH_REPLICAS must never rest on an ISR
+        # older than one interval, and recovery must be seen at once.
+        self._metadata_suspect = any(_degraded(f) for f in facts.partitions.values())
         for observer in self._observers:
             observer(changed)
         for key in changed:
@@ -349,6 +373,7 @@ class ChangeFeed:
                 )
 
     def _outage(self, exc: KafkaUnavailableError) -> None:
+        self._metadata_suspect = True  # leaders may have moved while the cluster was away
         self.stats.failures += 1
         self.stats.consecutive_failures += 1
         self.stats.last_error = str(exc)
@@ -359,6 +384,12 @@ class ChangeFeed:
         if self.stats.consecutive_failures % RECONNECT_AFTER_FAILURES == 0:
             self.stats.reconnects += 1
             self.view.reconnect()
+
+
+def _degraded(facts: PartitionFacts) -> bool:
+    if facts.error is not None or facts.leader == NO_LEADER:
+        return True
+    return facts.min_insync_replicas is not None and len(facts.isr) < facts.min_insync_replicas
 
 
 class _Observer(Protocol):

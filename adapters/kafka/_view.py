@@ -225,6 +225,8 @@ class ClusterView:
         # Partition count per topic as last described: lets facts() ask ListOffsets for known
         # partitions in parallel with DescribeTopics (one round trip per poll, not two).
         self._partition_counts: dict[str, int] = {}
+        # The last DescribeTopics answer per topic: facts(refresh_metadata=False) reuses it.
+        self._descriptions: dict[str, _TopicDescription | ErrorFact] = {}
         # Admin requests issued (one per call; a batch counts once). Read by benchmarks/metrics.
         self.requests_sent = 0
 
@@ -297,6 +299,7 @@ class ClusterView:
                     raise KafkaUnavailableError(fact.message) from None
                 out[name] = fact
                 self._partition_counts.pop(name, None)
+                self._descriptions[name] = fact
                 continue
             partitions = sorted(description.partitions, key=lambda p: p.id)
             out[name] = _TopicDescription(
@@ -305,6 +308,7 @@ class ClusterView:
                 replicas=tuple(tuple(n.id for n in p.replicas) for p in partitions),
             )
             self._partition_counts[name] = len(partitions)
+            self._descriptions[name] = out[name]
         return out
 
     def _describe(self, topics: Iterable[str]) -> dict[str, _TopicDescription | ErrorFact]:
@@ -465,9 +469,12 @@ class ClusterView:
         groups: Iterable[GroupPartitionKey] = (),
         *,
         log_start_for: Iterable[TopicPartitionKey] | None = None,
+        refresh_metadata: bool = True,
     ) -> ClusterFacts:
         """Facts for every key: one request per kind (see the module docstring).
 
+        ``refresh_metadata=False`` reuses the last DescribeTopics answer (leaders, ISR, partition
+        counts) when every topic has one, so the poll is a single ListOffsets round trip.
         Raises :class:`KafkaUnavailableError` when the cluster does not answer; per-key problems
         are in the returned facts' ``error``.
         """
@@ -479,14 +486,16 @@ class ClusterView:
         # Group requests go to the group coordinator and do not depend on DescribeTopics: start first.
         started_groups = self._start_groups(group_keys) if group_keys else {}
         names = {k.topic for k in partitions} | {k.topic for k in topic_keys}
-        describing = self._start_describe(names)
+        cached = self._descriptions
+        reuse = not refresh_metadata and all(isinstance(cached.get(n), _TopicDescription) for n in names)
+        describing = {} if reuse else self._start_describe(names)
         counts = self._partition_counts
         early = [k for k in partitions if counts.get(k.topic, 0) > k.partition]
         early_latest = self._list_offsets(early, _LATEST, "ListOffsets(latest)")
         early_earliest = self._list_offsets(
             [k for k in early if k in wants_start], _EARLIEST, "ListOffsets(earliest)"
         )
-        described = self._finish_describe(describing)
+        described = {n: cached[n] for n in names} if reuse else self._finish_describe(describing)
         min_isr = self.min_insync_replicas(
             t for t in {k.topic for k in partitions} if isinstance(described.get(t), _TopicDescription)
         ) if partitions else {}  # fmt: skip

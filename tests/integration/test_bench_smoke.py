@@ -16,6 +16,6 @@ def test_bench_completes_operations_and_keeps_requests_per_poll_constant(
     result = run_once(kafka_settings, pending=200, partitions=4, rate=100.0, duration_s=1.0)
     assert result.completions > 0, "records appended during the window completed operations"
     assert result.pending_at_end == 200, "each completed operation was replaced"
-    # DescribeTopics + ListOffsets(latest): DelayedProduce does not read log start offsets.
-    assert 1.5 <= result.requests_per_poll <= 2.5, "two batched requests per poll for one topic"
+    # ListOffsets(latest) every poll, DescribeTopics every 5th; DelayedProduce reads no log start.
+    assert 1.0 <= result.requests_per_poll <= 1.5, "one or two batched requests per poll for one topic"
     assert result.lag_p50_ms > 0

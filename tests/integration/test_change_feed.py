@@ -13,6 +13,7 @@ from purgatory.adapters.kafka import (
     ProducerRecord,
     TopicPartitionKey,
 )
+from purgatory.adapters.kafka._feed import METADATA_EVERY
 
 from purgatory import DelayedOperationPurgatory, PurgatoryFullError
 from purgatory.settings import KafkaSettings
@@ -22,11 +23,11 @@ from .kafka_fixtures import TopicFactory
 
 pytestmark = pytest.mark.kafka
 
-POLLS_MEASURED = 10
+POLLS_MEASURED = 2 * METADATA_EVERY  # whole metadata cycles: every window holds the same requests
 
 
-def _requests_per_poll(kp: KafkaPurgatory) -> set[int]:
-    """Requests the view sent during each of the next ``POLLS_MEASURED`` successful polls."""
+def _requests_per_poll(kp: KafkaPurgatory) -> list[int]:
+    """Requests the view sent during each of ``POLLS_MEASURED`` consecutive successful polls."""
     counts: list[int] = []
     done = threading.Event()
     last = [kp.view.requests_sent]
@@ -40,7 +41,7 @@ def _requests_per_poll(kp: KafkaPurgatory) -> set[int]:
 
     kp.feed.add_observer(observe)
     assert done.wait(WAIT_S), "the feed polls every interval"
-    return set(counts[1:])  # the first count may include a poll that started before observing
+    return counts[1 : POLLS_MEASURED + 1]  # the first may include a poll begun before observing
 
 
 def test_requests_per_interval_do_not_grow_with_pending_operations(
@@ -57,9 +58,11 @@ def test_requests_per_interval_do_not_grow_with_pending_operations(
     few = _requests_per_poll(kp)
     submit(990)
     many = _requests_per_poll(kp)
-    # DescribeTopics + ListOffsets(latest); DescribeConfigs is cached, and no DelayedProduce reads
-    # log start offsets, so ListOffsets(earliest) is not sent.
-    assert few == many == {2}, f"10 pending: {few} requests per poll; 1000 pending: {many}"
+    # Every poll: ListOffsets(latest); every METADATA_EVERY-th poll also DescribeTopics.
+    # DescribeConfigs is cached, and no DelayedProduce reads log start offsets (no "earliest").
+    expected = POLLS_MEASURED + POLLS_MEASURED // METADATA_EVERY
+    assert sum(few) == sum(many) == expected, f"10 pending: {few} per poll; 1000 pending: {many}"
+    assert set(few) | set(many) <= {1, 2}
     assert kp.feed.watched_keys() == frozenset(keys), "four keys watched, however many operations"
 
 
@@ -70,7 +73,10 @@ def test_log_start_offsets_are_polled_only_for_operations_that_read_them(
     produce_key, delete_key = TopicPartitionKey(topic, 0), TopicPartitionKey(topic, 1)
     kp.submit(DelayedProduce(kp.feed, {produce_key: 1_000_000}, delay_ms=60_000))
     kp.submit(DelayedDeleteRecords(kp.feed, {delete_key: 1_000_000}, delay_ms=60_000))
-    assert _requests_per_poll(kp) == {3}, "DescribeTopics, ListOffsets latest, ListOffsets earliest"
+    counts = _requests_per_poll(kp)
+    assert sum(counts) == 2 * POLLS_MEASURED + POLLS_MEASURED // METADATA_EVERY, (
+        f"ListOffsets latest and earliest every poll, DescribeTopics every {METADATA_EVERY}th: {counts}"
+    )
     produce_facts, delete_facts = kp.feed.partition(produce_key), kp.feed.partition(delete_key)
     assert produce_facts is not None and produce_facts.log_start_offset is None
     assert delete_facts is not None and delete_facts.log_start_offset == 0

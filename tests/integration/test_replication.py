@@ -115,6 +115,8 @@ def test_produce_reports_not_enough_replicas_with_two_followers_stopped_and_reco
     kafka_cluster3.start_broker(2)
     kafka_cluster3.start_broker(3)
     _wait_isr(kp.settings, key, 3)
+    # Operations judge by the feed's snapshot: wait until it, too, has seen the ISR recover.
+    wait_until(lambda: len(getattr(kp.feed.partition(key), "isr", ())) == 3, "the feed saw ISR 3")
     again = kp.produce([ProducerRecord(key.topic, b"r", partition=0)], delay_ms=15_000)
     assert again.wait(WAIT_S)
     assert again.outcome is Outcome.COMPLETED and again.statuses == {key: ErrorCode.NONE}
