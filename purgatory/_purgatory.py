@@ -188,6 +188,9 @@ class DelayedOperationPurgatory(Generic[T]):
             )
         op._owner = self
         op.submitted_ns = time.monotonic_ns()
+        # Re-submitted after cancel_for_key: it is the purgatory's again, so drain must finish it
+        # (tests/reliability/test_faults.py, resubmitted after cancel_for_key).
+        op._keys_cancelled = False
         if self._listeners:
             for listener in self._listeners:
                 listener.on_submitted(self.name, op, watch_keys)

@@ -60,3 +60,27 @@ def test_an_event_loop_closed_under_an_awaited_operation_does_not_stop_the_drain
     assert awaited.outcome is Outcome.EXPIRED and awaited.completions == 1
     assert [op.outcome for op in others] == [Outcome.EXPIRED] * 5, "the drain stopped at the dead waiter"
     assert all(op.completions == 1 for op in others)
+
+
+def test_an_operation_resubmitted_after_cancel_for_key_is_drained_at_shutdown() -> None:
+    """``cancel_for_key`` hands its operations back to the caller (drain leaves them alone). A
+    caller that re-submits one — moved to a new key, say — gives it back to the purgatory; it
+    used to stay marked as the caller's, so shutdown's drain skipped it and, its timer closed with
+    the purgatory, nothing ever finished it."""
+    from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
+
+    class Pending(DelayedOperation):
+        def try_complete(self) -> bool:
+            return False
+
+        def on_complete(self) -> None:
+            pass
+
+    purgatory: DelayedOperationPurgatory[Pending] = DelayedOperationPurgatory("moved")  # owns its timer
+    op = Pending(60_000)
+    purgatory.try_complete_else_watch(op, ["old-leader"])
+    assert purgatory.cancel_for_key("old-leader") == [op]
+    purgatory.try_complete_else_watch(op, ["new-leader"])
+    assert purgatory.num_delayed() == 1 and purgatory.watched() == 1
+    purgatory.shutdown(drain=True)
+    assert op.outcome is Outcome.EXPIRED, "the re-submitted operation was left unfinished by the drain"

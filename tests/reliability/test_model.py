@@ -11,7 +11,8 @@ directly:
   condition holds; an op whose ``try_complete`` raises stays watched and timed.
 * ``MockTimer.advance_clock(ms)`` expires every timed op due at or before the new time.
 * ``cancel_for_key(key)`` returns the unfinished ops watched on ``key``; they are no longer timed,
-  still complete through their other keys, and drain leaves them alone.
+  still complete through their other keys, and drain leaves them alone — unless the caller
+  re-submits one, which makes it the purgatory's again (watched, timed anew, drained).
 * finishing unwatches an op from all its keys at once, so ``purge_completed()`` finds nothing
   (single-threaded, no watch can race a finish).
 * ``shutdown(drain=True)`` expires every unfinished op not returned by ``cancel_for_key``;
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import structlog
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -222,6 +223,25 @@ class PurgatoryMachine(RuleBasedStateMachine):
             e.timed = False
             e.keys_cancelled = True
         assert all(not op.is_completed() for op in returned), "cancel_for_key finishes nothing"
+
+    @precondition(lambda self: not self.model.closed)
+    @rule(op=ops, keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3))
+    def resubmit_after_cancel_for_key(self, op: ModelOp, keys: list[object]) -> None:
+        """The caller gives an op returned by cancel_for_key back (moved to new keys)."""
+        e = self.model.ops[op.op_id]
+        assume(e.keys_cancelled and e.outcome is None and not e.explodes)
+        completed = self.purgatory.try_complete_else_watch(op, keys)
+        e.keys_cancelled = False  # the purgatory's again: drain must finish it
+        if e.ready:
+            assert completed, "a ready op completes on its first try"
+            self.model.finish(e, Outcome.COMPLETED)
+            return
+        assert not completed
+        e.keys |= set(keys)
+        e.timed = True
+        e.deadline = self.model.now + op.delay_ms
+        if op.delay_ms == 0:
+            self.model.finish(e, Outcome.EXPIRED)
 
     # -- time ----------------------------------------------------------------------------------
 
