@@ -115,12 +115,19 @@ def _submit_after_shutdown() -> object:
     return purgatory.try_complete_else_watch(_Pending(1000), ["k"])
 
 
-def _env_case(variable: str, value: str, mentions: tuple[str, ...]) -> Callable[[], object]:
+def _env_case(variable: str, value: str) -> Callable[[], object]:
     def action() -> object:
         with isolated_environment({variable: value}):
             return load_settings()
 
     return action
+
+
+def _env_input(variable: str, value: str, mention: str) -> BadInput:
+    """``variable=value`` must be refused with a ConfigError mentioning ``mention``."""
+    return BadInput(
+        "settings (environment)", f"{variable}={value!r}", _env_case(variable, value), ConfigError, (mention,)
+    )
 
 
 def _toml_case(directory: Path, index: int, text: str) -> Callable[[], object]:
@@ -139,16 +146,7 @@ def _settings_cases(directory: Path) -> list[BadInput]:
         variable = env_name(spec)
         # Nested dict keys from the environment arrive lower-cased (pydantic-settings is case
         # insensitive), so only the leaf name is certain to appear as written.
-        for value in invalid_env_values(spec):
-            cases.append(
-                BadInput(
-                    "settings (environment)",
-                    f"{variable}={value!r}",
-                    _env_case(variable, value, ()),
-                    ConfigError,
-                    (spec.path[-1],),
-                )
-            )
+        cases.extend(_env_input(variable, value, spec.path[-1]) for value in invalid_env_values(spec))
         for toml_value in invalid_toml_values(spec):
             text = toml_text(spec, toml_value)
             cases.append(
@@ -175,7 +173,7 @@ def _settings_cases(directory: Path) -> list[BadInput]:
         BadInput(
             "settings (TOML)",
             "missing file",
-            _env_case(CONFIG_FILE_ENV, str(missing), ()),
+            _env_case(CONFIG_FILE_ENV, str(missing)),
             ConfigError,
             ("does not exist",),
         )
@@ -186,16 +184,7 @@ def _settings_cases(directory: Path) -> list[BadInput]:
         ("PURGATORY_PURGATORIES", "[1]"),
         ("PURGATORY_KAFKA", '{"feed_interval_ms": -5}'),
     ):
-        section = variable.removeprefix("PURGATORY_").lower()
-        cases.append(
-            BadInput(
-                "settings (environment)",
-                f"{variable}={value!r}",
-                _env_case(variable, value, ()),
-                ConfigError,
-                (section,),
-            )
-        )
+        cases.append(_env_input(variable, value, variable.removeprefix("PURGATORY_").lower()))
     return cases
 
 
