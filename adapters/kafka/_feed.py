@@ -64,6 +64,7 @@ IDLE_WAIT_S = 1.0  # nothing watched: sleep until a key is added (woken at once)
 # halves the requests and keeps most polls to one round trip. It is sent every poll while a
 # TopicKey is watched (topic readiness is read from it) or while some partition has an error.
 METADATA_EVERY = 5
+WAKE_LIMIT = 4  # at most this many polls per interval when new keys keep waking the feed
 JOIN_TIMEOUT_S = 10.0  # a request in flight is bounded by the view's request timeout
 
 
@@ -282,14 +283,21 @@ class ChangeFeed:
 
     def _run(self) -> None:
         interval_s = self.interval_ms / 1000.0
-        next_poll = time.monotonic()
+        # New keys wake the feed early, but it never polls more than WAKE_LIMIT times per
+        # interval: a stream of new keys must not turn into a stream of requests.
+        min_gap_s = interval_s / WAKE_LIMIT
+        next_poll = last_start = time.monotonic()
         while not self._stopping.is_set():
             wait_s = next_poll - time.monotonic()
             if wait_s > 0 and self._wake.wait(wait_s):
                 self._wake.clear()
+                too_soon_s = last_start + min_gap_s - time.monotonic()
+                if too_soon_s > 0:
+                    self._stopping.wait(too_soon_s)
             if self._stopping.is_set():
                 return
             self._wake.clear()
+            last_start = time.monotonic()
             try:
                 polled = self.poll_once()
             except Exception as exc:  # the feed must outlive anything: count, log, back off
@@ -315,8 +323,9 @@ class ChangeFeed:
             keys = list(self._refs)
             log_start_keys = list(self._log_start_refs)
         if not keys:
-            if self._snapshot is not _EMPTY:
-                self._snapshot = _Snapshot({}, {}, {}, self._snapshot.unavailable)
+            old = self._snapshot
+            if old.partitions or old.topics or old.groups:
+                self._snapshot = _Snapshot({}, {}, {}, old.unavailable)  # forget unwatched keys' facts
             return False
         parts = [k for k in keys if isinstance(k, TopicPartitionKey)]
         topics = [k for k in keys if isinstance(k, TopicKey)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from purgatory.adapters.kafka import (
@@ -13,7 +14,7 @@ from purgatory.adapters.kafka import (
     ProducerRecord,
     TopicPartitionKey,
 )
-from purgatory.adapters.kafka._feed import METADATA_EVERY
+from purgatory.adapters.kafka._feed import METADATA_EVERY, WAKE_LIMIT
 
 from purgatory import DelayedOperationPurgatory, PurgatoryFullError
 from purgatory.settings import KafkaSettings
@@ -109,3 +110,18 @@ def test_a_refused_submission_releases_its_keys(
         kp.purgatory.shutdown()  # drains the first one
         assert kp.feed.watched_keys() == frozenset(), "no key left counted by the refused operation"
     purgatory.shutdown()
+
+
+def test_a_stream_of_new_keys_does_not_become_a_stream_of_polls(
+    kp: KafkaPurgatory, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(60)
+    polls_before, started = kp.feed.stats.polls, time.monotonic()
+    for partition in range(60):  # each submission brings a new key, which wakes the feed
+        op = DelayedProduce(kp.feed, {TopicPartitionKey(topic, partition): 10**6}, delay_ms=60_000)
+        kp.submit(op, validate=False)
+        time.sleep(0.002)  # a submission rate well above the poll rate (pacing, not synchronisation)
+    elapsed_s = time.monotonic() - started
+    polls = kp.feed.stats.polls - polls_before
+    intervals = elapsed_s * 1000 / kp.feed.interval_ms
+    assert polls <= (intervals + 1) * WAKE_LIMIT, f"{polls} polls in {intervals:.1f} intervals"
