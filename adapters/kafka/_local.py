@@ -30,16 +30,18 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import ctypes
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -211,6 +213,8 @@ class KafkaNode:
     work_dir: Path
     classpath: str
     heap_mb: int
+    # Die with the process that started us (Linux): a test run killed outright leaves no broker.
+    die_with_parent: bool = False
     pid: int | None = None
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -295,6 +299,7 @@ class KafkaNode:
                 cwd=self.work_dir,
                 # Own session: a terminal's Ctrl-C goes to the caller, which then stops us by PID.
                 start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent and _PRCTL is not None else None,
             )
         finally:
             out.close()
@@ -373,6 +378,28 @@ class KafkaNode:
         return "\n".join(parts) or f"--- node {self.node_id}: no logs ---"
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl: Callable[..., int] = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+# Resolved in the parent: the child between fork and exec must only make the one call.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """In the forked child: ask the kernel for SIGTERM when the parent (thread) dies."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _runs_config(pid: int, config_file: Path) -> bool:
     """True iff process ``pid`` is a Kafka JVM started with ``config_file`` (Linux /proc check)."""
     try:
@@ -404,6 +431,11 @@ class LocalKafkaCluster:
     / ``stop()``. Fault injection by node id: ``stop_broker``, ``start_broker``, ``kill_broker``,
     ``pause_broker``, ``resume_broker``. Node 1 is the controller: stopping it stops the cluster
     from changing its metadata, which is why fault tests act on the followers 2..n.
+
+    Unless ``detach=True`` (``purgatory kafka up``), the JVMs are stopped at interpreter exit
+    and, on Linux, killed by the kernel if the starting process dies outright (SIGKILL): call
+    ``start()`` and ``start_broker()`` from a thread that lives as long as the cluster (the
+    kernel ties the JVM to the thread that started it).
     """
 
     def __init__(
@@ -451,7 +483,7 @@ class LocalKafkaCluster:
         for spec in specs:
             node_dir = self.work_dir / f"node-{spec.node_id}"
             node_dir.mkdir(parents=True, exist_ok=True)
-            node = KafkaNode(spec, node_dir, classpath, self.heap_mb)
+            node = KafkaNode(spec, node_dir, classpath, self.heap_mb, die_with_parent=not self.detach)
             node.write_config(controller, self.brokers, self.broker_config)
             self.nodes[spec.node_id] = node
         self._format()

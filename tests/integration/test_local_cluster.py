@@ -106,3 +106,34 @@ def test_down_never_signals_a_pid_that_is_no_longer_our_broker(tmp_path: Path) -
     finally:
         stranger.kill()
         stranger.wait(10)
+
+
+def test_brokers_die_with_a_test_process_that_is_killed_outright(tmp_path: Path) -> None:
+    script = (
+        "import os, signal, sys\n"
+        "from purgatory.adapters.kafka import LocalKafkaCluster\n"
+        f"cluster = LocalKafkaCluster(brokers=1, work_dir={str(tmp_path / 'k')!r}).start()\n"
+        "print('BROKER_PID', cluster.node(1).pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)  # no teardown, no atexit\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+    )
+    broker_pid = int(
+        next(line for line in child.stdout.splitlines() if line.startswith("BROKER_PID")).split()[1]
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(broker_pid):
+        time.sleep(0.1)  # the kernel's SIGTERM starts a controlled shutdown we cannot await
+    alive = _alive(broker_pid)
+    if alive:
+        os.kill(broker_pid, 9)
+    assert not alive, "the broker outlived the process that started it"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
