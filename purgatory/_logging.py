@@ -48,6 +48,13 @@ def _logger_factory(*_args: Any) -> _StderrLogger:
     return _StderrLogger()
 
 
+def _traceback_formatter() -> structlog.typing.ExceptionRenderer:
+    try:
+        return structlog.dev.RichTracebackFormatter(show_locals=False)
+    except ModuleNotFoundError:  # pragma: no cover - rich is a dependency; plain tracebacks show no locals
+        return structlog.dev.plain_traceback
+
+
 def configure_logging(
     level: str = "INFO", fmt: Literal["auto", "json", "console"] = "auto", *, force: bool = False
 ) -> None:
@@ -59,7 +66,10 @@ def configure_logging(
         _done = True
         use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
         renderer: structlog.typing.Processor = (
-            structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
+            structlog.processors.JSONRenderer()
+            if use_json
+            # Rich tracebacks show frames' local variables by default: credentials included.
+            else structlog.dev.ConsoleRenderer(exception_formatter=_traceback_formatter())
         )
         processors: list[structlog.typing.Processor] = [
             structlog.contextvars.merge_contextvars,

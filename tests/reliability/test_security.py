@@ -195,13 +195,6 @@ def test_a_misspelt_secret_field_does_not_echo_its_value(tmp_path: Path) -> None
     _scan({"ConfigError": str(info.value)}, (secret,))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="configure_logging's console renderer uses structlog's default rich tracebacks with "
-    "show_locals=True: a logged exception prints its frames' local variables, credentials included "
-    "(reported to the logging's owner; ConsoleRenderer(exception_formatter=RichTracebackFormatter("
-    "show_locals=False)) closes it)",
-)
 def test_console_log_tracebacks_do_not_print_local_variables(
     restore_logging: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
