@@ -20,7 +20,7 @@ import typer
 __all__ = ["pipeline"]
 
 BLOCK_EVENTS = 1_000_000  # generated once; larger journals are copies of it with fresh ids
-WARMUP_EVENTS = 20_000
+WARMUP_EVENTS = 200_000  # enough rows for the JIT to compile the hot paths before the timed runs
 
 
 def _write_journal(directory: Path, events: int) -> None:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass
-from typing import Any
+import json.encoder
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from .._errors import PurgatoryError
 from .._outcome import Outcome
@@ -53,9 +54,16 @@ def event_type_for(outcome: Outcome) -> EventType:
     return _FINISH_TYPES[outcome]
 
 
-@dataclass(frozen=True, slots=True)
-class JournalEvent:
-    """One lifecycle event. ``keys``/``timeout_ms`` only on ``created``; ``latency_ms`` only on finishes."""
+# The C string escaper behind json.dumps (non-ASCII kept as is, like ensure_ascii=False).
+_quote: Callable[[str], str] = json.encoder.encode_basestring
+
+
+class JournalEvent(NamedTuple):
+    """One lifecycle event. ``keys``/``timeout_ms`` only on ``created``; ``latency_ms`` only on finishes.
+
+    A NamedTuple: immutable, and ~4x cheaper to build than a frozen dataclass — the journal's
+    writer builds one per operation event, sharing the GIL with the purgatory's threads.
+    """
 
     event_id: str
     event_type: EventType
@@ -85,8 +93,23 @@ class JournalEvent:
         return record
 
     def to_json(self) -> str:
-        """One compact JSON line, without the newline."""
-        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+        """One compact JSON line, without the newline; the same text as ``json.dumps(to_dict())``
+        with compact separators.
+
+        Formatted directly (strings escaped by json's C escaper) rather than through a dict and
+        ``json.dumps``: about 3x cheaper, and the writer thread does this for every event.
+        """
+        head = (
+            f'{{"event_id":{_quote(self.event_id)},"event_type":"{self.event_type.value}",'
+            f'"op_id":{_quote(self.op_id)},"op_type":{_quote(self.op_type)},'
+            f'"purgatory":{_quote(self.purgatory)},"ts_ms":{self.ts_ms:d}'
+        )
+        if self.event_type is EventType.CREATED:
+            keys = ",".join([_quote(key) for key in self.keys])
+            timeout = "null" if self.timeout_ms is None else f"{self.timeout_ms:d}"
+            return f'{head},"keys":[{keys}],"timeout_ms":{timeout}}}'
+        latency = "null" if self.latency_ms is None else repr(float(self.latency_ms))
+        return f'{head},"latency_ms":{latency}}}'
 
     @classmethod
     def from_json(cls, line: str | bytes) -> JournalEvent:

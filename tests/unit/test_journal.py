@@ -208,6 +208,17 @@ def test_event_round_trips_through_json() -> None:
         assert JournalEvent.from_json(event.to_json()) == event
 
 
+def test_to_json_is_exactly_json_dumps_even_for_awkward_strings() -> None:
+    awkward = [
+        JournalEvent('é"\\x', EventType.CREATED, "o\n", "T\u2028", "P", 5, ('k"1', "ü", ""), None),
+        JournalEvent("e", EventType.EXPIRED, "o", "T", "P", 5, latency_ms=1e-7),
+        JournalEvent("e", EventType.CANCELLED, "o", "T", "P", -1, latency_ms=12.5),
+    ]
+    for event in [*awkward, *synthetic_events(50, seed=9)]:
+        assert event.to_json() == json.dumps(event.to_dict(), separators=(",", ":"), ensure_ascii=False)
+        assert JournalEvent.from_json(event.to_json()) == event
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
