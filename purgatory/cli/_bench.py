@@ -31,7 +31,12 @@ OutOpt = Annotated[Path, typer.Option("--out", help="Directory for the JSON resu
 
 
 def _run_all(title: str, comparisons: list[Comparison], repeats: int) -> None:
-    total = sum(len(c.sides) for c in comparisons) * repeats
+    # Several figures of the same runs share one ``runs`` dict: run those once.
+    to_run: list[Comparison] = []
+    for comparison in comparisons:
+        if not any(done.runs is comparison.runs for done in to_run):
+            to_run.append(comparison)
+    total = sum(len(c.sides) for c in to_run) * repeats
     _console.print(f"[bold]{title}[/] — purgatory timer: {_accel.status()}")
     with Progress(
         TextColumn("{task.description}"),
@@ -42,13 +47,17 @@ def _run_all(title: str, comparisons: list[Comparison], repeats: int) -> None:
         transient=True,
     ) as progress:
         task = progress.add_task("starting", total=total)
-        for comparison in comparisons:
+        for comparison in to_run:
 
             def step(description: str) -> None:
                 progress.update(task, description=description)
 
             run_comparison(comparison, repeats, step)
             progress.advance(task, len(comparison.sides) * repeats)
+    for comparison in comparisons:  # siblings sharing runs share a failure too
+        for done in to_run:
+            if done.runs is comparison.runs and comparison.error is None:
+                comparison.error = done.error
 
 
 def _finish(

@@ -181,3 +181,14 @@ def test_bench_cli_refuses_an_unknown_workload() -> None:
     result = CliRunner().invoke(app, ["bench", "timer", "-w", "W9"])
     assert result.exit_code != 0
     assert "W9" in result.output
+
+
+def test_figures_of_the_same_runs_are_measured_once(tmp_path: Path) -> None:
+    """p99, p50 and max lateness come from one set of runs: each side runs once per repeat."""
+    args = ["bench", "expiry", "--pending", "500", "--duration", "0.2", "--load-rate", "500", "-r", "1"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [path] = list(tmp_path.glob("expiry-*.json"))
+    comparisons = json.loads(path.read_text())["comparisons"]
+    assert [c["metric"] for c in comparisons] == ["lateness_p99_ms", "lateness_p50_ms", "lateness_max_ms"]
+    assert {side: len(runs) for side, runs in comparisons[0]["runs"].items()} == {"wheel": 1, "heap_tuple": 1}
