@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from purgatory.adapters.kafka import (
     ClusterView,
+    DelayedDeleteRecords,
     DelayedProduce,
     ErrorCode,
     KafkaPurgatory,
@@ -112,6 +113,9 @@ def test_produce_reports_not_enough_replicas_with_two_followers_stopped_and_reco
     assert op.wait(WAIT_S)
     assert op.statuses == {key: ErrorCode.NOT_ENOUGH_REPLICAS}, "ISR 1 < min.insync.replicas 2"
 
+    # Keep the partition watched (the feed polls watched keys only) while the followers return,
+    # with an operation that cannot finish meanwhile (a produce would: NOT_ENOUGH_REPLICAS).
+    kp.submit(DelayedDeleteRecords(kp.feed, {key: 10**9}, delay_ms=60_000), validate=False)
     kafka_cluster3.start_broker(2)
     kafka_cluster3.start_broker(3)
     _wait_isr(kp.settings, key, 3)
