@@ -96,7 +96,12 @@ class TimerTask:
         # Flag first, lock-free: a flush already holding the bucket's lock then drops the task.
         self._scheduled = False
         self._entry = None
-        self._leave_bucket()
+        # ``_leave_bucket`` inlined: compiled, a method call on ``self`` goes through Python-level
+        # dispatch (subclasses may override), a visible share of W1's cancel.
+        bucket = self._bucket
+        while bucket is not None:
+            bucket.remove_task(self)
+            bucket = self._bucket
 
     def is_cancelled(self) -> bool:
         """True when the task was cancelled, or never added to a timer."""

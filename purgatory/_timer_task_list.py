@@ -80,9 +80,13 @@ class TimerTaskList:
 
     def remove_task(self, task: TimerTask) -> None:
         """Unlink ``task`` if it is (still) in this bucket."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: see WheelTimerCore.schedule
+        try:
             if task._bucket is self:
                 self._unlink(task)
+        finally:
+            lock.release()
 
     def _link(self, task: TimerTask) -> None:
         # Caller holds the lock; ``task`` is in no bucket.
