@@ -46,6 +46,9 @@ def replicated(kafka_cluster3: LocalKafkaCluster) -> Iterator[tuple[KafkaPurgato
     key = TopicPartitionKey(topic, 0)
     _wait_isr(settings, key, 3)
     service = KafkaPurgatory.connect(settings, name="replication")
+    # Warm the producer while every broker answers: it then knows the leader and is connected,
+    # so a produce during a fault never waits on metadata from a frozen broker.
+    service.producer.produce([ProducerRecord(topic, b"warm-up", partition=0)])
     try:
         yield service, key
     finally:
