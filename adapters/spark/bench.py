@@ -8,6 +8,7 @@ prints rows/s for each plus the cost ratio ``(t_N / t_N/2) / 2`` — 1.0 means e
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import tempfile
@@ -103,7 +104,10 @@ def pipeline(
         # job's fixed costs (planning, job scheduling, writing small tables).
         marginal = (large - small) / max(medians[large] - medians[small], 1e-9)
         fixed = medians[small] - small / marginal
-        typer.echo(f"marginal rate {marginal:,.0f} rows/s; fixed cost per run ~{fixed:.1f} s")
+        shown = f"; fixed cost per run ~{fixed:.1f} s" if fixed >= 0 else " (noisy run)"
+        typer.echo(f"marginal rate {marginal:,.0f} rows/s{shown}")
+        # Other processes on the machine change these figures: say how busy it was.
+        typer.echo("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
         spark_session(master).stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
