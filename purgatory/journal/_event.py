@@ -118,6 +118,11 @@ class JournalEvent(NamedTuple):
             record = json.loads(line)
         except ValueError as exc:
             raise JournalFormatError(f"journal line is not JSON ({exc}): {line[:200]!r}") from None
+        except RecursionError:
+            # json.loads recurses per nesting level: a hostile '[[[[…' line must be a bad line, not a crash.
+            raise JournalFormatError(
+                f"journal line is nested too deeply to be an event: {line[:200]!r}"
+            ) from None
         if not isinstance(record, dict):
             raise JournalFormatError(f"journal line must be a JSON object, got {type(record).__name__}")
         return cls.from_dict(record)
