@@ -398,7 +398,7 @@ class ChangeFeed:
 def _degraded(facts: PartitionFacts) -> bool:
     if facts.error is not None or facts.leader == NO_LEADER:
         return True
-    return facts.min_insync_replicas is not None and len(facts.isr) < facts.min_insync_replicas
+    return facts.under_min_isr
 
 
 class _Observer(Protocol):

@@ -141,6 +141,12 @@ class PartitionFacts:
     min_insync_replicas: int | None = None
     error: ErrorFact | None = None
 
+    @property
+    def under_min_isr(self) -> bool:
+        """True when the ISR is known and smaller than ``min.insync.replicas``."""
+        min_isr = self.min_insync_replicas
+        return min_isr is not None and 0 < len(self.isr) < min_isr
+
 
 @dataclass(frozen=True, slots=True)
 class TopicFacts:
