@@ -16,8 +16,9 @@ __all__ = ["PurgatoryStats", "live_purgatories"]
 class PurgatoryStats:
     """Finished operations by outcome, and user-code errors (DESIGN §3.3 metrics).
 
-    One lock: finishes come from the executor, the reaper and any caller's thread at once, and
-    ``+=`` on an attribute is not atomic across threads.
+    Finishes come from the executor, the reaper and any caller's thread at once, and ``+=`` on
+    an attribute is not atomic across threads: outcome counts are updated under the operations'
+    claim lock (see ``count``), error counts under this object's own lock.
     """
 
     __slots__ = ("_lock", "cancelled", "completed", "expired", "user_code_errors")
@@ -29,14 +30,15 @@ class PurgatoryStats:
         self.cancelled = 0
         self.user_code_errors = 0
 
-    def finished(self, outcome: Outcome | None) -> None:
-        with self._lock:
-            if outcome is Outcome.EXPIRED:
-                self.expired += 1
-            elif outcome is Outcome.CANCELLED:
-                self.cancelled += 1
-            else:
-                self.completed += 1
+    def count(self, outcome: Outcome) -> None:
+        # Called by DelayedOperation._finish under its claim lock, which serialises every
+        # update of these three counters: no lock of our own on the completion path.
+        if outcome is Outcome.COMPLETED:
+            self.completed += 1
+        elif outcome is Outcome.EXPIRED:
+            self.expired += 1
+        else:
+            self.cancelled += 1
 
     def error(self) -> None:
         with self._lock:
