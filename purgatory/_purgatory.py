@@ -176,13 +176,12 @@ class DelayedOperationPurgatory(Generic[T]):
         if not watch_keys:
             raise ValueError("keys must name at least one watch key; got an empty collection")
         # Checked before anything is watched: a bad third key must not leave two keys watched.
-        # The shard indices are kept for the watch loop below (one hash per key, not two).
         try:
-            shard_ids = [hash(key) % SHARDS for key in watch_keys]
+            for key in watch_keys:
+                hash(key)
         except TypeError:
-            bad = next(key for key in watch_keys if not _hashable(key))
             raise TypeError(
-                f"watch key {bad!r} of type {type(bad).__name__} is unhashable; keys must be hashable"
+                f"watch key {key!r} of type {type(key).__name__} is unhashable; keys must be hashable"
             ) from None
         if op.outcome is not None:
             raise InvalidOperationError(
@@ -211,18 +210,21 @@ class DelayedOperationPurgatory(Generic[T]):
             shards = self._shards
             op_id = id(op)
             watched = 0
-            # WatcherList.watch inlined: this loop runs once per key of every request, and the
-            # calls were a third of the submit path (purgatory bench, 3 keys per request).
-            for index, key in enumerate(watch_keys):
+            # WatcherList.watch inlined (lock-free; read its docstring for the race it handles):
+            # this loop runs once per key of every request (purgatory bench: 3 keys each).
+            for key in watch_keys:
                 # Stop once completed: a key event on an already-watched key may have finished it.
                 if op.is_completed():  # a call, not a field read: mypy would narrow the field
                     break
-                shard = shards[shard_ids[index]]
-                with shard.lock:
-                    watchers = shard.watchers_by_key.get(key)
+                by_key = shards[hash(key) % SHARDS].watchers_by_key
+                while True:
+                    watchers = by_key.get(key)
                     if watchers is None:
-                        watchers = shard.watchers_by_key[key] = Watchers(key)
+                        watchers = by_key.setdefault(key, Watchers(key))
                     watchers.ops[op_id] = op
+                    if by_key.get(key) is watchers:
+                        break
+                    watchers.ops.pop(op_id, None)
                 watched += 1
             self._estimated_total += 1
             try:
@@ -413,13 +415,12 @@ class DelayedOperationPurgatory(Generic[T]):
             op_id = id(op)
             for key in keys:  # WatcherList.unwatch inlined, as in try_complete_else_watch
                 shard = shards[hash(key) % SHARDS]
-                with shard.lock:
-                    watchers = shard.watchers_by_key.get(key)
-                    if watchers is not None:
-                        ops = watchers.ops
-                        ops.pop(op_id, None)
-                        if not ops:
-                            del shard.watchers_by_key[key]
+                watchers = shard.watchers_by_key.get(key)
+                if watchers is not None:
+                    ops = watchers.ops
+                    ops.pop(op_id, None)
+                    if not ops:
+                        shard.drop_if_empty(watchers)
         for listener in self._listeners:
             try:
                 listener.on_finished(self.name, op)
@@ -441,14 +442,6 @@ class DelayedOperationPurgatory(Generic[T]):
             f"DelayedOperationPurgatory({self.name!r}, watched={self.watched()}, "
             f"delayed={self.num_delayed()}, closed={self._closed})"
         )
-
-
-def _hashable(key: object) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
 
 
 def _set_future_result(future: asyncio.Future[Outcome], outcome: Outcome) -> None:

@@ -16,7 +16,9 @@ class Watchers:
     """The operations watched on one key, in watch order.
 
     A dict keyed by ``id(op)`` gives O(1) removal while keeping insertion order (Kafka uses a
-    ConcurrentLinkedQueue). Guarded by the lock of the :class:`WatcherList` that holds it.
+    ConcurrentLinkedQueue, also lock-free for add and remove). Single inserts and pops need no
+    lock: each dict operation is atomic (under the GIL, and in free-threaded CPython where dicts
+    lock themselves). See :class:`WatcherList` for the one race that needs care.
     """
 
     __slots__ = ("key", "ops")
@@ -27,10 +29,24 @@ class Watchers:
 
 
 class WatcherList:
-    """One shard: key -> :class:`Watchers`, with the lock that guards the map and every Watchers in it.
+    """One shard: key -> :class:`Watchers`, and the lock for its compound updates.
 
-    The lock is held only for dict operations, never while user code runs: ``try_complete`` may
-    re-enter the purgatory on the same key (KAFKA-3994 was a deadlock from doing otherwise).
+    Watching and unwatching one op are lock-free (they run for every key of every request; the
+    locks were a quarter of the submit path in ``purgatory bench purgatory``). The lock serialises
+    only the *removal of a key* (when its Watchers empties, in purge and in cancel) and snapshots.
+    The race it leaves is this story:
+
+    1. thread_a (watch) reads ``watchers_by_key[key]`` -> W
+    2. thread_b (unwatch) empties W and, under the lock, removes ``key`` -> W is orphaned
+    3. thread_a adds op to W — which no key event will ever look at again
+
+    So a watcher re-reads the mapping after inserting and, if it no longer points at W, moves
+    its op to the current Watchers (:meth:`watch`). Removal checks emptiness under the lock and
+    only removes the Watchers it saw, so a key is never removed with an op inserted before the
+    check, and one inserted after it is caught by the watcher's re-read.
+    (tests/unit/test_concurrency.py and tests/reliability/test_kafka_regressions.py attack this.)
+    Never held while user code runs: ``try_complete`` may re-enter the purgatory on the same key
+    (KAFKA-3994 was a deadlock from doing otherwise).
     """
 
     __slots__ = ("lock", "watchers_by_key")
@@ -40,19 +56,31 @@ class WatcherList:
         self.watchers_by_key: dict[Hashable, Watchers] = {}
 
     def watch(self, key: Hashable, op: DelayedOperation) -> None:
-        with self.lock:
-            watchers = self.watchers_by_key.get(key)
+        """Add ``op`` to ``key``'s Watchers (lock-free; the purgatory inlines this loop)."""
+        by_key = self.watchers_by_key
+        op_id = id(op)
+        while True:
+            watchers = by_key.get(key)
             if watchers is None:
-                watchers = self.watchers_by_key[key] = Watchers(key)
-            watchers.ops[id(op)] = op
+                watchers = by_key.setdefault(key, Watchers(key))
+            watchers.ops[op_id] = op
+            if by_key.get(key) is watchers:
+                return
+            watchers.ops.pop(op_id, None)  # W was removed under us (story step 2): retry
 
     def unwatch(self, key: Hashable, op: DelayedOperation) -> None:
+        """Remove ``op`` from ``key`` (lock-free pop); drop the key once nothing watches it."""
+        watchers = self.watchers_by_key.get(key)
+        if watchers is not None:
+            watchers.ops.pop(id(op), None)
+            if not watchers.ops:
+                self.drop_if_empty(watchers)
+
+    def drop_if_empty(self, watchers: Watchers) -> None:
         with self.lock:
-            watchers = self.watchers_by_key.get(key)
-            if watchers is not None:
-                watchers.ops.pop(id(op), None)
-                if not watchers.ops:
-                    del self.watchers_by_key[key]
+            # Only the Watchers we emptied, and only if still empty: see the story above.
+            if not watchers.ops and self.watchers_by_key.get(watchers.key) is watchers:
+                del self.watchers_by_key[watchers.key]
 
     def snapshot(self, key: Hashable) -> tuple[Watchers | None, list[DelayedOperation]]:
         with self.lock:
@@ -79,23 +107,26 @@ class WatcherList:
             return []
         return list(watchers.ops.values())
 
+    # Below, every iteration runs over a C-level snapshot (``list(...)``): watchers insert
+    # lock-free, and iterating a live dict while Python code runs (``is_completed``) could see
+    # it change size.
+
     def purge_completed(self) -> int:
         purged = 0
         with self.lock:
             for key, watchers in list(self.watchers_by_key.items()):
                 ops = watchers.ops
-                done = [op_id for op_id, op in ops.items() if op.is_completed()]
-                for op_id in done:
-                    del ops[op_id]
-                purged += len(done)
+                for op_id, op in list(ops.items()):
+                    if op.is_completed():
+                        ops.pop(op_id, None)
+                        purged += 1
                 if not ops:
                     del self.watchers_by_key[key]
         return purged
 
     def count_watched(self) -> int:
-        with self.lock:
-            return sum(len(w.ops) for w in self.watchers_by_key.values())
+        return sum(len(w.ops) for w in list(self.watchers_by_key.values()))
 
     def all_ops(self) -> list[DelayedOperation]:
         with self.lock:
-            return [op for w in self.watchers_by_key.values() for op in w.ops.values()]
+            return [op for w in list(self.watchers_by_key.values()) for op in list(w.ops.values())]
