@@ -167,12 +167,12 @@ class DelayedOperationPurgatory(Generic[T]):
             raise PurgatoryClosedError(self.name)
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}: {op!r}")
-        if isinstance(keys, str | bytes):
+        if isinstance(keys, (str, bytes)):  # a tuple, not `str | bytes`: no Union built per call
             # A str is iterable: it would silently be watched on each of its characters.
             raise TypeError(
                 f"keys must be a collection of watch keys, got a single {type(keys).__name__}: {keys!r}"
             )
-        watch_keys = keys if isinstance(keys, list | tuple) else list(keys)
+        watch_keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         if not watch_keys:
             raise ValueError("keys must name at least one watch key; got an empty collection")
         # Checked before anything is watched: a bad third key must not leave two keys watched.
@@ -411,6 +411,10 @@ class DelayedOperationPurgatory(Generic[T]):
         keys = op._watch_keys
         if keys:
             op._watch_keys = ()
+            # Unwatched here, so it will not linger for the reaper to purge: keep it out of the
+            # estimate that triggers purges (else every purge_interval finishes would start a
+            # full scan finding nothing — 11% of a 100k-pending profile).
+            self._estimated_total -= 1
             shards = self._shards
             op_id = id(op)
             for key in keys:  # WatcherList.unwatch inlined, as in try_complete_else_watch
