@@ -33,7 +33,12 @@ REAPER_POLL_MS = 200  # Kafka's reaper waits at most 200 ms per advance_clock ca
 
 
 class PurgatoryListener(Protocol):
-    """Observes every operation's lifecycle (the journal is one). Called on the finishing thread."""
+    """Observes every operation's lifecycle (the journal is one). Called on the finishing thread.
+
+    A listener may also define ``on_released(purgatory, op)``: called when the purgatory lets go
+    of an op it announced in ``on_submitted`` without finishing it — the submission raised (user
+    code, ``PurgatoryFullError``) or ``cancel_for_key`` handed it back to the caller.
+    """
 
     def on_submitted(self, purgatory: str, op: DelayedOperation, keys: Sequence[Hashable]) -> None: ...
 
@@ -197,62 +202,69 @@ class DelayedOperationPurgatory(Generic[T]):
             for listener in listeners:
                 listener.on_submitted(self.name, op, watch_keys)
 
-        with op.lock:
-            # First try: user code; if it raises, nothing was watched or timed yet.
-            if op.try_complete():
-                return True
-            max_pending = self.max_pending
-            if max_pending is not None:
-                pending = self._timer.size()
-                if pending >= max_pending:
-                    raise PurgatoryFullError(self.name, pending, max_pending)
-            op._watch_keys = watch_keys
-            shards = self._shards
-            op_id = id(op)
-            watched = 0
-            # WatcherList.watch inlined (lock-free; read its docstring for the race it handles):
-            # this loop runs once per key of every request (purgatory bench: 3 keys each).
-            for key in watch_keys:
-                # Stop once completed: a key event on an already-watched key may have finished it.
-                if op.is_completed():  # a call, not a field read: mypy would narrow the field
-                    break
-                by_key = shards[hash(key) % SHARDS].watchers_by_key
-                while True:
-                    watchers = by_key.get(key)
-                    if watchers is None:
-                        watchers = by_key.setdefault(key, Watchers(key))
-                    watchers.ops[op_id] = op
-                    if by_key.get(key) is watchers:
-                        break
-                    watchers.ops.pop(op_id, None)
-                watched += 1
-            self._estimated_total += 1
-            try:
+        try:
+            with op.lock:
+                # First try: user code; if it raises, nothing was watched or timed yet.
                 if op.try_complete():
                     return True
-            except BaseException:
-                for key in watch_keys[:watched]:
-                    self._shard(key).unwatch(key, op)
-                raise
-
-        if not op.is_completed():
-            if self._shutdown_started():
-                # shutdown() began while we were watching. Its drain may or may not have seen
-                # this op; expiring it here is safe either way (the finish is claimed once).
-                op._expire()
-                return False
-            if self.timer_enabled:
+                max_pending = self.max_pending
+                if max_pending is not None:
+                    pending = self._timer.size()
+                    if pending >= max_pending:
+                        raise PurgatoryFullError(self.name, pending, max_pending)
+                op._watch_keys = watch_keys
+                shards = self._shards
+                op_id = id(op)
+                watched = 0
+                # WatcherList.watch inlined (lock-free; read its docstring for the race it handles):
+                # this loop runs once per key of every request (purgatory bench: 3 keys each).
+                for key in watch_keys:
+                    # Stop once completed: a key event on an already-watched key may have finished it.
+                    if op.is_completed():  # a call, not a field read: mypy would narrow the field
+                        break
+                    by_key = shards[hash(key) % SHARDS].watchers_by_key
+                    while True:
+                        watchers = by_key.get(key)
+                        if watchers is None:
+                            watchers = by_key.setdefault(key, Watchers(key))
+                        watchers.ops[op_id] = op
+                        if by_key.get(key) is watchers:
+                            break
+                        watchers.ops.pop(op_id, None)
+                    watched += 1
+                self._estimated_total += 1
                 try:
-                    self._timer.add(op)
-                except PurgatoryClosedError:
-                    # The owned timer closed under us: shutdown's drain saw the op (it was
-                    # watched before _closed was set, or we would have taken the branch above).
+                    if op.try_complete():
+                        return True
+                except BaseException:
+                    for key in watch_keys[:watched]:
+                        self._shard(key).unwatch(key, op)
+                    raise
+
+            if not op.is_completed():
+                if self._shutdown_started():
+                    # shutdown() began while we were watching. Its drain may or may not have seen
+                    # this op; expiring it here is safe either way (the finish is claimed once).
                     op._expire()
                     return False
-            # Completed between the check and the add: take the entry out of the wheel again.
-            if op.is_completed():
-                op.cancel()
-        return False
+                if self.timer_enabled:
+                    try:
+                        self._timer.add(op)
+                    except PurgatoryClosedError:
+                        # The owned timer closed under us: shutdown's drain saw the op (it was
+                        # watched before _closed was set, or we would have taken the branch above).
+                        op._expire()
+                        return False
+                # Completed between the check and the add: take the entry out of the wheel again.
+                if op.is_completed():
+                    op.cancel()
+            return False
+        except BaseException:
+            # Refused (full, closed timer) or user code raised: the op is neither watched nor
+            # timed. Listeners that track what is watched (the Kafka change feed) let go of it.
+            if listeners:
+                self._released(op)
+            raise
 
     async def watch(self, op: T, keys: Iterable[Hashable]) -> Outcome:
         """asyncio: submit ``op`` and wait for its outcome without blocking the event loop.
@@ -320,6 +332,8 @@ class DelayedOperationPurgatory(Generic[T]):
         for op in ops:
             op._keys_cancelled = True
             op.cancel()
+            if self._listeners:
+                self._released(op)
         return ops  # type: ignore[return-value]
 
     # -- sizes --------------------------------------------------------------------------------
@@ -403,6 +417,17 @@ class DelayedOperationPurgatory(Generic[T]):
 
     def remove_listener(self, listener: PurgatoryListener) -> None:
         self._listeners = [item for item in self._listeners if item is not listener]
+
+    def _released(self, op: DelayedOperation) -> None:
+        # Optional listener hook (not part of PurgatoryListener, so older listeners still fit).
+        for listener in self._listeners:
+            on_released = getattr(listener, "on_released", None)
+            if on_released is None:
+                continue
+            try:
+                on_released(self.name, op)
+            except Exception:
+                _log.exception("listener_failed", purgatory=self.name, listener=repr(listener))
 
     def operation_finished(self, op: DelayedOperation) -> None:
         # Unwatch the finished op from all its keys now (KAFKA-19389: a completed operation kept

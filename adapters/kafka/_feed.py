@@ -249,6 +249,10 @@ class ChangeFeed:
         if entry is not None:
             self.release(entry[0], entry[1], needs_log_start=entry[2])
 
+    def on_released(self, purgatory: str, op: DelayedOperation) -> None:
+        """The purgatory let go of ``op`` unfinished (refused, or handed back by cancel_for_key)."""
+        self.on_finished(purgatory, op)
+
     def add_observer(self, observer: _Observer) -> None:
         """Called after each successful poll with the keys that changed (benchmarks use it)."""
         self._observers = [*self._observers, observer]

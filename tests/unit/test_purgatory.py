@@ -327,3 +327,42 @@ def test_listener_sees_submission_and_finish(purgatory: Purgatory, timer: MockTi
     purgatory.try_complete_else_watch(MockDelayedOperation(5), ["a"])
     timer.advance_clock(5)
     assert events == [("submitted", "unit", ("a",)), ("finished", "unit", Outcome.EXPIRED)]
+
+
+def test_listeners_hear_of_operations_released_unfinished(timer: MockTimer) -> None:
+    """A refused submission and a cancel_for_key hand-back reach ``on_released`` (the Kafka
+    change feed stops polling their keys); a finished op reaches only ``on_finished``."""
+    p: Purgatory = DelayedOperationPurgatory("released", timer=timer, reaper_enabled=False, max_pending=1)
+    events: list[tuple[str, MockDelayedOperation]] = []
+
+    class Listener:
+        def on_submitted(self, name: str, op: MockDelayedOperation, keys: object) -> None:
+            events.append(("submitted", op))
+
+        def on_finished(self, name: str, op: MockDelayedOperation) -> None:
+            events.append(("finished", op))
+
+        def on_released(self, name: str, op: MockDelayedOperation) -> None:
+            events.append(("released", op))
+
+    p.add_listener(Listener())
+    kept, refused, failing = (
+        MockDelayedOperation(100),
+        MockDelayedOperation(100),
+        _Failing(100, "try_complete"),
+    )
+    p.try_complete_else_watch(kept, ["a"])
+    with pytest.raises(PurgatoryFullError):
+        p.try_complete_else_watch(refused, ["a"])
+    with pytest.raises(RuntimeError):
+        p.try_complete_else_watch(failing, ["a"])
+    assert p.cancel_for_key("a") == [kept]
+    assert events == [
+        ("submitted", kept),
+        ("submitted", refused),
+        ("released", refused),
+        ("submitted", failing),
+        ("released", failing),
+        ("released", kept),
+    ]
+    p.shutdown()
