@@ -7,7 +7,7 @@ Algorithm (one thread, ``kafka-feed-<name>``), every ``interval_ms``:
    ``on_finished`` releases them).
 2. Ask the :class:`ClusterView` for their facts: at most one batched request per kind of fact
    (ListOffsets latest; ListOffsets earliest for partitions whose operations read log starts;
-   one ListConsumerGroupOffsets per group; DescribeTopics every ``metadata_every`` polls, or
+   one OffsetFetch per group; DescribeTopics every ``metadata_every`` polls, or
    every poll while topics are awaited or a partition is degraded — an error, no leader, or an
    ISR below min.insync.replicas). The number of requests
    depends on the watched keys, never on the pending operations.
@@ -330,6 +330,7 @@ class ChangeFeed:
             old = self._snapshot
             if old.partitions or old.topics or old.groups:
                 self._snapshot = _Snapshot({}, {}, {}, old.unavailable)  # forget unwatched keys' facts
+            self.view.retain_groups(())  # close the offset readers of groups no longer watched
             return False
         parts = [k for k in keys if isinstance(k, TopicPartitionKey)]
         topics = [k for k in keys if isinstance(k, TopicKey)]

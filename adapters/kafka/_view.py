@@ -10,9 +10,15 @@ ISR, replicas
 high watermark              ListOffsets latest (``list_offsets``)   all partitions asked about
 log start offset            ListOffsets earliest                    partitions that need it
 min.insync.replicas         DescribeConfigs (cached ``CONFIG_TTL``) all topics asked about
-committed offsets           ListConsumerGroupOffsets                one per *group* (the client
-                                                                    accepts one group per call)
+committed offsets           OffsetFetch (``Consumer.committed``)    one per *group*, in parallel
 ==========================  =====================================  ==========================
+
+Committed offsets are read by a non-joining :class:`confluent_kafka.Consumer` per watched group
+(:class:`_CommittedOffsetReaders`), not by the admin client's ListConsumerGroupOffsets: that
+admin request aborts the whole process (``rd_kafka_enq_once_del_source_return: Assertion
+eonce->refcnt > 0``, librdkafka issue #4605) when it times out on a frozen or dropped broker
+connection. The consumer's OffsetFetch goes through the consumer-group handle instead, which
+times out cleanly.
 
 :meth:`ClusterView.facts` is what the change feed calls each interval. DescribeTopics says which
 partitions exist; ListOffsets is sent in parallel with it for partitions already known to exist
@@ -25,22 +31,23 @@ The admin client is created lazily on first use (no network in ``__init__``) and
 :class:`KafkaUnavailableError`; per-key problems (unknown topic or partition) are returned as
 :class:`ErrorFact` values in the facts, or raised as typed errors by the single-kind methods.
 
-Concurrency contract: thread-safe. librdkafka's admin client is thread-safe; the lazy creation
-and the config cache are guarded by a lock. ``requests_sent`` counts admin requests issued.
+Concurrency contract: thread-safe. librdkafka's admin client and consumers are thread-safe; the
+lazy creation and the config cache are guarded by a lock. ``requests_sent`` counts requests
+issued (one per admin request, one per group's OffsetFetch).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, wait
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import structlog
 from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
+    Consumer,
     KafkaError,
     KafkaException,
     TopicCollection,
@@ -79,6 +86,20 @@ CONFIG_TTL_S = 10.0  # min.insync.replicas rarely changes; re-read it at most th
 NO_LEADER = -1
 _LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 _EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+# Groups asked in parallel: each Consumer.committed call blocks a thread for up to the request
+# timeout, so a poll over more groups than this takes more than one round trip.
+GROUP_READER_THREADS = 8
+# A consumer's OffsetFetch answers NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS while it is
+# still finding the group's coordinator (a new reader, a moved coordinator); the admin request it
+# replaces retried these within its timeout, so the reader does too, after this pause.
+COORDINATOR_RETRY_BACKOFF_S = 0.05
+_COORDINATOR_RETRY_CODES = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
 
 # librdkafka codes meaning "the cluster did not answer", as opposed to "it answered no".
 _UNAVAILABLE_CODES = frozenset(
@@ -233,8 +254,9 @@ class ClusterView:
         self._partition_counts: dict[str, int] = {}
         # The last DescribeTopics answer per topic: facts(refresh_metadata=False) reuses it.
         self._descriptions: dict[str, _TopicDescription | ErrorFact] = {}
-        # Admin requests issued (one per call; a batch counts once). Read by benchmarks/metrics.
+        # Requests issued (one per call; a batch counts once). Read by benchmarks/metrics.
         self.requests_sent = 0
+        self._group_readers = _CommittedOffsetReaders(self._group_config, self.request_timeout_s)
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -257,13 +279,30 @@ class ClusterView:
                 admin = self._admin
         return admin
 
+    def _group_config(self, group: str) -> dict[str, str | int | float | bool]:
+        """Config of the consumer that reads ``group``'s committed offsets without joining it."""
+        config: dict[str, str | int | float | bool] = {
+            **client_config(self._settings, self._bootstrap),
+            "group.id": group,
+            # It never subscribes (so never joins the group) and must never commit for it.
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+        }
+        config.setdefault("log_level", "0")  # as for the admin client: we report the errors
+        config.setdefault("socket.nagle.disable", True)
+        _log.debug("kafka_group_reader_connect", config=redacted(config))
+        return config
+
     def reconnect(self) -> None:
-        """Drop the admin client; the next request builds a fresh one (fresh connections)."""
+        """Drop the admin client and the group readers; the next request builds fresh ones."""
         with self._lock:
             self._admin = None
+        self._group_readers.retain(())
 
     def close(self) -> None:
+        """Drop every client (group readers are closed off the caller's thread)."""
         self.reconnect()
+        self._group_readers.shutdown()
 
     def _count(self, requests: int = 1) -> None:
         self.requests_sent += requests  # single writer in practice (the feed); a lost count is harmless
@@ -407,18 +446,20 @@ class ClusterView:
                 out[resource.name] = value
         return out
 
-    # -- ListConsumerGroupOffsets ---------------------------------------------------------------
+    # -- OffsetFetch (committed offsets) -------------------------------------------------------
 
     def _group_offsets(self, group: str, keys: list[GroupPartitionKey]) -> Future[Any]:
         self._count()
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(k.topic, k.partition) for k in keys])
-        try:
-            futures = self.admin.list_consumer_group_offsets(
-                [request], request_timeout=self.request_timeout_s
-            )
-        except KafkaException as exc:
-            raise _unavailable_or(exc, f"ListConsumerGroupOffsets({group})") from None
-        return futures[group]
+        return self._group_readers.committed(group, [TopicPartition(k.topic, k.partition) for k in keys])
+
+    @property
+    def group_readers(self) -> frozenset[str]:
+        """Groups whose offset reader (a non-joining consumer) is open now."""
+        return self._group_readers.groups
+
+    def retain_groups(self, groups: Iterable[str]) -> None:
+        """Close the group readers of every group not in ``groups`` (no longer watched)."""
+        self._group_readers.retain(groups)
 
     def committed_offsets(self, keys: Iterable[GroupPartitionKey]) -> dict[GroupPartitionKey, int | None]:
         """Committed offset per (group, partition); ``None`` where the group committed nothing."""
@@ -444,7 +485,7 @@ class ClusterView:
         out: dict[GroupPartitionKey, GroupFacts] = {}
         for group, (keys, future) in started.items():
             try:
-                result = self._result(future, f"ListConsumerGroupOffsets({group})")
+                partitions = self._result(future, f"OffsetFetch({group})")
             except KafkaException as exc:
                 fact = _error_fact(exc, f"group {group!r}")
                 if fact.kind == "unavailable":
@@ -452,7 +493,7 @@ class ClusterView:
                 out.update({k: GroupFacts(error=fact) for k in keys})
                 continue
             committed = {}
-            for tp in result.topic_partitions:
+            for tp in partitions:
                 key = GroupPartitionKey(group, tp.topic, tp.partition)
                 if tp.error is not None:
                     out[key] = GroupFacts(error=ErrorFact("other", f"{key.label}: {tp.error}"))
@@ -479,6 +520,7 @@ class ClusterView:
     ) -> ClusterFacts:
         """Facts for every key: one request per kind (see the module docstring).
 
+        Group readers of groups not among ``groups`` are closed (see :meth:`retain_groups`).
         ``refresh_metadata=False`` reuses the last DescribeTopics answer (leaders, ISR, partition
         counts) when every topic has one, so the poll is a single ListOffsets round trip.
         Raises :class:`KafkaUnavailableError` when the cluster does not answer; per-key problems
@@ -489,6 +531,8 @@ class ClusterView:
         wants_start = set(partitions) if log_start_for is None else set(log_start_for)
         topic_keys = list(dict.fromkeys(topics))
         group_keys = list(dict.fromkeys(groups))
+        # The feed asks about every watched key: readers of groups not asked about are unwatched.
+        self.retain_groups(k.group for k in group_keys)
         # Group requests go to the group coordinator and do not depend on DescribeTopics: start first.
         started_groups = self._start_groups(group_keys) if group_keys else {}
         names = {k.topic for k in partitions} | {k.topic for k in topic_keys}
@@ -568,6 +612,107 @@ class ClusterView:
             out_topics[tkey] = TopicFacts(error=d) if isinstance(d, ErrorFact) else TopicFacts(d.leaders)
         out_groups = self._finish_groups(started_groups) if started_groups else {}
         return ClusterFacts(out_partitions, out_topics, out_groups)
+
+
+class _GroupReader:
+    """A consumer that reads one group's committed offsets; its lock keeps ``close`` off a call."""
+
+    __slots__ = ("_closed", "_consumer", "_lock")
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def committed(self, partitions: list[TopicPartition], timeout_s: float) -> list[TopicPartition]:
+        """One OffsetFetch, repeated on retriable coordinator errors until ``timeout_s`` is spent."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                if self._closed:
+                    # Closed between submission and run (the group was unwatched, or a reconnect).
+                    raise KafkaUnavailableError("the group's offset reader was closed (reconnecting)")
+                left = deadline - time.monotonic()
+                try:
+                    return list(self._consumer.committed(partitions, timeout=max(left, 0.001)))
+                except KafkaException as exc:
+                    if _code(exc) not in _COORDINATOR_RETRY_CODES or left <= COORDINATOR_RETRY_BACKOFF_S:
+                        raise
+                time.sleep(COORDINATOR_RETRY_BACKOFF_S)  # let the client look the coordinator up again
+
+    def close(self) -> None:
+        with self._lock:  # waits for a call in flight (bounded by the request timeout)
+            if not self._closed:
+                self._closed = True
+                self._consumer.close()
+
+
+class _CommittedOffsetReaders:
+    """One non-joining :class:`Consumer` per group, asked for committed offsets (OffsetFetch).
+
+    Algorithm: ``committed(group, partitions)`` gets (or lazily creates) the group's consumer
+    — ``group.id`` is the group, it never subscribes, so it never joins the group nor commits —
+    and runs ``Consumer.committed`` (one OffsetFetch for all the partitions) on a small thread
+    pool, so the groups of one poll are asked in parallel and overlap the admin requests.
+    ``retain(groups)`` closes the consumers of every other group; ``shutdown`` closes them all.
+    Closing runs on the pool too: a consumer's close may wait on its coordinator (a frozen
+    broker), which must not hold up the caller — the change feed's thread.
+
+    Why not ``AdminClient.list_consumer_group_offsets``: see the module docstring (#4605).
+
+    Concurrency contract: thread-safe. The reader map is guarded by a lock; each reader's own
+    lock orders a call in flight before its close.
+    """
+
+    def __init__(
+        self, config: Callable[[str], dict[str, str | int | float | bool]], timeout_s: float
+    ) -> None:
+        self._config = config  # group -> librdkafka config, built on demand (secrets never stored here)
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._readers: dict[str, _GroupReader] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        # Caller holds self._lock.
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(GROUP_READER_THREADS, thread_name_prefix="kafka-group-offsets")
+        return self._pool
+
+    def committed(self, group: str, partitions: list[TopicPartition]) -> Future[list[TopicPartition]]:
+        """The future committed offsets of ``partitions`` for ``group`` (``KafkaException`` on error)."""
+        with self._lock:
+            reader = self._readers.get(group)
+            if reader is None:
+                try:
+                    reader = _GroupReader(Consumer(self._config(group)))
+                except KafkaException as exc:
+                    raise _unavailable_or(exc, f"consumer for group {group!r}") from None
+                self._readers[group] = reader
+            return self._executor().submit(reader.committed, partitions, self._timeout_s)
+
+    @property
+    def groups(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._readers)
+
+    def retain(self, groups: Iterable[str]) -> None:
+        """Close (in the background) the readers of every group not in ``groups``."""
+        keep = set(groups)
+        with self._lock:
+            gone = [self._readers.pop(g) for g in list(self._readers) if g not in keep]
+            if gone:
+                pool = self._executor()
+                for reader in gone:
+                    pool.submit(reader.close)
+
+    def shutdown(self) -> None:
+        """Close every reader and let the pool's threads end once their work is done."""
+        self.retain(())
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
 
 class _PendingOffsets:

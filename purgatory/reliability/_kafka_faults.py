@@ -178,15 +178,15 @@ def _clear_status(op: KafkaOperation) -> str | None:
     return None
 
 
-def broker_fault(cluster: LocalKafkaCluster, mode: str, *, with_groups: bool = False) -> FaultResult:
+def broker_fault(cluster: LocalKafkaCluster, mode: str, *, with_groups: bool = True) -> FaultResult:
     """The broker is killed (SIGKILL, ``mode="kill"``) or frozen (SIGSTOP, ``mode="pause"``)
-    while produce, fetch and topic-ready operations wait on it; then it comes back.
+    while produce, fetch, topic-ready and (``with_groups``) consumer-commit operations wait on
+    it; then it comes back.
 
-    ``with_groups`` adds DelayedConsumerCommit operations. Off by default: their facts come from
-    librdkafka's coordinator admin requests (ListConsumerGroupOffsets), which abort the whole
-    process when a request times out on a dropped or frozen connection — librdkafka issue #4605,
-    "rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0' failed", fix pending in
-    librdkafka PR #5397. ``tests/reliability/test_faults_kafka.py`` pins it in a subprocess.
+    The cluster view reads committed offsets with a non-joining consumer's OffsetFetch, not with
+    the admin ListConsumerGroupOffsets request, which aborted the whole process when it timed
+    out on a frozen connection (librdkafka #4605, "rd_kafka_enq_once_del_source_return:
+    Assertion `eonce->refcnt > 0' failed"). ``with_groups=False`` leaves the group kind out.
     """
     if mode not in ("kill", "pause"):
         raise ValueError(f"mode must be 'kill' or 'pause', got {mode!r}")

@@ -66,8 +66,8 @@ def reliability(
     ] = True,
     with_groups: Annotated[
         bool,
-        typer.Option(help="Add consumer-group operations to the broker faults (librdkafka #4605 may abort)."),
-    ] = False,
+        typer.Option(help="Include consumer-group operations (DelayedConsumerCommit) in the broker faults."),
+    ] = True,
     out: Annotated[Path, typer.Option("--out", help="Directory for the JSON report.")] = DEFAULT_RESULTS_DIR,
 ) -> None:
     """Load held, faults survived, bad inputs tried: nothing lost, nothing finished twice."""

@@ -21,6 +21,8 @@ from .kafka_fixtures import TopicFactory
 
 pytestmark = pytest.mark.kafka
 
+DESCRIBE_TIMEOUT_S = 30.0  # a fresh cluster may still be loading the group's coordinator
+
 
 def _produce(bootstrap: str, topic: str, counts: dict[int, int]) -> None:
     producer = Producer({"bootstrap.servers": bootstrap})
@@ -83,6 +85,28 @@ def test_committed_offsets_of_a_group(
     view = ClusterView(kafka_settings)
     keys = [GroupPartitionKey(f"g-{topic}", topic, 0), GroupPartitionKey(f"g-{topic}", topic, 1)]
     assert view.committed_offsets(keys) == {keys[0]: None, keys[1]: 7}
+
+
+def test_committed_offsets_are_read_without_joining_the_group_by_one_reader_per_watched_group(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(1)
+    bootstrap = kafka_settings.bootstrap_servers or ""
+    groups = [f"a-{topic}", f"b-{topic}"]
+    view = ClusterView(kafka_settings)
+    try:
+        facts = view.facts(groups=[GroupPartitionKey(g, topic, 0) for g in groups])
+        assert all(f.error is None and f.committed is None for f in facts.groups.values())
+        assert view.group_readers == frozenset(groups)
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        described = admin.describe_consumer_groups([groups[0]], request_timeout=DESCRIBE_TIMEOUT_S)
+        group = described[groups[0]].result(DESCRIBE_TIMEOUT_S + 5)
+        assert group.members == [], "the offset reader never joins the group"
+        view.facts(groups=[GroupPartitionKey(groups[0], topic, 0)])
+        assert view.group_readers == frozenset(groups[:1]), "an unwatched group's reader is closed"
+    finally:
+        view.close()
+    assert view.group_readers == frozenset()
 
 
 def test_topic_existence(kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory) -> None:

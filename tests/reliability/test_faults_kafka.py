@@ -3,10 +3,10 @@ the journal's Kafka sink losing its broker. The scenarios (``purgatory.reliabili
 run on a one-broker cluster of their own — faults must not disturb the session cluster the other
 tests share — stopped by PID at the end of the module. Every wait inside is bounded.
 
-DelayedConsumerCommit is left out of the broker faults: its facts come from librdkafka's
-coordinator admin requests, which can abort the process when a request times out on a dropped or
-frozen connection (librdkafka #4605; see ``broker_fault``'s docstring). A process abort cannot be
-a test outcome here; ``purgatory bench reliability --with-groups`` reproduces it on demand.
+The broker faults include DelayedConsumerCommit: the cluster view reads committed offsets with a
+non-joining consumer's OffsetFetch, because the admin ListConsumerGroupOffsets request aborted
+the whole process when it timed out on a frozen connection (librdkafka #4605). The pause test
+pins that the process survives with group operations waiting.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
+
+KINDS = ("DelayedProduce", "DelayedFetch", "DelayedTopicReady", "DelayedConsumerCommit")
 
 
 @pytest.fixture(scope="module")
@@ -34,28 +36,28 @@ def fault_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 def test_broker_killed_while_operations_wait(fault_cluster: object) -> None:
-    """SIGKILL while produce, fetch and topic-ready operations wait on the broker: they all
+    """SIGKILL while produce, fetch, topic-ready and consumer-commit operations wait on the broker: they all
     expire with KafkaUnavailableError (REQUEST_TIMED_OUT per partition), raising response callbacks
     included; local keys are served throughout; after a restart the feed and clients recover."""
     from purgatory.reliability._kafka_faults import WAITING_PER_KIND, broker_fault
 
     result = broker_fault(fault_cluster, "kill")
     assert result.survived, result.problems
-    assert result.affected == 3 * WAITING_PER_KIND
-    assert set(result.outcomes) == {
-        f"{kind}: expired" for kind in ("DelayedProduce", "DelayedFetch", "DelayedTopicReady")
-    }
+    assert result.affected == 4 * WAITING_PER_KIND
+    assert set(result.outcomes) == {f"{kind}: expired" for kind in KINDS}
 
 
 def test_broker_paused_while_operations_wait(fault_cluster: object) -> None:
-    """SIGSTOP: the broker's sockets stay open but nothing answers — the worst case for a client.
-    The cluster view's request timeout turns it into an outage; everything then ends as for a
-    dead broker, and SIGCONT brings the feed back."""
+    """SIGSTOP: the broker's sockets stay open but nothing answers — the worst case for a client,
+    and the one that aborted the process through ListConsumerGroupOffsets (librdkafka #4605).
+    The cluster view's request timeout turns it into an outage; everything, consumer commits
+    included, then ends as for a dead broker, and SIGCONT brings the feed back."""
     from purgatory.reliability._kafka_faults import WAITING_PER_KIND, broker_fault
 
     result = broker_fault(fault_cluster, "pause")
     assert result.survived, result.problems
-    assert result.affected == 3 * WAITING_PER_KIND
+    assert result.affected == 4 * WAITING_PER_KIND
+    assert set(result.outcomes) == {f"{kind}: expired" for kind in KINDS}
 
 
 def test_journal_kafka_sink_unreachable_loses_nothing_and_recovers(fault_cluster: object) -> None:
