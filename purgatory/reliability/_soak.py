@@ -57,7 +57,10 @@ WARMUP_OPERATIONS = 20_000  # a first, small run allocates what is allocated onc
 LEAK_BLOCKS_DIVISOR = 1000  # extra live blocks allowed: fewer than one per thousand operations
 LEAK_BLOCKS_SLACK = 5_000  # plus what a run may legitimately cache (interned strings, log frames)
 RSS_SLACK_FRACTION = 0.10  # allocator arenas still partly in use after the load
-RSS_SLACK_BYTES = 16 * 1024 * 1024  # and a fixed margin: a few arenas and thread heaps
+# And a fixed margin: a few arenas and the glibc heaps of 8 submitter threads. Retained RSS
+# measured 3-25 MiB over runs with 0 live blocks retained (CI once failed at 25.2 > 23.4 MiB);
+# the exact leak check is the live-block count above, RSS only catches gross growth.
+RSS_SLACK_BYTES = 32 * 1024 * 1024
 RSS_SAMPLE_S = 0.1  # how often the peak RSS is sampled while the submitters run
 
 
