@@ -216,8 +216,7 @@ class DelayedOperationPurgatory(Generic[T]):
                 shards = self._shards
                 op_id = id(op)
                 watched = 0
-                # WatcherList.watch inlined (lock-free; read its docstring for the race it handles):
-                # this loop runs once per key of every request (purgatory bench: 3 keys each).
+                # Lock-free insert; WatcherList's docstring tells the race the re-read closes.
                 for key in watch_keys:
                     # Stop once completed: a key event on an already-watched key may have finished it.
                     if op.is_completed():  # a call, not a field read: mypy would narrow the field
@@ -237,8 +236,8 @@ class DelayedOperationPurgatory(Generic[T]):
                     if op.try_complete():
                         return True
                 except BaseException:
-                    for key in watch_keys[:watched]:
-                        self._shard(key).unwatch(key, op)
+                    op._watch_keys = ()
+                    self._unwatch(op, watch_keys[:watched])
                     raise
 
             if not op.is_completed():
@@ -429,10 +428,22 @@ class DelayedOperationPurgatory(Generic[T]):
             except Exception:
                 _log.exception("listener_failed", purgatory=self.name, listener=repr(listener))
 
+    def _unwatch(self, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
+        shards = self._shards
+        op_id = id(op)
+        for key in keys:
+            shard = shards[hash(key) % SHARDS]
+            watchers = shard.watchers_by_key.get(key)
+            if watchers is not None:
+                ops = watchers.ops
+                ops.pop(op_id, None)  # lock-free; only removing the key takes the shard lock
+                if not ops:
+                    shard.drop_if_empty(watchers)
+
     def operation_finished(self, op: DelayedOperation) -> None:
         # Unwatch the finished op from all its keys now (KAFKA-19389: a completed operation kept
-        # alive — with its response data — by its other watch keys until the next purge). Costs a
-        # shard lock per key; the purge remains the safety net for a watch racing this removal.
+        # alive — with its response data — by its other watch keys until the next purge). One dict
+        # pop per key; the purge remains the safety net for a watch racing this removal.
         keys = op._watch_keys
         if keys:
             op._watch_keys = ()
@@ -440,16 +451,7 @@ class DelayedOperationPurgatory(Generic[T]):
             # estimate that triggers purges (else every purge_interval finishes would start a
             # full scan finding nothing — 11% of a 100k-pending profile).
             self._estimated_total -= 1
-            shards = self._shards
-            op_id = id(op)
-            for key in keys:  # WatcherList.unwatch inlined, as in try_complete_else_watch
-                shard = shards[hash(key) % SHARDS]
-                watchers = shard.watchers_by_key.get(key)
-                if watchers is not None:
-                    ops = watchers.ops
-                    ops.pop(op_id, None)
-                    if not ops:
-                        shard.drop_if_empty(watchers)
+            self._unwatch(op, keys)
         for listener in self._listeners:
             try:
                 listener.on_finished(self.name, op)

@@ -99,11 +99,11 @@ class _Local(DelayedOperation):
 
 
 def _serves_local_keys(purgatory: DelayedOperationPurgatory[Any], result: FaultResult, when: str) -> None:
-    local = _Local()
-    purgatory.try_complete_else_watch(local, [f"local-{uuid.uuid4().hex[:6]}"])
+    local, key = _Local(), f"local-{uuid.uuid4().hex[:6]}"
+    purgatory.try_complete_else_watch(local, [key])
     local.ready = True
     began = time.monotonic()
-    purgatory.check_and_complete(local._watch_keys[0] if local._watch_keys else "none")
+    purgatory.check_and_complete(key)
     elapsed = time.monotonic() - began
     result.check(
         local.outcome is Outcome.COMPLETED and elapsed < SERVE_BUDGET_S,
