@@ -12,6 +12,7 @@ import pytest
 from tests.integration.kafka_fixtures import (  # noqa: F401
     kafka_bootstrap,
     kafka_cluster,
+    kafka_cluster3,
     kafka_settings,
     kafka_topic_factory,
 )

@@ -1,16 +1,21 @@
-"""Fixtures of the Kafka integration tests: a purgatory wired to the session cluster, a 3-broker cluster."""
+"""Fixtures of the Kafka integration tests: a purgatory wired to the session cluster.
+
+The clusters and the wait helpers live in ``kafka_fixtures`` (shared with tests/service); they
+are re-exported here for the modules that import them from ``.conftest``.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
-from purgatory.adapters.kafka import KafkaPurgatory, LocalKafkaCluster
+from purgatory.adapters.kafka import KafkaPurgatory
 
 from purgatory.settings import KafkaSettings
 
-WAIT_S = 20.0  # bound on any single wait for Kafka to act in these tests
+from .kafka_fixtures import WAIT_S, wait_until
+
+__all__ = ["WAIT_S", "wait_until"]
 
 
 @pytest.fixture
@@ -21,24 +26,3 @@ def kp(kafka_settings: KafkaSettings) -> Iterator[KafkaPurgatory]:
         yield service
     finally:
         service.close()
-
-
-@pytest.fixture(scope="module")  # module: its three JVMs stop once the replication tests are done
-def kafka_cluster3() -> Iterator[LocalKafkaCluster]:
-    """Three local brokers (node 1 is also the controller); only the replication tests use it."""
-    cluster = LocalKafkaCluster(brokers=3)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    """Poll ``predicate`` (cluster state has no client-side event) until true; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for: {what}")

@@ -6,7 +6,6 @@ faults hit the followers 2 and 3. Each test leaves all three brokers running and
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -16,62 +15,32 @@ from purgatory.adapters.kafka import (
     DelayedProduce,
     ErrorCode,
     KafkaPurgatory,
-    KafkaUnavailableError,
     LocalKafkaCluster,
     ProducerRecord,
     TopicPartitionKey,
 )
 
 from purgatory import Outcome
-from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
-from .kafka_fixtures import create_topic
+from .kafka_fixtures import FOLLOWERS, replicated_topic, restore_followers, wait_isr
 
 pytestmark = pytest.mark.kafka
-
-LEADER, FOLLOWERS = 1, (2, 3)
 
 
 @pytest.fixture
 def replicated(kafka_cluster3: LocalKafkaCluster) -> Iterator[tuple[KafkaPurgatory, TopicPartitionKey]]:
     """A fresh RF-3 topic led by node 1 and a purgatory watching it; brokers restored afterwards."""
-    settings = KafkaSettings(bootstrap_servers=kafka_cluster3.bootstrap_servers, request_timeout_ms=2000)
-    topic = create_topic(
-        kafka_cluster3.bootstrap_servers,
-        f"rep-{uuid.uuid4().hex[:8]}",
-        replica_assignment=[[LEADER, *FOLLOWERS]],
-        config={"min.insync.replicas": "2"},
-    )
-    key = TopicPartitionKey(topic, 0)
-    _wait_isr(settings, key, 3)
+    settings, key = replicated_topic(kafka_cluster3, "rep")
     service = KafkaPurgatory.connect(settings, name="replication")
     # Warm the producer while every broker answers: it then knows the leader and is connected,
     # so a produce during a fault never waits on metadata from a frozen broker.
-    service.producer.produce([ProducerRecord(topic, b"warm-up", partition=0)])
+    service.producer.produce([ProducerRecord(key.topic, b"warm-up", partition=0)])
     try:
         yield service, key
     finally:
         service.close()
-        for node in FOLLOWERS:
-            kafka_cluster3.resume_broker(node)
-            if not kafka_cluster3.node(node).is_running():
-                kafka_cluster3.start_broker(node)
-        _wait_isr(settings, key, 3)
-
-
-def _isr(settings: KafkaSettings, key: TopicPartitionKey) -> tuple[int, ...] | None:
-    """The partition's ISR, or None while the cluster does not answer (a broker just resumed)."""
-    try:
-        return ClusterView(settings).facts([key]).partitions[key].isr
-    except KafkaUnavailableError:
-        return None
-
-
-def _wait_isr(settings: KafkaSettings, key: TopicPartitionKey, size: int) -> None:
-    wait_until(
-        lambda: len(_isr(settings, key) or ()) == size, f"ISR of {key.label} has {size} replicas", 60.0
-    )
+        restore_followers(kafka_cluster3, settings, key)
 
 
 def test_produce_completes_only_after_followers_replicate(
@@ -99,7 +68,7 @@ def test_produce_still_completes_with_one_follower_stopped(
 ) -> None:
     kp, key = replicated
     kafka_cluster3.stop_broker(3)
-    _wait_isr(kp.settings, key, 2)
+    wait_isr(kp.settings, key, 2)
     op = kp.produce([ProducerRecord(key.topic, b"r", partition=0)], delay_ms=15_000)
     assert op.wait(WAIT_S)
     assert op.outcome is Outcome.COMPLETED and op.statuses == {key: ErrorCode.NONE}, "ISR 2 >= min.insync 2"
@@ -111,7 +80,7 @@ def test_produce_reports_not_enough_replicas_with_two_followers_stopped_and_reco
     kp, key = replicated
     kafka_cluster3.stop_broker(2)
     kafka_cluster3.stop_broker(3)
-    _wait_isr(kp.settings, key, 1)
+    wait_isr(kp.settings, key, 1)
     op = kp.produce([ProducerRecord(key.topic, b"r", partition=0)], delay_ms=15_000)
     assert op.wait(WAIT_S)
     assert op.statuses == {key: ErrorCode.NOT_ENOUGH_REPLICAS}, "ISR 1 < min.insync.replicas 2"
@@ -121,7 +90,7 @@ def test_produce_reports_not_enough_replicas_with_two_followers_stopped_and_reco
     kp.submit(DelayedDeleteRecords(kp.feed, {key: 10**9}, delay_ms=60_000), validate=False)
     kafka_cluster3.start_broker(2)
     kafka_cluster3.start_broker(3)
-    _wait_isr(kp.settings, key, 3)
+    wait_isr(kp.settings, key, 3)
     # Operations judge by the feed's snapshot: wait until it, too, has seen the ISR recover.
     wait_until(lambda: len(getattr(kp.feed.partition(key), "isr", ())) == 3, "the feed saw ISR 3")
     again = kp.produce([ProducerRecord(key.topic, b"r", partition=0)], delay_ms=15_000)
