@@ -305,21 +305,21 @@ class DelayedOperationPurgatory(Generic[T]):
         if watchers is None:
             return 0
         completed = 0
-        done: list[DelayedOperation] = []
+        # An op finishing (here or anywhere) unwatches itself from all its keys (operation_finished);
+        # only entries that escaped that — a watch racing the finish — are left for this check.
+        lingering: list[DelayedOperation] = []
         for op in ops:
             if op.is_completed():
-                done.append(op)  # finished elsewhere (another key, expiry): just forget it here
+                lingering.append(op)
                 continue
             try:
                 if op.safe_try_complete():
                     completed += 1
-                    done.append(op)
-                elif op.is_completed():
-                    done.append(op)
             except Exception as exc:
                 # One op's failure must not starve the others on this key; it stays watched and timed.
                 self.user_code_failed(op, "try_complete", exc)
-        shard.remove_done(watchers, done)
+        if lingering:
+            shard.remove_done(watchers, lingering)
         return completed
 
     def cancel_for_key(self, key: Hashable) -> list[T]:
