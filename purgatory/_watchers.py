@@ -89,16 +89,20 @@ class WatcherList:
             return []
         return list(watchers.ops.values())
 
-    # Below, every iteration runs over a C-level snapshot (``list(...)``): watchers insert
-    # lock-free, and iterating a live dict while Python code runs (``is_completed``) could see
-    # it change size.
+    # Below, every iteration runs over a snapshot taken by one C call: watchers insert lock-free,
+    # and iterating a live dict while Python code runs (``is_completed``) could see it change
+    # size. The snapshot is ``dict.copy()`` or ``list(d.values())``, never ``list(d.items())``:
+    # building the item tuples allocates, an allocation can start a GC, and a GC runs Python code
+    # (gc.callbacks, weakref callbacks, __del__) that may hand the GIL to a watcher mid-copy —
+    # "dictionary changed size during iteration" in the reaper, 1 purge in ~10 under
+    # ``purgatory bench purgatory`` with its GC meter (tests/unit/test_watchers_snapshot.py).
 
     def purge_completed(self) -> int:
         purged = 0
         with self.lock:
-            for key, watchers in list(self.watchers_by_key.items()):
+            for key, watchers in self.watchers_by_key.copy().items():
                 ops = watchers.ops
-                for op_id, op in list(ops.items()):
+                for op_id, op in ops.copy().items():
                     if op.is_completed():
                         ops.pop(op_id, None)
                         purged += 1
