@@ -44,6 +44,10 @@ COMPILED_MODULES = (
     "_timer",
     "_system_timer",
     "testing",
+    "_outcome",
+    "_operation_core",
+    "_watchers",
+    "_purgatory",
 )
 MANIFEST = "_compiled_sources.json"
 

@@ -2,51 +2,14 @@
 
 from __future__ import annotations
 
-import threading
-from _thread import RLock as _RLock
 from abc import abstractmethod
-from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
 
-import structlog
-
-from ._outcome import Outcome
-from ._timer_task import TimerTask
+from ._operation_core import LockLike, OperationCore, OperationOwner, Waiter
 
 __all__ = ["DelayedOperation", "LockLike", "OperationOwner", "Waiter"]
 
-_log = structlog.get_logger("purgatory.operation")
 
-# Guards every operation's claim (DelayedOperation._finish) and the outcome counters.
-_CLAIM_LOCK = threading.Lock()
-
-
-class LockLike(Protocol):
-    def __enter__(self) -> object: ...
-
-    def __exit__(self, *exc: object) -> object: ...
-
-
-class OutcomeCounter(Protocol):
-    def count(self, outcome: Outcome) -> None: ...
-
-
-class OperationOwner(Protocol):
-    """The purgatory holding an operation: told of its finish and of user-code failures."""
-
-    @property
-    def stats(self) -> OutcomeCounter: ...
-
-    def user_code_failed(self, op: DelayedOperation, callback: str, exc: BaseException) -> None: ...
-
-    def operation_finished(self, op: DelayedOperation) -> None: ...
-
-
-# Someone waiting for the outcome (the asyncio bridge); called once, after ``on_complete``.
-Waiter = Callable[["DelayedOperation"], None]
-
-
-class DelayedOperation(TimerTask):
+class DelayedOperation(OperationCore):
     """An operation that finishes when ``try_complete`` succeeds or when ``delay_ms`` passes.
 
     Subclasses implement:
@@ -65,18 +28,13 @@ class DelayedOperation(TimerTask):
 
     Concurrency contract: ``safe_try_complete*`` may run on many threads at once (they serialise
     on ``op.lock``); ``force_complete`` and ``run`` may race each other and those freely.
+
+    The machinery lives in :class:`~purgatory._operation_core.OperationCore`, compiled with the
+    timer; this class adds the contract and the checked constructor.
     """
 
-    __slots__ = (
-        "__weakref__",  # TimerTask (compiled: a native class) has no weakref slot of its own
-        "_keys_cancelled",
-        "_owner",
-        "_waiter",
-        "_watch_keys",
-        "lock",
-        "outcome",
-        "submitted_ns",
-    )
+    # OperationCore (compiled: a native class) has no weakref slot of its own.
+    __slots__ = ("__weakref__",)
 
     def __init__(self, delay_ms: int, lock: LockLike | None = None) -> None:
         if type(delay_ms) is not int or delay_ms < 0:  # one test on the common path
@@ -84,118 +42,17 @@ class DelayedOperation(TimerTask):
                 raise TypeError(f"delay_ms must be an int number of milliseconds, got {delay_ms!r}")
             if delay_ms < 0:
                 raise ValueError(f"delay_ms must be >= 0 milliseconds, got {delay_ms!r}")
-        TimerTask.__init__(self, delay_ms)
-        # _thread.RLock is what threading.RLock() returns, minus a Python-level factory call
-        # (245 -> 90 ns, a sixth of constructing an operation).
-        self.lock: LockLike = lock if lock is not None else _RLock()  # type: ignore[assignment]
-        # None until claimed (see _finish): the claim and is_completed() both read this field.
-        self.outcome: Outcome | None = None
-        self._owner: OperationOwner | None = None
-        self._waiter: Waiter | None = None
-        # monotonic_ns() when handed to a purgatory: the start of the latency it reports.
-        self.submitted_ns = 0
-        # Set by cancel_for_key: the caller owns the operation now, drain must leave it alone.
-        self._keys_cancelled = False
-        # The keys a purgatory watches this op on, so that finishing can unwatch all of them.
-        self._watch_keys: Sequence[Hashable] = ()
-
-    # -- to implement -------------------------------------------------------------------------
+        OperationCore.__init__(self, delay_ms, lock)
 
     @abstractmethod
     def try_complete(self) -> bool:
         """Check whether the operation can finish now; if so ``return self.force_complete()``."""
+        raise NotImplementedError
 
     @abstractmethod
     def on_complete(self) -> None:
         """Produce the response. Runs exactly once, whichever way the operation finished."""
+        raise NotImplementedError
 
     def on_expiration(self) -> None:
         """Extra work when the operation timed out (after ``on_complete``)."""
-
-    # -- finishing ----------------------------------------------------------------------------
-
-    def is_completed(self) -> bool:
-        """True once the operation has been claimed by completion, expiry or cancellation."""
-        return self.outcome is not None
-
-    def force_complete(self) -> bool:
-        """Finish as ``COMPLETED`` unless already finished; True iff this call finished it."""
-        return self._finish(Outcome.COMPLETED)
-
-    def run(self) -> None:
-        """Timer expiry: finish as ``EXPIRED``, then ``on_expiration``."""
-        self._expire()
-
-    def _expire(self) -> bool:
-        return self._finish(Outcome.EXPIRED)
-
-    def _cancel_operation(self) -> bool:
-        """Finish as ``CANCELLED`` (the awaiting asyncio task was cancelled)."""
-        return self._finish(Outcome.CANCELLED)
-
-    def _finish(self, outcome: Outcome) -> bool:
-        # The claim: test-and-set of ``outcome`` under one process-wide lock. A Lock per
-        # operation would cost an allocation and ~40 bytes each (purgatory bench: 0.3 us per
-        # request); the critical section is a few bytecodes, so sharing it costs no parallelism
-        # under the GIL. The owner's outcome counters ride on the same lock.
-        with _CLAIM_LOCK:
-            if self.outcome is not None:
-                return False
-            self.outcome = outcome
-            owner = self._owner
-            if owner is not None:
-                owner.stats.count(outcome)
-        # The winner removes the timer entry so the wheel frees it now rather than at expiry.
-        self.cancel()
-        try:
-            self.on_complete()
-        except Exception as exc:
-            # The operation is finished all the same: its outcome is set and it will not run again.
-            self._report("on_complete", exc)
-        if outcome is Outcome.EXPIRED:
-            try:
-                self.on_expiration()
-            except Exception as exc:
-                self._report("on_expiration", exc)
-        # Observers hear of the finish only once every callback has run, so an awaiting caller
-        # never sees the outcome before on_expiration's side effects.
-        if owner is not None:
-            owner.operation_finished(self)
-        waiter = self._waiter
-        if waiter is not None:
-            # A waiter can fail too (its event loop closed with the task still pending: "Event
-            # loop is closed"). The op is finished all the same, and the failure must not escape
-            # into the finishing thread — inside shutdown's drain it stopped the drain, leaving
-            # later operations unfinished (tests/reliability/test_faults.py, closed event loop).
-            try:
-                waiter(self)
-            except Exception as exc:
-                self._report("waiter", exc)
-        return True
-
-    def _report(self, callback: str, exc: BaseException) -> None:
-        owner = self._owner
-        if owner is not None:
-            owner.user_code_failed(self, callback, exc)
-        else:
-            _log.error("user_callback_failed", callback=callback, operation=type(self).__name__, exc_info=exc)
-
-    # -- locked checks ------------------------------------------------------------------------
-
-    def safe_try_complete(self) -> bool:
-        """Under ``op.lock``: False if already finished, else ``try_complete()``."""
-        with self.lock:
-            if self.is_completed():
-                return False
-            return self.try_complete()
-
-    def safe_try_complete_or_else(self, action: Callable[[], None]) -> bool:
-        """Under ``op.lock``: ``try_complete()``; if False run ``action()`` and try once more."""
-        with self.lock:
-            if self.try_complete():
-                return True
-            action()
-            return self.try_complete()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(delay_ms={self.delay_ms}, outcome={self.outcome})"

@@ -6,14 +6,16 @@ import asyncio
 import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import structlog
+from mypy_extensions import mypyc_attr
 
 from . import _metrics
 from ._errors import InvalidOperationError, PurgatoryClosedError, PurgatoryFullError
 from ._metrics import PurgatoryStats
 from ._operation import DelayedOperation
+from ._operation_core import OperationCore
 from ._outcome import Outcome
 from ._system_timer import SystemTimer
 from ._timer import Timer
@@ -71,6 +73,7 @@ class ExpiredOperationReaper(threading.Thread):
                 self._stopping.wait(self._poll_ms / 1000.0)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # applications may subclass it
 class DelayedOperationPurgatory(Generic[T]):
     """Holds delayed operations until each is completed by a key event or expires — exactly once.
 
@@ -82,9 +85,9 @@ class DelayedOperationPurgatory(Generic[T]):
     shards by key hash so that threads on different keys rarely share a lock. No purgatory lock is
     held while user code (``try_complete``, ``on_complete``, ``on_expiration``) runs, except
     ``op.lock``; so user code may call back into the purgatory, on any key. Completed operations
-    are removed from all their watch lists as they finish (beyond Kafka, see KAFKA-19389); the
-    reaper's purge only catches the rare watch that races a finish, so ``watched()`` counts such
-    finished-but-unpurged entries until then.
+    are removed from all their watch lists as they finish (beyond Kafka, see KAFKA-19389), and a
+    watch that races a finish is undone by the watcher; so ``watched()`` counts a finished
+    operation only while its finish is under way. The reaper's purge stays as a safety net.
     """
 
     def __init__(
@@ -168,10 +171,15 @@ class DelayedOperationPurgatory(Generic[T]):
         between the checks cannot be missed (the op is on every watch list before the second
         check) and a concurrent ``check_and_complete`` cannot finish it half-watched.
         """
-        if self._closed:
+        # Calls, not field reads, for the two flags checked on entry: mypy would narrow the fields
+        # and call the later checks (another thread may flip them meanwhile) unreachable.
+        if self._shutdown_started():
             raise PurgatoryClosedError(self.name)
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}: {op!r}")
+        # Compiled, fields of the native OperationCore are read directly; through the Python
+        # subclass's type they would be looked up like any Python attribute.
+        core: OperationCore = op
         if isinstance(keys, (str, bytes)):  # a tuple, not `str | bytes`: no Union built per call
             # A str is iterable: it would silently be watched on each of its characters.
             raise TypeError(
@@ -188,38 +196,40 @@ class DelayedOperationPurgatory(Generic[T]):
             raise TypeError(
                 f"watch key {key!r} of type {type(key).__name__} is unhashable; keys must be hashable"
             ) from None
-        if op.outcome is not None:
+        if core.is_completed():
             raise InvalidOperationError(
-                f"{op!r} has already finished ({op.outcome}); a finished operation cannot be watched again"
+                f"{op!r} has already finished ({core.outcome}); a finished operation cannot be watched again"
             )
-        op._owner = self
+        core._owner = self
         # Re-submitted after cancel_for_key: it is the purgatory's again, so drain must finish it
         # (tests/reliability/test_faults.py, resubmitted after cancel_for_key).
-        op._keys_cancelled = False
+        core._keys_cancelled = False
         listeners = self._listeners
         if listeners:
-            op.submitted_ns = time.monotonic_ns()
+            core.submitted_ns = time.monotonic_ns()
             for listener in listeners:
                 listener.on_submitted(self.name, op, watch_keys)
 
         try:
-            with op.lock:
+            with core.lock:
                 # First try: user code; if it raises, nothing was watched or timed yet.
-                if op.try_complete():
+                if core.try_complete():
                     return True
                 max_pending = self.max_pending
                 if max_pending is not None:
                     pending = self._timer.size()
                     if pending >= max_pending:
                         raise PurgatoryFullError(self.name, pending, max_pending)
-                op._watch_keys = watch_keys
+                # Set before the first insert: whoever finishes the op from now on unwatches it
+                # from every one of these keys (operation_finished).
+                core._watch_keys = watch_keys
                 shards = self._shards
                 op_id = id(op)
                 watched = 0
                 # Lock-free insert; WatcherList's docstring tells the race the re-read closes.
                 for key in watch_keys:
                     # Stop once completed: a key event on an already-watched key may have finished it.
-                    if op.is_completed():  # a call, not a field read: mypy would narrow the field
+                    if core.outcome is not None:
                         break
                     by_key = shards[hash(key) % SHARDS].watchers_by_key
                     while True:
@@ -232,19 +242,25 @@ class DelayedOperationPurgatory(Generic[T]):
                         watchers.ops.pop(op_id, None)
                     watched += 1
                 self._estimated_total += 1
+                if core.outcome is not None:
+                    # Finished on another thread while we watched (force_complete needs no lock).
+                    # Its finisher unwatched every key, but may have done so before our insert
+                    # on a later key: take the op out again, so no watch list keeps it alive.
+                    self._unwatch(op, watch_keys[:watched])
+                    return False
                 try:
-                    if op.try_complete():
+                    if core.try_complete():
                         return True
                 except BaseException:
-                    op._watch_keys = ()
+                    core._watch_keys = ()
                     self._unwatch(op, watch_keys[:watched])
                     raise
 
-            if not op.is_completed():
-                if self._shutdown_started():
+            if core.outcome is None:
+                if self._closed:
                     # shutdown() began while we were watching. Its drain may or may not have seen
                     # this op; expiring it here is safe either way (the finish is claimed once).
-                    op._expire()
+                    core._expire()
                     return False
                 if self.timer_enabled:
                     try:
@@ -252,11 +268,11 @@ class DelayedOperationPurgatory(Generic[T]):
                     except PurgatoryClosedError:
                         # The owned timer closed under us: shutdown's drain saw the op (it was
                         # watched before _closed was set, or we would have taken the branch above).
-                        op._expire()
+                        core._expire()
                         return False
                 # Completed between the check and the add: take the entry out of the wheel again.
-                if op.is_completed():
-                    op.cancel()
+                if core.is_completed():  # a call: mypy narrowed the field in this branch
+                    core.cancel()
             return False
         except BaseException:
             # Refused (full, closed timer) or user code raised: the op is neither watched nor
@@ -275,7 +291,7 @@ class DelayedOperationPurgatory(Generic[T]):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
 
-        def resolve(finished: DelayedOperation) -> None:
+        def resolve(finished: OperationCore) -> None:
             outcome = finished.outcome
             assert outcome is not None, "outcome is set before waiters are told"
             try:
@@ -307,7 +323,7 @@ class DelayedOperationPurgatory(Generic[T]):
         completed = 0
         # An op finishing (here or anywhere) unwatches itself from all its keys (operation_finished);
         # only entries that escaped that — a watch racing the finish — are left for this check.
-        lingering: list[DelayedOperation] = []
+        lingering: list[OperationCore] = []
         for op in ops:
             if op.is_completed():
                 lingering.append(op)
@@ -417,18 +433,18 @@ class DelayedOperationPurgatory(Generic[T]):
     def remove_listener(self, listener: PurgatoryListener) -> None:
         self._listeners = [item for item in self._listeners if item is not listener]
 
-    def _released(self, op: DelayedOperation) -> None:
+    def _released(self, op: OperationCore) -> None:
         # Optional listener hook (not part of PurgatoryListener, so older listeners still fit).
         for listener in self._listeners:
             on_released = getattr(listener, "on_released", None)
             if on_released is None:
                 continue
             try:
-                on_released(self.name, op)
+                on_released(self.name, cast(DelayedOperation, op))
             except Exception:
                 _log.exception("listener_failed", purgatory=self.name, listener=repr(listener))
 
-    def _unwatch(self, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
+    def _unwatch(self, op: OperationCore, keys: Sequence[Hashable]) -> None:
         shards = self._shards
         op_id = id(op)
         for key in keys:
@@ -440,10 +456,11 @@ class DelayedOperationPurgatory(Generic[T]):
                 if not ops:
                     shard.drop_if_empty(watchers)
 
-    def operation_finished(self, op: DelayedOperation) -> None:
+    def operation_finished(self, op: OperationCore) -> None:
         # Unwatch the finished op from all its keys now (KAFKA-19389: a completed operation kept
         # alive — with its response data — by its other watch keys until the next purge). One dict
-        # pop per key; the purge remains the safety net for a watch racing this removal.
+        # pop per key. A watch racing this removal is undone by the watcher itself
+        # (try_complete_else_watch); the purge remains the safety net.
         keys = op._watch_keys
         if keys:
             op._watch_keys = ()
@@ -452,13 +469,16 @@ class DelayedOperationPurgatory(Generic[T]):
             # full scan finding nothing — 11% of a 100k-pending profile).
             self._estimated_total -= 1
             self._unwatch(op, keys)
-        for listener in self._listeners:
+        listeners = self._listeners
+        if not listeners:
+            return
+        for listener in listeners:
             try:
-                listener.on_finished(self.name, op)
+                listener.on_finished(self.name, cast(DelayedOperation, op))
             except Exception:
                 _log.exception("listener_failed", purgatory=self.name, listener=repr(listener))
 
-    def user_code_failed(self, op: DelayedOperation, callback: str, exc: BaseException) -> None:
+    def user_code_failed(self, op: OperationCore, callback: str, exc: BaseException) -> None:
         self.stats.error()
         _log.error(
             "user_callback_failed",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable
 
-from ._operation import DelayedOperation
+from ._operation_core import OperationCore
 
 __all__ = ["SHARDS", "WatcherList", "Watchers"]
 
@@ -25,7 +25,7 @@ class Watchers:
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        self.ops: dict[int, DelayedOperation] = {}
+        self.ops: dict[int, OperationCore] = {}
 
 
 class WatcherList:
@@ -42,7 +42,7 @@ class WatcherList:
 
     So a watcher re-reads the mapping after inserting and, if it no longer points at W, moves
     its op to the current Watchers. Watching and unwatching run on every request, so they live
-    inline in ``DelayedOperationPurgatory`` (``try_complete_else_watch``, ``_unwatch``), the one
+    inline in ``OperationCorePurgatory`` (``try_complete_else_watch``, ``_unwatch``), the one
     implementation of each: a method call per key was 20% of the submit path (3 keys). Removal
     checks emptiness under the lock and only removes the Watchers it saw, so a key is never
     removed with an op inserted before the check, and one inserted after it is caught by the
@@ -64,14 +64,14 @@ class WatcherList:
             if not watchers.ops and self.watchers_by_key.get(watchers.key) is watchers:
                 del self.watchers_by_key[watchers.key]
 
-    def snapshot(self, key: Hashable) -> tuple[Watchers | None, list[DelayedOperation]]:
+    def snapshot(self, key: Hashable) -> tuple[Watchers | None, list[OperationCore]]:
         with self.lock:
             watchers = self.watchers_by_key.get(key)
             if watchers is None:
                 return None, []
             return watchers, list(watchers.ops.values())
 
-    def remove_done(self, watchers: Watchers, done: list[DelayedOperation]) -> None:
+    def remove_done(self, watchers: Watchers, done: list[OperationCore]) -> None:
         """Drop finished ops from ``watchers``, and the key itself once it watches nothing."""
         with self.lock:
             ops = watchers.ops
@@ -82,7 +82,7 @@ class WatcherList:
             if not ops and self.watchers_by_key.get(watchers.key) is watchers:
                 del self.watchers_by_key[watchers.key]
 
-    def cancel(self, key: Hashable) -> list[DelayedOperation]:
+    def cancel(self, key: Hashable) -> list[OperationCore]:
         with self.lock:
             watchers = self.watchers_by_key.pop(key, None)
         if watchers is None:
@@ -113,6 +113,6 @@ class WatcherList:
     def count_watched(self) -> int:
         return sum(len(w.ops) for w in list(self.watchers_by_key.values()))
 
-    def all_ops(self) -> list[DelayedOperation]:
+    def all_ops(self) -> list[OperationCore]:
         with self.lock:
             return [op for w in list(self.watchers_by_key.values()) for op in list(w.ops.values())]

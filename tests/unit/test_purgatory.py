@@ -290,6 +290,35 @@ def test_any_hashable_value_is_a_key(purgatory: Purgatory) -> None:
     assert purgatory.watched() == 0, "checking a key removes completed ops and the empty key"
 
 
+class _FinishingKey:
+    """A key whose second hash finishes ``op``: that hash is the one the watch loop takes just
+    before inserting the op under this key (the first is the up-front hashability check). It
+    stands for another thread calling force_complete while the submitter is mid-loop."""
+
+    def __init__(self, name: str, op: MockDelayedOperation) -> None:
+        self.name, self.op, self.hashes = name, op, 0
+
+    def __hash__(self) -> int:
+        self.hashes += 1
+        if self.hashes == 2:
+            self.op.force_complete()
+        return hash(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _FinishingKey) and other.name == self.name
+
+
+def test_a_watch_racing_a_finish_leaves_no_watcher_behind(purgatory: Purgatory, timer: MockTimer) -> None:
+    op = MockDelayedOperation(1000)
+    racing = _FinishingKey("b", op)
+    # The finish unwatches "a" and finds "b" not yet inserted; the submitter then inserts "b".
+    assert purgatory.try_complete_else_watch(op, ["a", racing, "c"]) is False
+    assert racing.hashes >= 2, "the finish did not happen inside the watch loop"
+    assert op.completions == 1 and op.outcome is Outcome.COMPLETED
+    assert purgatory.watched() == 0, "the entry inserted after the finish was taken out again"
+    assert timer.size() == 0, "a finished op is not timed"
+
+
 def test_user_code_may_reenter_the_purgatory_on_the_same_key(purgatory: Purgatory) -> None:
     """KAFKA-3994: no watcher lock is held while user code runs."""
     inner = MockDelayedOperation(1000)

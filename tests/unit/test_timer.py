@@ -123,6 +123,41 @@ def test_cancelled_task_never_runs_and_leaves_the_count(timer: SystemTimer) -> N
     assert output == [2]
 
 
+class _BlockingTask(TimerTask):
+    """Holds the executor until released, so the tasks due after it wait in its queue."""
+
+    def __init__(self, delay_ms: int) -> None:
+        super().__init__(delay_ms)
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def run(self) -> None:
+        self.started.set()
+        self.release.wait(10)
+
+
+def test_due_tasks_queued_for_the_executor_still_count_as_pending(timer: SystemTimer) -> None:
+    """size() falls when a task starts, not when the wheel hands it over: a purgatory's reaper
+    compares it with the operations it watches, and an expiring bucket waiting for the executor
+    looked like thousands of finished operations to purge."""
+    blocker = _BlockingTask(0)  # due now: straight to the executor
+    timer.add(blocker)
+    assert blocker.started.wait(5)
+    latch = _CountDownLatch(2)
+    output: list[int] = []
+    timer.add(_TestTask(1, 1, latch, output))
+    timer.add(_TestTask(1, 2, latch, output))
+    deadline = time.monotonic() + 5
+    while timer.advance_clock(20) is False:  # until the bucket holding both is flushed
+        assert time.monotonic() < deadline, "the bucket never came due"
+    assert output == [], "the executor is held: nothing ran yet"
+    assert timer.size() == 2, "due and queued, not yet run: still pending"
+    blocker.release.set()
+    assert latch.wait(5)
+    assert sorted(output) == [1, 2]
+    assert timer.size() == 0, "a task leaves the count as it starts"
+
+
 def test_re_adding_a_task_replaces_its_entry(timer: SystemTimer) -> None:
     output: list[int] = []
     latch = _CountDownLatch(1)

@@ -1,0 +1,189 @@
+"""OperationCore: the compiled half of DelayedOperation — the claim, the finish, the locked checks.
+
+Every operation runs this code once or twice per request (submit, finish), so it is compiled
+with mypyc with the timer (``purgatory bench purgatory``: the submit-and-finish path of a
+request 3.9 -> 3.1 us). The public class, :class:`purgatory.DelayedOperation`, is a thin
+interpreted subclass in ``_operation.py``: it keeps the documented contract and checks
+``delay_ms`` itself, so a bad value gets an error naming the field (a compiled ``__init__``
+would refuse a float with mypyc's "int object expected; got float" before any code of ours ran).
+"""
+
+from __future__ import annotations
+
+import threading
+from _thread import RLock as _RLock
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
+
+import structlog
+from mypy_extensions import mypyc_attr
+
+from ._outcome import Outcome
+from ._timer_task import TimerTask
+
+__all__ = ["LockLike", "OperationCore", "OperationOwner", "Waiter"]
+
+_log = structlog.get_logger("purgatory.operation")
+
+# Guards every operation's claim (OperationCore._finish) and the outcome counters.
+_CLAIM_LOCK = threading.Lock()
+
+
+class LockLike(Protocol):
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc: object) -> object: ...
+
+
+class OutcomeCounter(Protocol):
+    def count(self, outcome: Outcome) -> None: ...
+
+
+class OperationOwner(Protocol):
+    """The purgatory holding an operation: told of its finish and of user-code failures."""
+
+    @property
+    def stats(self) -> OutcomeCounter: ...
+
+    def user_code_failed(self, op: OperationCore, callback: str, exc: BaseException) -> None: ...
+
+    def operation_finished(self, op: OperationCore) -> None: ...
+
+
+# Someone waiting for the outcome (the asyncio bridge); called once, after ``on_complete``.
+Waiter = Callable[["OperationCore"], None]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # DelayedOperation, and users' operations
+class OperationCore(TimerTask):
+    """What every operation does however it is written: see :class:`purgatory.DelayedOperation`.
+
+    Finishing is *claimed* by an atomic test-and-set that is independent of ``op.lock``: exactly
+    one of ``force_complete``, expiry (``run``) and cancellation wins; the others get False.
+    """
+
+    __slots__ = (
+        "_keys_cancelled",
+        "_owner",
+        "_waiter",
+        "_watch_keys",
+        "lock",
+        "outcome",
+        "submitted_ns",
+    )
+
+    def __init__(self, delay_ms: int, lock: LockLike | None = None) -> None:
+        TimerTask.__init__(self, delay_ms)
+        # _thread.RLock is what threading.RLock() returns, minus a Python-level factory call
+        # (245 -> 90 ns, a sixth of constructing an operation).
+        self.lock: LockLike = lock if lock is not None else _RLock()  # type: ignore[assignment]
+        # None until claimed (see _finish): the claim and is_completed() both read this field.
+        self.outcome: Outcome | None = None
+        self._owner: OperationOwner | None = None
+        self._waiter: Waiter | None = None
+        # monotonic_ns() when handed to a purgatory: the start of the latency it reports.
+        self.submitted_ns = 0
+        # Set by cancel_for_key: the caller owns the operation now, drain must leave it alone.
+        self._keys_cancelled = False
+        # The keys a purgatory watches this op on, so that finishing can unwatch all of them.
+        self._watch_keys: Sequence[Hashable] = ()
+
+    # -- to implement -------------------------------------------------------------------------
+
+    # Declared for the compiled calls below; DelayedOperation declares them abstract.
+    def try_complete(self) -> bool:
+        raise NotImplementedError
+
+    def on_complete(self) -> None:
+        raise NotImplementedError
+
+    def on_expiration(self) -> None:
+        """Extra work when the operation timed out (after ``on_complete``)."""
+
+    # -- finishing ----------------------------------------------------------------------------
+
+    def is_completed(self) -> bool:
+        """True once the operation has been claimed by completion, expiry or cancellation."""
+        return self.outcome is not None
+
+    def force_complete(self) -> bool:
+        """Finish as ``COMPLETED`` unless already finished; True iff this call finished it."""
+        return self._finish(Outcome.COMPLETED)
+
+    def run(self) -> None:
+        """Timer expiry: finish as ``EXPIRED``, then ``on_expiration``."""
+        self._expire()
+
+    def _expire(self) -> bool:
+        return self._finish(Outcome.EXPIRED)
+
+    def _cancel_operation(self) -> bool:
+        """Finish as ``CANCELLED`` (the awaiting asyncio task was cancelled)."""
+        return self._finish(Outcome.CANCELLED)
+
+    def _finish(self, outcome: Outcome) -> bool:
+        # The claim: test-and-set of ``outcome`` under one process-wide lock. A Lock per
+        # operation would cost an allocation and ~40 bytes each (purgatory bench: 0.3 us per
+        # request); the critical section is a few bytecodes, so sharing it costs no parallelism
+        # under the GIL. The owner's outcome counters ride on the same lock.
+        with _CLAIM_LOCK:
+            if self.outcome is not None:
+                return False
+            self.outcome = outcome
+            owner = self._owner
+            if owner is not None:
+                owner.stats.count(outcome)
+        # The winner removes the timer entry so the wheel frees it now rather than at expiry.
+        self.cancel()
+        try:
+            self.on_complete()
+        except Exception as exc:
+            # The operation is finished all the same: its outcome is set and it will not run again.
+            self._report("on_complete", exc)
+        if outcome is Outcome.EXPIRED:
+            try:
+                self.on_expiration()
+            except Exception as exc:
+                self._report("on_expiration", exc)
+        # Observers hear of the finish only once every callback has run, so an awaiting caller
+        # never sees the outcome before on_expiration's side effects.
+        if owner is not None:
+            owner.operation_finished(self)
+        waiter = self._waiter
+        if waiter is not None:
+            # A waiter can fail too (its event loop closed with the task still pending: "Event
+            # loop is closed"). The op is finished all the same, and the failure must not escape
+            # into the finishing thread — inside shutdown's drain it stopped the drain, leaving
+            # later operations unfinished (tests/reliability/test_faults.py, closed event loop).
+            try:
+                waiter(self)
+            except Exception as exc:
+                self._report("waiter", exc)
+        return True
+
+    def _report(self, callback: str, exc: BaseException) -> None:
+        owner = self._owner
+        if owner is not None:
+            owner.user_code_failed(self, callback, exc)
+        else:
+            _log.error("user_callback_failed", callback=callback, operation=type(self).__name__, exc_info=exc)
+
+    # -- locked checks ------------------------------------------------------------------------
+
+    def safe_try_complete(self) -> bool:
+        """Under ``op.lock``: False if already finished, else ``try_complete()``."""
+        with self.lock:
+            if self.is_completed():
+                return False
+            return self.try_complete()
+
+    def safe_try_complete_or_else(self, action: Callable[[], None]) -> bool:
+        """Under ``op.lock``: ``try_complete()``; if False run ``action()`` and try once more."""
+        with self.lock:
+            if self.try_complete():
+                return True
+            action()
+            return self.try_complete()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(delay_ms={self.delay_ms}, outcome={self.outcome})"
