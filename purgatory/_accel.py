@@ -45,9 +45,9 @@ COMPILED_MODULES = (
     "_system_timer",
     "testing",
     "_outcome",
+    "_metrics",
     "_operation_core",
     "_watchers",
-    "_purgatory",
 )
 MANIFEST = "_compiled_sources.json"
 

@@ -9,7 +9,6 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import structlog
-from mypy_extensions import mypyc_attr
 
 from . import _metrics
 from ._errors import InvalidOperationError, PurgatoryClosedError, PurgatoryFullError
@@ -73,7 +72,6 @@ class ExpiredOperationReaper(threading.Thread):
                 self._stopping.wait(self._poll_ms / 1000.0)
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # applications may subclass it
 class DelayedOperationPurgatory(Generic[T]):
     """Holds delayed operations until each is completed by a key event or expires — exactly once.
 
@@ -177,8 +175,7 @@ class DelayedOperationPurgatory(Generic[T]):
             raise PurgatoryClosedError(self.name)
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}: {op!r}")
-        # Compiled, fields of the native OperationCore are read directly; through the Python
-        # subclass's type they would be looked up like any Python attribute.
+        # The same object, typed as the compiled OperationCore whose fields and methods it uses.
         core: OperationCore = op
         if isinstance(keys, (str, bytes)):  # a tuple, not `str | bytes`: no Union built per call
             # A str is iterable: it would silently be watched on each of its characters.
