@@ -48,6 +48,7 @@ COMPILED_MODULES = (
     "_metrics",
     "_operation_core",
     "_watchers",
+    "_purgatory_core",
 )
 MANIFEST = "_compiled_sources.json"
 

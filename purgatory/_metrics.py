@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ._outcome import Outcome
 
 if TYPE_CHECKING:
-    from ._purgatory import DelayedOperationPurgatory
+    from ._purgatory_core import PurgatoryCore
 
 __all__ = ["PurgatoryStats", "live_purgatories"]
 
@@ -55,20 +55,20 @@ class PurgatoryStats:
 
 
 _registry_lock = threading.Lock()
-_live: dict[int, DelayedOperationPurgatory[Any]] = {}
+_live: dict[int, PurgatoryCore[Any]] = {}
 
 
-def register(purgatory: DelayedOperationPurgatory[Any]) -> None:
+def register(purgatory: PurgatoryCore[Any]) -> None:
     with _registry_lock:
         _live[id(purgatory)] = purgatory
 
 
-def unregister(purgatory: DelayedOperationPurgatory[Any]) -> None:
+def unregister(purgatory: PurgatoryCore[Any]) -> None:
     with _registry_lock:
         _live.pop(id(purgatory), None)
 
 
-def live_purgatories() -> list[DelayedOperationPurgatory[Any]]:
+def live_purgatories() -> list[PurgatoryCore[Any]]:
     """Purgatories constructed and not yet shut down (metrics are registered for exactly these)."""
     with _registry_lock:
         return list(_live.values())
