@@ -31,7 +31,7 @@ class PurgatoryStats:
         self.user_code_errors = 0
 
     def count(self, outcome: Outcome) -> None:
-        # Called by DelayedOperation._finish under its claim lock, which serialises every
+        # Called by _operation_core.finish under its claim lock, which serialises every
         # update of these three counters: no lock of our own on the completion path.
         if outcome is Outcome.COMPLETED:
             self.completed += 1

@@ -20,13 +20,13 @@ from mypy_extensions import mypyc_attr
 
 from ._metrics import PurgatoryStats
 from ._outcome import Outcome
-from ._timer_task import TimerTask
+from ._timer_task import TimerTask, cancel_task
 
 __all__ = ["LockLike", "OperationCore", "OperationOwner", "Waiter"]
 
 _log = structlog.get_logger("purgatory.operation")
 
-# Guards every operation's claim (OperationCore._finish) and the outcome counters.
+# Guards every operation's claim (finish) and the outcome counters.
 _CLAIM_LOCK = threading.Lock()
 
 
@@ -107,80 +107,24 @@ class OperationCore(TimerTask):
 
     def force_complete(self) -> bool:
         """Finish as ``COMPLETED`` unless already finished; True iff this call finished it."""
-        return self._finish(Outcome.COMPLETED)
+        return finish(self, Outcome.COMPLETED)
 
     def run(self) -> None:
         """Timer expiry: finish as ``EXPIRED``, then ``on_expiration``."""
-        self._expire()
+        finish(self, Outcome.EXPIRED)
 
     def _expire(self) -> bool:
-        return self._finish(Outcome.EXPIRED)
+        return finish(self, Outcome.EXPIRED)
 
     def _cancel_operation(self) -> bool:
         """Finish as ``CANCELLED`` (the awaiting asyncio task was cancelled)."""
-        return self._finish(Outcome.CANCELLED)
-
-    def _finish(self, outcome: Outcome) -> bool:
-        # The claim: test-and-set of ``outcome`` under one process-wide lock. A Lock per
-        # operation would cost an allocation and ~40 bytes each (purgatory bench: 0.3 us per
-        # request); the critical section is a few bytecodes, so sharing it costs no parallelism
-        # under the GIL. The owner's outcome counters ride on the same lock.
-        # Nothing under this lock may run Python code (compiled, these are all native calls):
-        # a thread switch while holding it parks every other finishing thread on the lock, and
-        # each then waits a GIL switch interval (5 ms) to get going again. With the counters
-        # counted through a Python method here, expiry bursts on the executor convoyed with the
-        # completing threads until requests expired faster than they completed (2 in 5 runs of
-        # ``purgatory bench purgatory`` ended with 40-70k of 100k requests expired, not ~4.6k).
-        with _CLAIM_LOCK:
-            if self.outcome is not None:
-                return False
-            self.outcome = outcome
-            owner = self._owner
-            if owner is not None:
-                owner.stats.count(outcome)
-        # The winner removes the timer entry so the wheel frees it now rather than at expiry.
-        self.cancel()
-        try:
-            self.on_complete()
-        except Exception as exc:
-            # The operation is finished all the same: its outcome is set and it will not run again.
-            self._report("on_complete", exc)
-        if outcome is Outcome.EXPIRED:
-            try:
-                self.on_expiration()
-            except Exception as exc:
-                self._report("on_expiration", exc)
-        # Observers hear of the finish only once every callback has run, so an awaiting caller
-        # never sees the outcome before on_expiration's side effects.
-        if owner is not None:
-            owner.operation_finished(self)
-        waiter = self._waiter
-        if waiter is not None:
-            # A waiter can fail too (its event loop closed with the task still pending: "Event
-            # loop is closed"). The op is finished all the same, and the failure must not escape
-            # into the finishing thread — inside shutdown's drain it stopped the drain, leaving
-            # later operations unfinished (tests/reliability/test_faults.py, closed event loop).
-            try:
-                waiter(self)
-            except Exception as exc:
-                self._report("waiter", exc)
-        return True
-
-    def _report(self, callback: str, exc: BaseException) -> None:
-        owner = self._owner
-        if owner is not None:
-            owner.user_code_failed(self, callback, exc)
-        else:
-            _log.error("user_callback_failed", callback=callback, operation=type(self).__name__, exc_info=exc)
+        return finish(self, Outcome.CANCELLED)
 
     # -- locked checks ------------------------------------------------------------------------
 
     def safe_try_complete(self) -> bool:
         """Under ``op.lock``: False if already finished, else ``try_complete()``."""
-        with self.lock:
-            if self.is_completed():
-                return False
-            return self.try_complete()
+        return safe_try_complete(self)
 
     def safe_try_complete_or_else(self, action: Callable[[], None]) -> bool:
         """Under ``op.lock``: ``try_complete()``; if False run ``action()`` and try once more."""
@@ -192,3 +136,78 @@ class OperationCore(TimerTask):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(delay_ms={self.delay_ms}, outcome={self.outcome})"
+
+
+# The finishing path as module-level functions, not methods. Compiled code calls a method of a
+# class that allows interpreted subclasses through Python-level dispatch (a subclass written in
+# Python might override it: PyObject_VectorcallMethod, argument parsing, a type check), but a
+# module-level function directly. Submit and finish used to make six such calls per request.
+
+
+def is_finished(op: OperationCore) -> bool:
+    """``op.is_completed()`` for compiled callers (a call also keeps mypy from narrowing the field)."""
+    return op.outcome is not None
+
+
+def safe_try_complete(op: OperationCore) -> bool:
+    """Under ``op.lock``: False if already finished, else ``try_complete()``."""
+    with op.lock:
+        if op.outcome is not None:
+            return False
+        return op.try_complete()
+
+
+def finish(op: OperationCore, outcome: Outcome) -> bool:
+    """Claim ``op`` for ``outcome`` and, if this call won the claim, run its callbacks."""
+    # The claim: test-and-set of ``outcome`` under one process-wide lock. A Lock per
+    # operation would cost an allocation and ~40 bytes each (purgatory bench: 0.3 us per
+    # request); the critical section is a few bytecodes, so sharing it costs no parallelism
+    # under the GIL. The owner's outcome counters ride on the same lock.
+    # Nothing under this lock may run Python code (compiled, these are all native calls):
+    # a thread switch while holding it parks every other finishing thread on the lock, and
+    # each then waits a GIL switch interval (5 ms) to get going again. With the counters
+    # counted through a Python method here, expiry bursts on the executor convoyed with the
+    # completing threads until requests expired faster than they completed (2 in 5 runs of
+    # ``purgatory bench purgatory`` ended with 40-70k of 100k requests expired, not ~4.6k).
+    with _CLAIM_LOCK:
+        if op.outcome is not None:
+            return False
+        op.outcome = outcome
+        owner = op._owner
+        if owner is not None:
+            owner.stats.count(outcome)
+    # The winner removes the timer entry so the wheel frees it now rather than at expiry.
+    cancel_task(op)
+    try:
+        op.on_complete()
+    except Exception as exc:
+        # The operation is finished all the same: its outcome is set and it will not run again.
+        _report(op, "on_complete", exc)
+    if outcome is Outcome.EXPIRED:
+        try:
+            op.on_expiration()
+        except Exception as exc:
+            _report(op, "on_expiration", exc)
+    # Observers hear of the finish only once every callback has run, so an awaiting caller
+    # never sees the outcome before on_expiration's side effects.
+    if owner is not None:
+        owner.operation_finished(op)
+    waiter = op._waiter
+    if waiter is not None:
+        # A waiter can fail too (its event loop closed with the task still pending: "Event
+        # loop is closed"). The op is finished all the same, and the failure must not escape
+        # into the finishing thread — inside shutdown's drain it stopped the drain, leaving
+        # later operations unfinished (tests/reliability/test_faults.py, closed event loop).
+        try:
+            waiter(op)
+        except Exception as exc:
+            _report(op, "waiter", exc)
+    return True
+
+
+def _report(op: OperationCore, callback: str, exc: BaseException) -> None:
+    owner = op._owner
+    if owner is not None:
+        owner.user_code_failed(op, callback, exc)
+    else:
+        _log.error("user_callback_failed", callback=callback, operation=type(op).__name__, exc_info=exc)

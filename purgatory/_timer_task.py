@@ -93,15 +93,7 @@ class TimerTask:
 
     def cancel(self) -> None:
         """Remove this task from its timer, if it is in one. The task will not run."""
-        # Flag first, lock-free: a flush already holding the bucket's lock then drops the task.
-        self._scheduled = False
-        self._entry = None
-        # ``_leave_bucket`` inlined: compiled, a method call on ``self`` goes through Python-level
-        # dispatch (subclasses may override), a visible share of W1's cancel.
-        bucket = self._bucket
-        while bucket is not None:
-            bucket.remove_task(self)
-            bucket = self._bucket
+        cancel_task(self)
 
     def is_cancelled(self) -> bool:
         """True when the task was cancelled, or never added to a timer."""
@@ -120,6 +112,20 @@ class TimerTask:
 
 
 _BASE_RUN = TimerTask.run
+
+
+def cancel_task(task: TimerTask) -> None:
+    """``task.cancel()`` as a function: compiled callers call it directly, where a method of
+    TimerTask (which allows interpreted subclasses) goes through Python-level dispatch."""
+    # Flag first, lock-free: a flush already holding the bucket's lock then drops the task.
+    task._scheduled = False
+    task._entry = None
+    # ``_leave_bucket`` inlined: compiled, a method call on the task goes through Python-level
+    # dispatch (subclasses may override), a visible share of W1's cancel.
+    bucket = task._bucket
+    while bucket is not None:
+        bucket.remove_task(task)
+        bucket = task._bucket
 
 
 class _Sentinel(TimerTask):
