@@ -2,7 +2,8 @@
 
 Submitting, watching, key events, finishing and the reaper's step run for every request, so
 this module is compiled with mypyc with the timer and the operation core (``purgatory bench
-purgatory``: 1.05x -> 1.26x less CPU per request than the naive purgatory, with the calls below). The public class,
+purgatory``: 1.05x -> 1.26x less CPU per request than the naive purgatory, together with the
+module-level functions at the end). The public class,
 :class:`purgatory.DelayedOperationPurgatory`, is an interpreted subclass in ``_purgatory.py``
 holding the checked constructor and ``from_settings``: a compiled ``__init__`` would refuse
 ``name=5`` with mypyc's "str object expected; got int" before any check of ours could name the
