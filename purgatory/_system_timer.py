@@ -12,7 +12,7 @@ from mypy_extensions import mypyc_attr
 
 from ._errors import PurgatoryClosedError
 from ._timer import WheelTimerCore
-from ._timer_task import TimerTask
+from ._timer_task import TimerTask, leave_bucket
 
 __all__ = ["SystemTimer", "monotonic_ms"]
 
@@ -88,7 +88,7 @@ class SystemTimer:
             # Due now (as MockTimer rules): straight to the executor, even if the wheel's clock
             # lags the real one. A task is in at most one place, so it leaves any bucket first.
             if timer_task._bucket is not None:
-                timer_task._leave_bucket()
+                leave_bucket(timer_task)
             timer_task._scheduled = True
             self._dispatch(timer_task)
         elif not self._core.schedule(timer_task) and timer_task._scheduled:

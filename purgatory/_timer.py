@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from ._delay_queue import DelayQueue
 from ._timer_protocol import Timer
-from ._timer_task import TimerTask
+from ._timer_task import TimerTask, leave_bucket
 from ._timer_task_list import TaskCounter, TimerTaskList
 from ._timing_wheel import TimingWheel
 
@@ -42,7 +42,7 @@ class WheelTimerCore:
         while True:
             if task._bucket is not None:
                 # Leave the old bucket outside our lock: it may belong to another timer.
-                task._leave_bucket()
+                leave_bucket(task)
             # acquire/release rather than ``with``: compiled, ``with`` also looks up and calls
             # ``__enter__``/``__exit__`` through the generic protocol on every add.
             lock.acquire()

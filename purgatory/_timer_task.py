@@ -99,29 +99,27 @@ class TimerTask:
         """True when the task was cancelled, or never added to a timer."""
         return not self._scheduled
 
-    def _leave_bucket(self) -> None:
-        # The task may move to another bucket (flush + re-insert) between reading ``_bucket`` and
-        # locking it; ``remove_task`` then does nothing, so retry until ``_bucket`` is None.
-        bucket = self._bucket
-        while bucket is not None:
-            bucket.remove_task(self)
-            bucket = self._bucket
-
-    def _get_timer_task_entry(self) -> TimerTaskEntry | None:
-        return self._entry
-
 
 _BASE_RUN = TimerTask.run
 
 
+# Module-level functions, not methods: compiled code calls a method of TimerTask (which allows
+# interpreted subclasses) through Python-level dispatch, a function directly (a visible share of
+# W1's cancel when it was a method).
+
+
 def cancel_task(task: TimerTask) -> None:
-    """``task.cancel()`` as a function: compiled callers call it directly, where a method of
-    TimerTask (which allows interpreted subclasses) goes through Python-level dispatch."""
+    """``task.cancel()`` as a function, for compiled callers."""
     # Flag first, lock-free: a flush already holding the bucket's lock then drops the task.
     task._scheduled = False
     task._entry = None
-    # ``_leave_bucket`` inlined: compiled, a method call on the task goes through Python-level
-    # dispatch (subclasses may override), a visible share of W1's cancel.
+    leave_bucket(task)
+
+
+def leave_bucket(task: TimerTask) -> None:
+    """Take ``task`` out of the bucket holding it, if any (its flags are the caller's business)."""
+    # The task may move to another bucket (flush + re-insert) between reading ``_bucket`` and
+    # locking it; ``remove_task`` then does nothing, so retry until ``_bucket`` is None.
     bucket = task._bucket
     while bucket is not None:
         bucket.remove_task(task)
@@ -151,7 +149,7 @@ class TimerTaskEntry:
     def __init__(self, timer_task: TimerTask, expiration_ms: int) -> None:
         self.timer_task = timer_task
         self.expiration_ms = expiration_ms
-        timer_task._leave_bucket()
+        leave_bucket(timer_task)
         timer_task._entry = self
         timer_task._scheduled = True
 
@@ -168,7 +166,7 @@ class TimerTaskEntry:
     def remove(self) -> None:
         """Take the task out of its bucket if this entry is still the task's current one."""
         if self.timer_task._entry is self:
-            self.timer_task._leave_bucket()
+            leave_bucket(self.timer_task)
 
     def __lt__(self, other: TimerTaskEntry) -> bool:
         return self.expiration_ms < other.expiration_ms

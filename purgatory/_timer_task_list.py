@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ._timer_task import TimerTask, TimerTaskEntry, _Sentinel
+from ._timer_task import TimerTask, TimerTaskEntry, _Sentinel, leave_bucket
 
 __all__ = ["TaskCounter", "TimerTaskList"]
 
@@ -67,7 +67,7 @@ class TimerTaskList:
         while task._entry is entry:
             # Leave any other list first, outside our lock: that list may have another lock, and
             # holding two at once could deadlock against a move in the other direction.
-            task._leave_bucket()
+            leave_bucket(task)
             with self._lock:
                 if task._bucket is None and task._entry is entry:
                     task._expiration_ms = entry.expiration_ms

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ._timer_task import TimerTask, TimerTaskEntry
+from ._timer_task import TimerTask, TimerTaskEntry, leave_bucket
 from ._timer_task_list import TaskCounter, TimerTaskList
 
 __all__ = ["BucketQueue", "TimingWheel", "bucket_expiration", "bucket_index", "wheel_start"]
@@ -112,7 +112,7 @@ class TimingWheel:
         task = entry.timer_task
         while task._entry is entry:
             # Leave any other bucket outside our lock (it may be another timer's).
-            task._leave_bucket()
+            leave_bucket(task)
             with self._lock:
                 if task._bucket is None and task._entry is entry:
                     return self._add_task(task, entry.expiration_ms)

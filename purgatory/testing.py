@@ -7,7 +7,7 @@ import threading
 from mypy_extensions import mypyc_attr
 
 from ._timer import WheelTimerCore
-from ._timer_task import TimerTask
+from ._timer_task import TimerTask, leave_bucket
 
 __all__ = ["MockTime", "MockTimer"]
 
@@ -57,7 +57,7 @@ class MockTimer:
         if timer_task.delay_ms <= 0:
             # Kafka's MockTimer: no delay, no wheel. (The wheel's clock may lag the mock time.)
             if timer_task._bucket is not None:
-                timer_task._leave_bucket()  # a task is in at most one place: it runs now instead
+                leave_bucket(timer_task)  # a task is in at most one place: it runs now instead
             timer_task.run()
             return
         if not self._core.schedule(timer_task) and timer_task._scheduled:
