@@ -53,6 +53,3 @@ class DelayedOperation(OperationCore):
     def on_complete(self) -> None:
         """Produce the response. Runs exactly once, whichever way the operation finished."""
         raise NotImplementedError
-
-    def on_expiration(self) -> None:
-        """Extra work when the operation timed out (after ``on_complete``)."""

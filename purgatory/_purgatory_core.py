@@ -282,26 +282,16 @@ class PurgatoryCore(Generic[T]):
 
     def check_and_complete(self, key: Hashable) -> int:
         """Try to complete the operations watched on ``key``; return how many this call finished."""
-        shard = self._shard(key)
-        watchers, ops = shard.snapshot(key)
-        if watchers is None:
-            return 0
         completed = 0
-        # An op finishing (here or anywhere) unwatches itself from all its keys (operation_finished);
-        # only entries that escaped that — a watch racing the finish — are left for this check.
-        lingering: list[OperationCore] = []
-        for op in ops:
-            if is_finished(op):
-                lingering.append(op)
-                continue
+        # No removals here: an op finishing (here or anywhere) unwatches itself from all its keys
+        # (operation_finished), and a watch racing that finish is undone by the watcher.
+        for op in self._shard(key).snapshot(key):
             try:
-                if safe_try_complete(op):
+                if safe_try_complete(op):  # False for an op already finished elsewhere
                     completed += 1
             except Exception as exc:
                 # One op's failure must not starve the others on this key; it stays watched and timed.
                 self.user_code_failed(op, "try_complete", exc)
-        if lingering:
-            shard.remove_done(watchers, lingering)
         return completed
 
     def cancel_for_key(self, key: Hashable) -> list[T]:

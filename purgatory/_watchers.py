@@ -64,23 +64,10 @@ class WatcherList:
             if not watchers.ops and self.watchers_by_key.get(watchers.key) is watchers:
                 del self.watchers_by_key[watchers.key]
 
-    def snapshot(self, key: Hashable) -> tuple[Watchers | None, list[OperationCore]]:
+    def snapshot(self, key: Hashable) -> list[OperationCore]:
         with self.lock:
             watchers = self.watchers_by_key.get(key)
-            if watchers is None:
-                return None, []
-            return watchers, list(watchers.ops.values())
-
-    def remove_done(self, watchers: Watchers, done: list[OperationCore]) -> None:
-        """Drop finished ops from ``watchers``, and the key itself once it watches nothing."""
-        with self.lock:
-            ops = watchers.ops
-            for op in done:
-                ops.pop(id(op), None)
-            # Another thread may have removed this Watchers and created a fresh one for the key:
-            # only remove the mapping if it still points at the object we emptied.
-            if not ops and self.watchers_by_key.get(watchers.key) is watchers:
-                del self.watchers_by_key[watchers.key]
+            return [] if watchers is None else list(watchers.ops.values())
 
     def cancel(self, key: Hashable) -> list[OperationCore]:
         with self.lock:
