@@ -14,13 +14,13 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._worker import RESULT_MARKER
 
-__all__ = ["Comparison", "SideSpec", "Target", "run_comparison", "side_env"]
+__all__ = ["Comparison", "SideSpec", "Target", "run_comparison", "side_env", "side_specs"]
 
 PURE_SUFFIX = "_pure"  # a side named "<side>_pure" runs the same side with PURGATORY_PURE=1
 WORKER_TIMEOUT_S = 1800.0
@@ -46,6 +46,11 @@ class SideSpec:
     name: str
     spec: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
+
+
+def side_specs(bench: str, sides: Iterable[str], params: dict[str, Any], seed: int) -> list[SideSpec]:
+    """One side per name, each running ``bench`` with the same parameters and seed."""
+    return [SideSpec(side, {"bench": bench, "side": side, "params": params, "seed": seed}) for side in sides]
 
 
 @dataclass

@@ -25,7 +25,7 @@ from .. import _accel
 from .._system_timer import SystemTimer
 from .._timer_task import TimerTask
 from ._measure import GcMeter, percentile
-from ._runner import Comparison, SideSpec, Target
+from ._runner import Comparison, Target, side_specs
 from .baselines import ThreadedHeapTimer
 
 __all__ = ["ExpiryParams", "comparisons", "run_side"]
@@ -178,10 +178,7 @@ def run_side(side: str, raw_params: dict[str, Any], seed: int) -> dict[str, Any]
 
 
 def comparisons(params: ExpiryParams, seed: int) -> list[Comparison]:
-    sides = [
-        SideSpec(side, {"bench": "expiry", "side": side, "params": params.as_dict(), "seed": seed})
-        for side in SIDES
-    ]
+    sides = side_specs("expiry", SIDES, params.as_dict(), seed)
     case = f"{params.pending:,} pending, {params.load_rate:,} adds+cancels/s, {params.duration:g} s"
     p99 = Comparison(
         "expiry",

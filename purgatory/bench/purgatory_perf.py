@@ -32,7 +32,7 @@ from .. import _accel
 from .._operation import DelayedOperation
 from .._purgatory import DelayedOperationPurgatory
 from ._measure import GcMeter, percentile
-from ._runner import Comparison, SideSpec, Target
+from ._runner import Comparison, Target, side_specs
 from .baselines import NaiveOperation, NaivePurgatory
 
 __all__ = ["PurgatoryParams", "comparisons", "print_kafka_lines", "run_side"]
@@ -326,10 +326,7 @@ def run_side(side: str, raw_params: dict[str, Any], seed: int) -> dict[str, Any]
 
 
 def comparisons(params: PurgatoryParams, seed: int) -> list[Comparison]:
-    sides = [
-        SideSpec(side, {"bench": "purgatory", "side": side, "params": params.as_dict(), "seed": seed})
-        for side in SIDES
-    ]
+    sides = side_specs("purgatory", SIDES, params.as_dict(), seed)
     case = f"{params.num:,} requests, rate {'max' if params.rate <= 0 else f'{params.rate:g}/s'}"
     cpu = Comparison(
         "purgatory",
