@@ -229,6 +229,15 @@ def _error_fact(
     return ErrorFact("other", f"{what}: {detail}")
 
 
+def _answered_error(exc: BaseException, what: str, topic: str | None = None) -> ErrorFact:
+    """The error one item of a batched answer carries; an unavailable cluster fails the whole
+    batch instead (KafkaUnavailableError), since no other item's answer can be trusted either."""
+    fact = _error_fact(exc, what, topic)
+    if fact.kind == "unavailable":
+        raise KafkaUnavailableError(fact.message) from None
+    return fact
+
+
 def _translate(exc: BaseException, what: str) -> KafkaAdapterError:
     return _error_fact(exc, what).to_exception()
 
@@ -339,9 +348,7 @@ class ClusterView:
             try:
                 description = self._result(future, f"DescribeTopics({name})")
             except KafkaException as exc:
-                fact = _error_fact(exc, f"topic {name!r}", name)
-                if fact.kind == "unavailable":
-                    raise KafkaUnavailableError(fact.message) from None
+                fact = _answered_error(exc, f"topic {name!r}", name)
                 out[name] = fact
                 self._partition_counts.pop(name, None)
                 self._descriptions[name] = fact
@@ -437,9 +444,7 @@ class ClusterView:
                 try:
                     configs = self._result(future, f"DescribeConfigs({resource.name})")
                 except KafkaException as exc:
-                    fact = _error_fact(exc, f"topic {resource.name!r}")
-                    if fact.kind == "unavailable":
-                        raise KafkaUnavailableError(fact.message) from None
+                    _answered_error(exc, f"topic {resource.name!r}")
                     continue  # unknown topic: DescribeTopics reports it
                 value = int(configs["min.insync.replicas"].value)
                 self._min_isr[resource.name] = (now, value)
@@ -487,9 +492,7 @@ class ClusterView:
             try:
                 partitions = self._result(future, f"OffsetFetch({group})")
             except KafkaException as exc:
-                fact = _error_fact(exc, f"group {group!r}")
-                if fact.kind == "unavailable":
-                    raise KafkaUnavailableError(fact.message) from None
+                fact = _answered_error(exc, f"group {group!r}")
                 out.update({k: GroupFacts(error=fact) for k in keys})
                 continue
             committed = {}
