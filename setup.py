@@ -42,8 +42,13 @@ COMPILED_MODULES: tuple[str, ...] = _accel_constant("COMPILED_MODULES")
 MANIFEST: str = _accel_constant("MANIFEST")
 
 
+def _source(name: str) -> str:
+    """``timer._task`` -> ``purgatory/timer/_task.py`` (as purgatory/_accel.py's ``source``)."""
+    return "purgatory/" + name.replace(".", "/") + ".py"
+
+
 def _sources() -> list[str]:
-    return [f"purgatory/{name}.py" for name in COMPILED_MODULES]
+    return [_source(name) for name in COMPILED_MODULES]
 
 
 def _digest(path: Path) -> str:
@@ -77,8 +82,8 @@ class OptionalBuildExt(build_ext):
                     path.unlink()
 
     def _write_manifest(self) -> None:
-        digests = {name: _digest(HERE / "purgatory" / f"{name}.py") for name in COMPILED_MODULES}
-        targets = {Path(self.get_ext_fullpath("purgatory._timer")).parent}
+        digests = {name: _digest(HERE / _source(name)) for name in COMPILED_MODULES}
+        targets = {Path(self.get_ext_fullpath("purgatory._outcome")).parent}
         if self.inplace:
             targets.add(HERE / "purgatory")
         for target in targets:

@@ -2,7 +2,8 @@
 
 Hierarchical timing wheels (:class:`SystemTimer`), delayed operations finished exactly once
 (:class:`DelayedOperation`), sharded watcher lists and the expiration reaper
-(:class:`DelayedOperationPurgatory`).
+(:class:`DelayedOperationPurgatory`). The wheel's parts (buckets, levels, the delay queue) are
+in :mod:`purgatory.timer`.
 """
 
 # First: decides between the mypyc-compiled timer modules and their sources (see _accel.py).
@@ -12,12 +13,8 @@ from ._logging import configure_logging
 from ._operation import DelayedOperation
 from ._outcome import Outcome
 from ._purgatory import DelayedOperationPurgatory, ExpiredOperationReaper, PurgatoryListener
-from ._system_timer import SystemTimer
-from ._timer import Timer
-from ._timer_task import TimerTask, TimerTaskEntry
-from ._timer_task_list import TimerTaskList
-from ._timing_wheel import TimingWheel
 from .testing import MockTime, MockTimer
+from .timer import SystemTimer, Timer, TimerTask
 
 __all__ = [
     "DelayedOperation",
@@ -34,9 +31,6 @@ __all__ = [
     "SystemTimer",
     "Timer",
     "TimerTask",
-    "TimerTaskEntry",
-    "TimerTaskList",
-    "TimingWheel",
     "configure_logging",
 ]
 

@@ -31,18 +31,19 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["COMPILED_MODULES", "PURE_ENV", "compiled", "status"]
+__all__ = ["COMPILED_MODULES", "PURE_ENV", "compiled", "source", "status"]
 
 PURE_ENV = "PURGATORY_PURE"
 PACKAGE = "purgatory"
-# setup.py reads this tuple (with ast) to know what to compile.
+# setup.py reads this tuple (with ast) to know what to compile. Dotted names are submodules
+# (``timer._task`` is purgatory/timer/_task.py); ``source()`` maps a name to its file.
 COMPILED_MODULES = (
-    "_timer_task",
-    "_timer_task_list",
-    "_timing_wheel",
-    "_delay_queue",
-    "_timer",
-    "_system_timer",
+    "timer._task",
+    "timer._task_list",
+    "timer._timing_wheel",
+    "timer._delay_queue",
+    "timer._wheel_timer",
+    "timer._system_timer",
     "testing",
     "_outcome",
     "_metrics",
@@ -70,12 +71,20 @@ class _PureSourceFinder:
         return importlib.util.spec_from_file_location(fullname, source)
 
 
+def source(name: str) -> Path:
+    """The ``.py`` file of compiled module ``name`` (``timer._task`` -> purgatory/timer/_task.py)."""
+    return _HERE.joinpath(*name.split(".")).with_suffix(".py")
+
+
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _has_extension(name: str) -> bool:
-    return any((_HERE / f"{name}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+    stem = _HERE.joinpath(*name.split("."))
+    return any(
+        stem.with_name(stem.name + suffix).exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES
+    )
 
 
 def _decide() -> tuple[bool, str]:
@@ -91,8 +100,8 @@ def _decide() -> tuple[bool, str]:
         name
         for name in COMPILED_MODULES
         if not _has_extension(name)
-        or not (_HERE / f"{name}.py").exists()
-        or manifest.get(name) != _digest(_HERE / f"{name}.py")
+        or not source(name).exists()
+        or manifest.get(name) != _digest(source(name))
     ]
     if stale:
         warnings.warn(
@@ -109,11 +118,7 @@ def _decide() -> tuple[bool, str]:
 _COMPILED, _STATUS = _decide()
 if not _COMPILED:
     # Sources may be missing in a compiled-only install; then let normal import find the extension.
-    _sources = {
-        f"{PACKAGE}.{name}": _HERE / f"{name}.py"
-        for name in COMPILED_MODULES
-        if (_HERE / f"{name}.py").exists()
-    }
+    _sources = {f"{PACKAGE}.{name}": source(name) for name in COMPILED_MODULES if source(name).exists()}
     sys.meta_path.insert(0, _PureSourceFinder(_sources))
 
 

@@ -20,7 +20,7 @@ from mypy_extensions import mypyc_attr
 
 from ._metrics import PurgatoryStats
 from ._outcome import Outcome
-from ._timer_task import TimerTask, cancel_task
+from .timer import TimerTask, cancel_task
 
 __all__ = ["LockLike", "OperationCore", "OperationOwner", "Waiter"]
 

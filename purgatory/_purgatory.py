@@ -12,8 +12,7 @@ from ._purgatory_core import (
     PurgatoryListener,
     T,
 )
-from ._system_timer import SystemTimer
-from ._timer import Timer
+from .timer import SystemTimer, Timer
 
 if TYPE_CHECKING:
     from .settings import Settings

@@ -27,10 +27,8 @@ from ._metrics import PurgatoryStats
 from ._operation import DelayedOperation
 from ._operation_core import OperationCore, finish, is_finished, safe_try_complete
 from ._outcome import Outcome
-from ._system_timer import SystemTimer
-from ._timer import Timer
-from ._timer_task import cancel_task
 from ._watchers import SHARDS, WatcherList, Watchers
+from .timer import SystemTimer, Timer, cancel_task
 
 __all__ = [
     "DEFAULT_PURGE_INTERVAL",

@@ -6,8 +6,7 @@ import threading
 
 from mypy_extensions import mypyc_attr
 
-from ._timer import WheelTimerCore
-from ._timer_task import TimerTask, leave_bucket
+from .timer import TimerTask, WheelTimerCore, leave_bucket
 
 __all__ = ["MockTime", "MockTimer"]
 

@@ -22,8 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import _accel
-from .._system_timer import SystemTimer
-from .._timer_task import TimerTask
+from ..timer import SystemTimer, TimerTask
 from ._measure import GcMeter, percentile
 from ._runner import Comparison, Target, side_specs
 from .baselines import ThreadedHeapTimer

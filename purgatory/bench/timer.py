@@ -34,9 +34,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .. import _accel
-from .._system_timer import SystemTimer
-from .._timer_task import TimerTask
 from ..testing import MockTime, MockTimer
+from ..timer import SystemTimer, TimerTask
 from ._measure import GcMeter
 from ._runner import PURE_SUFFIX, Comparison, SideSpec, Target, side_env
 from .baselines import AsyncioHeapTimer, HeapTimer, ThreadedHeapTimer

@@ -20,7 +20,7 @@ PACKAGE_DIR = Path(purgatory.__file__).resolve().parent
 FAKE_EXTENSION_SUFFIX = ".cpython-311-x86_64-linux-gnu.so"
 
 _PROBE = (
-    "import json, purgatory, purgatory._timer_task as t, purgatory.testing as m; "
+    "import json, purgatory, purgatory.timer._task as t, purgatory.testing as m; "
     "from purgatory import _accel; "
     "print(json.dumps({'compiled': _accel.compiled(), 'status': _accel.status(), "
     "'files': [t.__file__, m.__file__]}))"
@@ -60,14 +60,15 @@ def test_a_source_edited_after_the_build_makes_every_module_pure(tmp_path: Path)
     # that matches all sources but one: the edited one.
     digests = {}
     for name in _accel.COMPILED_MODULES:
-        if not any(copy.glob(f"{name}.cpython-*.so")):
-            (copy / f"{name}{FAKE_EXTENSION_SUFFIX}").write_bytes(b"not a real extension")
-        digests[name] = _accel._digest(copy / f"{name}.py")
-    digests["_timing_wheel"] = "0" * 64  # built from an older _timing_wheel.py
+        stem = copy.joinpath(*name.split("."))
+        if not any(stem.parent.glob(f"{stem.name}.cpython-*.so")):
+            stem.with_name(stem.name + FAKE_EXTENSION_SUFFIX).write_bytes(b"not a real extension")
+        digests[name] = _accel._digest(stem.with_suffix(".py"))
+    digests["timer._timing_wheel"] = "0" * 64  # built from an older timer/_timing_wheel.py
     (copy / _accel.MANIFEST).write_text(json.dumps(digests))
     result = _probe(pythonpath=tmp_path)
     assert result["compiled"] is False
-    assert "stale" in str(result["status"]) and "_timing_wheel" in str(result["status"])
+    assert "stale" in str(result["status"]) and "timer._timing_wheel" in str(result["status"])
     files = result["files"]
     assert isinstance(files, list) and all(str(f).endswith(".py") for f in files), files
 
@@ -81,7 +82,7 @@ def test_no_extensions_means_pure_without_warning(tmp_path: Path) -> None:
     assert result == {
         "compiled": False,
         "status": "pure Python (no compiled modules installed)",
-        "files": [str(copy / "_timer_task.py"), str(copy / "testing.py")],
+        "files": [str(copy / "timer" / "_task.py"), str(copy / "testing.py")],
     }
 
 
@@ -101,4 +102,4 @@ def test_setup_compiles_exactly_the_modules_accel_guards() -> None:
     ]
     assert reads == ["COMPILED_MODULES", "MANIFEST"], "setup.py takes its module list from _accel.py"
     for name in _accel.COMPILED_MODULES:
-        assert (PACKAGE_DIR / f"{name}.py").exists(), f"{name} is listed for compiling but has no source"
+        assert _accel.source(name).exists(), f"{name} is listed for compiling but has no source"

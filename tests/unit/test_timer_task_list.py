@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from purgatory import TimerTask, TimerTaskEntry, TimerTaskList
-from purgatory._timer_task_list import TaskCounter
+from purgatory.timer import TaskCounter, TimerTask, TimerTaskEntry, TimerTaskList
 
 
 class _Task(TimerTask):

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from purgatory import TimerTask, TimerTaskEntry, TimerTaskList, TimingWheel
-from purgatory._timer_task_list import TaskCounter
-from purgatory._timing_wheel import bucket_expiration, bucket_index, wheel_start
+from purgatory.timer import (
+    TaskCounter,
+    TimerTask,
+    TimerTaskEntry,
+    TimerTaskList,
+    TimingWheel,
+    bucket_expiration,
+    bucket_index,
+    wheel_start,
+)
 
 
 class _Task(TimerTask):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ._timer_task import TimerTask, TimerTaskEntry, leave_bucket
-from ._timer_task_list import TaskCounter, TimerTaskList
+from ._task import TimerTask, TimerTaskEntry, leave_bucket
+from ._task_list import TaskCounter, TimerTaskList
 
 __all__ = ["BucketQueue", "TimingWheel", "bucket_expiration", "bucket_index", "wheel_start"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from ._timer_task import TimerTask
+    from ._task import TimerTask
 
 __all__ = ["Timer"]
 

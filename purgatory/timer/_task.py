@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
-    from ._timer_task_list import TimerTaskList
+    from ._task_list import TimerTaskList
 
 __all__ = ["TimerTask", "TimerTaskEntry"]
 

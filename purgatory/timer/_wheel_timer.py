@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ._delay_queue import DelayQueue
-from ._timer_protocol import Timer
-from ._timer_task import TimerTask, leave_bucket
-from ._timer_task_list import TaskCounter, TimerTaskList
+from ._protocol import Timer
+from ._task import TimerTask, leave_bucket
+from ._task_list import TaskCounter, TimerTaskList
 from ._timing_wheel import TimingWheel
 
 __all__ = ["Timer", "WheelTimerCore"]

@@ -10,9 +10,9 @@ import time
 import structlog
 from mypy_extensions import mypyc_attr
 
-from ._errors import PurgatoryClosedError
-from ._timer import WheelTimerCore
-from ._timer_task import TimerTask, leave_bucket
+from .._errors import PurgatoryClosedError
+from ._task import TimerTask, leave_bucket
+from ._wheel_timer import WheelTimerCore
 
 __all__ = ["SystemTimer", "monotonic_ms"]
 

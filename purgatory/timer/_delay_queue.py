@@ -6,7 +6,7 @@ import heapq
 import threading
 from collections.abc import Callable
 
-from ._timer_task_list import TimerTaskList
+from ._task_list import TimerTaskList
 
 __all__ = ["DelayQueue"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ._timer_task import TimerTask, TimerTaskEntry, _Sentinel, leave_bucket
+from ._task import TimerTask, TimerTaskEntry, _Sentinel, leave_bucket
 
 __all__ = ["TaskCounter", "TimerTaskList"]
 
