@@ -1,4 +1,8 @@
-"""DelayedOperationPurgatory: the public purgatory class (its body is the compiled PurgatoryCore)."""
+"""DelayedOperationPurgatory: the interpreted checked constructor over the compiled PurgatoryCore.
+
+Split because a compiled ``__init__`` refuses bad arguments before our checks can name them;
+the core (``_purgatory_core.py``) imports nothing back from here or from ``_operation.py``.
+"""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import structlog
 from mypy_extensions import mypyc_attr
@@ -24,11 +24,14 @@ from mypy_extensions import mypyc_attr
 from . import _metrics
 from ._errors import InvalidOperationError, PurgatoryClosedError, PurgatoryFullError
 from ._metrics import PurgatoryStats
-from ._operation import DelayedOperation
 from ._operation_core import OperationCore, finish, is_finished, safe_try_complete
 from ._outcome import Outcome
-from ._watchers import SHARDS, WatcherList, Watchers
+from ._watchers import SHARDS, WatcherList, unwatch, watch
 from .timer import SystemTimer, Timer, cancel_task
+
+if TYPE_CHECKING:
+    # Types only: the compiled core never imports the interpreted public class built on it.
+    from ._operation import DelayedOperation
 
 __all__ = [
     "DEFAULT_PURGE_INTERVAL",
@@ -40,7 +43,7 @@ __all__ = [
 
 _log = structlog.get_logger("purgatory")
 
-T = TypeVar("T", bound=DelayedOperation)
+T = TypeVar("T", bound="DelayedOperation")
 
 DEFAULT_PURGE_INTERVAL = 1000  # Kafka's default: purge once ~1000 completed ops linger in watch lists
 REAPER_POLL_MS = 200  # Kafka's reaper waits at most 200 ms per advance_clock call
@@ -140,7 +143,8 @@ class PurgatoryCore(Generic[T]):
         # and call the later checks (another thread may flip them meanwhile) unreachable.
         if _is_closed(self):
             raise PurgatoryClosedError(self.name)
-        if not isinstance(op, DelayedOperation):
+        # OperationCore is private: in practice every instance is a DelayedOperation.
+        if not isinstance(op, OperationCore):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}: {op!r}")
         # The same object, typed as the compiled OperationCore whose fields and methods it uses.
         core: OperationCore = op
@@ -188,36 +192,20 @@ class PurgatoryCore(Generic[T]):
                 # from every one of these keys (operation_finished).
                 core._watch_keys = watch_keys
                 shards = self._shards
-                op_id = id(op)
-                watched = 0
-                # Lock-free insert; WatcherList's docstring tells the race the re-read closes.
-                for key in watch_keys:
-                    # Stop once completed: a key event on an already-watched key may have finished it.
-                    if core.outcome is not None:
-                        break
-                    by_key = shards[hash(key) % SHARDS].watchers_by_key
-                    while True:
-                        watchers = by_key.get(key)
-                        if watchers is None:
-                            watchers = by_key.setdefault(key, Watchers(key))
-                        watchers.ops[op_id] = op
-                        if by_key.get(key) is watchers:
-                            break
-                        watchers.ops.pop(op_id, None)
-                    watched += 1
+                watched = watch(shards, core, watch_keys)
                 self._estimated_total += 1
                 if core.outcome is not None:
                     # Finished on another thread while we watched (force_complete needs no lock).
                     # Its finisher unwatched every key, but may have done so before our insert
                     # on a later key: take the op out again, so no watch list keeps it alive.
-                    _unwatch(shards, op, watch_keys[:watched])
+                    unwatch(shards, op, watch_keys[:watched])
                     return False
                 try:
                     if core.try_complete():
                         return True
                 except BaseException:
                     core._watch_keys = ()
-                    _unwatch(shards, op, watch_keys[:watched])
+                    unwatch(shards, op, watch_keys[:watched])
                     raise
 
             if core.outcome is None:
@@ -390,7 +378,7 @@ class PurgatoryCore(Generic[T]):
             if on_released is None:
                 continue
             try:
-                on_released(self.name, cast(DelayedOperation, op))
+                on_released(self.name, cast("DelayedOperation", op))
             except Exception:
                 _log.exception("listener_failed", purgatory=self.name, listener=repr(listener))
 
@@ -406,13 +394,13 @@ class PurgatoryCore(Generic[T]):
             # estimate that triggers purges (else every purge_interval finishes would start a
             # full scan finding nothing — 11% of a 100k-pending profile).
             self._estimated_total -= 1
-            _unwatch(self._shards, op, keys)
+            unwatch(self._shards, op, keys)
         listeners = self._listeners
         if not listeners:
             return
         for listener in listeners:
             try:
-                listener.on_finished(self.name, cast(DelayedOperation, op))
+                listener.on_finished(self.name, cast("DelayedOperation", op))
             except Exception:
                 _log.exception("listener_failed", purgatory=self.name, listener=repr(listener))
 
@@ -447,15 +435,3 @@ def _is_closed(purgatory: PurgatoryCore[Any]) -> bool:
     # A call, not a field read: mypy would narrow the field, and it may flip on another thread
     # mid-submission.
     return purgatory._closed
-
-
-def _unwatch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]) -> None:
-    op_id = id(op)
-    for key in keys:
-        shard = shards[hash(key) % SHARDS]
-        watchers = shard.watchers_by_key.get(key)
-        if watchers is not None:
-            ops = watchers.ops
-            ops.pop(op_id, None)  # lock-free; only removing the key takes the shard lock
-            if not ops:
-                shard.drop_if_empty(watchers)
