@@ -1,6 +1,6 @@
 """Bad input matrix: every invalid setting, API misuse and malformed journal line gets a typed error.
 
-The fixed matrix (``purgatory.reliability._bad_input``, also run by ``purgatory bench
+The fixed matrix (``purgatory.tools.reliability._bad_input``, also run by ``purgatory bench
 reliability``) covers every constrained settings field, from the environment and from TOML, read
 from the settings model itself. Hypothesis then fuzzes the same fields with generated invalid
 values, TOML documents and journal lines.
@@ -17,16 +17,18 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from purgatory import DelayedOperation, DelayedOperationPurgatory, MockTimer, Outcome
-from purgatory.journal import JournalEvent, JournalFormatError
-from purgatory.reliability._bad_input import bad_input_matrix, check, isolated_environment
-from purgatory.reliability._settings_fields import (
+from purgatory.tools.reliability import (
     FieldSpec,
+    bad_input_matrix,
+    check,
     env_name,
+    isolated_environment,
     settings_fields,
     toml_text,
 )
+
+from purgatory import DelayedOperation, DelayedOperationPurgatory, MockTimer, Outcome
+from purgatory.journal import JournalEvent, JournalFormatError
 from purgatory.settings import ConfigError, Settings, load_settings
 
 _SCRATCH = Path(tempfile.mkdtemp(prefix="purgatory-bad-input-tests-"))

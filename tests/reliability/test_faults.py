@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from purgatory.reliability._faults import FAULTY_OPS_PER_KIND, callback_faults
+from purgatory.tools.reliability import FAULTY_OPS_PER_KIND, callback_faults
 
 
 def test_exceptions_from_every_user_callback_never_stop_the_purgatory() -> None:

@@ -1,5 +1,5 @@
 """Faults on real Kafka: a broker killed and a broker paused while operations wait on it, and
-the journal's Kafka sink losing its broker. The scenarios (``purgatory.reliability._kafka_faults``)
+the journal's Kafka sink losing its broker. The scenarios (``purgatory.tools.reliability.kafka_faults``)
 run on a one-broker cluster of their own — faults must not disturb the session cluster the other
 tests share — stopped by PID at the end of the module. Every wait inside is bounded.
 
@@ -39,7 +39,7 @@ def test_broker_killed_while_operations_wait(fault_cluster: object) -> None:
     """SIGKILL while produce, fetch, topic-ready and consumer-commit operations wait on the broker: they all
     expire with KafkaUnavailableError (REQUEST_TIMED_OUT per partition), raising response callbacks
     included; local keys are served throughout; after a restart the feed and clients recover."""
-    from purgatory.reliability._kafka_faults import WAITING_PER_KIND, broker_fault
+    from purgatory.tools.reliability.kafka_faults import WAITING_PER_KIND, broker_fault
 
     result = broker_fault(fault_cluster, "kill")
     assert result.survived, result.problems
@@ -52,7 +52,7 @@ def test_broker_paused_while_operations_wait(fault_cluster: object) -> None:
     and the one that aborted the process through ListConsumerGroupOffsets (librdkafka #4605).
     The cluster view's request timeout turns it into an outage; everything, consumer commits
     included, then ends as for a dead broker, and SIGCONT brings the feed back."""
-    from purgatory.reliability._kafka_faults import WAITING_PER_KIND, broker_fault
+    from purgatory.tools.reliability.kafka_faults import WAITING_PER_KIND, broker_fault
 
     result = broker_fault(fault_cluster, "pause")
     assert result.survived, result.problems
@@ -63,7 +63,7 @@ def test_broker_paused_while_operations_wait(fault_cluster: object) -> None:
 def test_journal_kafka_sink_unreachable_loses_nothing_and_recovers(fault_cluster: object) -> None:
     """The journal's broker is killed mid-run: the purgatory keeps its pace, events queue in the
     producer, and after the restart the topic holds every operation's two events, once each."""
-    from purgatory.reliability._kafka_faults import JOURNAL_OPS, journal_sink_unreachable
+    from purgatory.tools.reliability.kafka_faults import JOURNAL_OPS, journal_sink_unreachable
 
     result = journal_sink_unreachable(fault_cluster)
     assert result.survived, result.problems

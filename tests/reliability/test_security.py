@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import structlog
+from purgatory.tools.reliability import isolated_environment
 from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
 import purgatory._logging as purgatory_logging
-from purgatory.reliability._bad_input import isolated_environment
 from purgatory.settings import ConfigError, Settings, load_settings
 
 SASL_PASSWORD = f"sasl-pw-{uuid.uuid4().hex}"

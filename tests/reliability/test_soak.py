@@ -13,8 +13,7 @@ import os
 import threading
 
 import pytest
-
-from purgatory.reliability import run_soak
+from purgatory.tools.reliability import run_soak
 
 OPERATIONS = int(os.environ.get("RELIABILITY_SOAK_OPERATIONS", "1000000"))
 SOAK_SECONDS = float(os.environ.get("RELIABILITY_SOAK_SECONDS", "0"))

@@ -9,17 +9,16 @@ import threading
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from purgatory.bench import expiry, purgatory_perf, timer
-from purgatory.bench._runner import Comparison, SideSpec, Target
-from purgatory.bench.baselines import (
+from purgatory.tools.bench import Comparison, SideSpec, Target, expiry, purgatory_perf, timer
+from purgatory.tools.bench.baselines import (
     AsyncioHeapTimer,
     HeapTimer,
     NaiveOperation,
     NaivePurgatory,
     ThreadedHeapTimer,
 )
+from typer.testing import CliRunner
+
 from purgatory.cli import app
 
 _Task = timer.HeapTask  # a task with a payload and a run counter, no timer machinery

@@ -41,7 +41,11 @@ def test_every_package_in_the_tree_is_listed_for_the_wheel() -> None:
     root = Path(__file__).resolve().parents[2]
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     present = set()
-    for top, name in (("purgatory", "purgatory"), ("adapters", "purgatory.adapters")):
+    for top, name in (
+        ("purgatory", "purgatory"),
+        ("adapters", "purgatory.adapters"),
+        ("tools", "purgatory.tools"),
+    ):
         for init in (root / top).rglob("__init__.py"):
             rel = init.parent.relative_to(root / top).parts
             present.add(".".join((name, *rel)))

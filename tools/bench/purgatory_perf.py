@@ -28,9 +28,8 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
-from .. import _accel
-from .._operation import DelayedOperation
-from .._purgatory import DelayedOperationPurgatory
+from purgatory import DelayedOperation, DelayedOperationPurgatory, _accel
+
 from ._measure import GcMeter, percentile
 from ._runner import Comparison, Target, side_specs
 from .baselines import NaiveOperation, NaivePurgatory

@@ -6,7 +6,6 @@ one-broker cluster of their own (stopped by PID at the end); ``--no-kafka`` runs
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from pathlib import Path
@@ -29,8 +28,9 @@ DEFAULT_RESULTS_DIR = Path("bench-results")
 def _kafka_faults(with_groups: bool, console: Console) -> tuple[list[FaultResult], dict[str, str]]:
     names = ["broker killed", "broker paused", "journal's Kafka sink unreachable"]
     try:
-        kafka = importlib.import_module("purgatory.adapters.kafka")
-        scenarios = importlib.import_module("purgatory.reliability._kafka_faults")
+        from purgatory.adapters import kafka
+
+        from . import kafka_faults as scenarios
     except ImportError as exc:
         return [], dict.fromkeys(names, f"the kafka extra is not installed ({exc})")
     cluster = kafka.LocalKafkaCluster(brokers=1)

@@ -20,7 +20,7 @@ wall time is recorded next to it):
   to have run exactly once (cancelled ones never).
 
 Sides: ``wheel`` (this project; compiled or pure, whichever ``purgatory._accel`` chose),
-``heap_tuple`` and ``asyncio_heap`` (``purgatory.bench.baselines``).
+``heap_tuple`` and ``asyncio_heap`` (``purgatory.tools.bench.baselines``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .. import _accel
-from ..testing import MockTime, MockTimer
-from ..timer import SystemTimer, TimerTask
+from purgatory import _accel
+from purgatory.testing import MockTime, MockTimer
+from purgatory.timer import SystemTimer, TimerTask
+
 from ._measure import GcMeter
 from ._runner import PURE_SUFFIX, Comparison, SideSpec, Target, side_env
 from .baselines import AsyncioHeapTimer, HeapTimer, ThreadedHeapTimer

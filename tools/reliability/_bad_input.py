@@ -20,12 +20,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._errors import InvalidOperationError, PurgatoryClosedError
-from .._operation import DelayedOperation
-from .._purgatory import DelayedOperationPurgatory
-from ..journal import JournalEvent, JournalFormatError
-from ..settings import CONFIG_FILE_ENV, ConfigError, load_settings
-from ..testing import MockTimer
+from purgatory import DelayedOperation, DelayedOperationPurgatory, InvalidOperationError, PurgatoryClosedError
+from purgatory.journal import JournalEvent, JournalFormatError
+from purgatory.settings import CONFIG_FILE_ENV, ConfigError, load_settings
+from purgatory.testing import MockTimer
+
 from ._settings_fields import env_name, invalid_env_values, invalid_toml_values, settings_fields, toml_text
 
 __all__ = [

@@ -125,7 +125,7 @@ def _run_side(side: SideSpec) -> dict[str, Any]:
     if not side.env.get("PURGATORY_PURE"):
         env.pop("PURGATORY_PURE", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "purgatory.bench._worker", json.dumps(side.spec)],
+        [sys.executable, "-m", "purgatory.tools.bench._worker", json.dumps(side.spec)],
         capture_output=True,
         text=True,
         env=env,

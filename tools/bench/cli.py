@@ -3,7 +3,7 @@
 Every benchmark runs each side (this project, and its baselines) in its own subprocess,
 alternating the order, ``--repeats`` times, and prints medians and the median of same-run
 ratios in a table; the full figures go to a JSON file under ``bench-results/``. Adapters add
-their benchmarks through the ``purgatory.bench`` entry points.
+their benchmarks through the ``purgatory.bench`` entry points, as these commands do (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .. import _accel
-from ..bench._report import DEFAULT_RESULTS_DIR, print_comparisons, save_results
-from ..bench._runner import Comparison, run_comparison
+from purgatory import _accel
+
+from ._report import DEFAULT_RESULTS_DIR, print_comparisons, save_results
+from ._runner import Comparison, run_comparison
 
 app = typer.Typer(help="Benchmarks against baselines measured in the same run.", no_args_is_help=True)
 
@@ -110,7 +111,7 @@ def timer_bench(
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
     """Timing wheel vs heapq timers (PERFORMANCE.md's workloads); -n 100000 -n 1000000 for both sizes."""
-    from ..bench import timer
+    from . import timer
 
     ns = n or DEFAULT_NS
     workloads = workload or DEFAULT_WORKLOADS
@@ -147,7 +148,7 @@ def purgatory_bench(
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
     """Kafka's TestPurgatoryPerformance: this purgatory vs a naive pure-Python one."""
-    from ..bench import purgatory_perf
+    from . import purgatory_perf
 
     params = purgatory_perf.PurgatoryParams(num, rate, keys, key_space_size, timeout, pct50, pct75)
     try:
@@ -173,7 +174,7 @@ def expiry_bench(
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
     """Lateness of expiry (p50/p99/max) with many timers pending, under add/cancel load."""
-    from ..bench import expiry
+    from . import expiry
 
     params = expiry.ExpiryParams(pending, duration, load_rate)
     try:

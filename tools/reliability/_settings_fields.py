@@ -26,7 +26,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from ..settings import Settings
+from purgatory.settings import Settings
 
 __all__ = [
     "FieldSpec",

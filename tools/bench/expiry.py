@@ -21,8 +21,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import _accel
-from ..timer import SystemTimer, TimerTask
+from purgatory import _accel
+from purgatory.timer import SystemTimer, TimerTask
+
 from ._measure import GcMeter, percentile
 from ._runner import Comparison, Target, side_specs
 from .baselines import ThreadedHeapTimer

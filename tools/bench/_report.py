@@ -16,7 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .. import _accel
+from purgatory import _accel
+
 from ._runner import Comparison
 
 __all__ = ["DEFAULT_RESULTS_DIR", "print_comparisons", "save_results"]

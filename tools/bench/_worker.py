@@ -1,4 +1,4 @@
-"""One benchmark side in a fresh process: ``python -m purgatory.bench._worker '<json spec>'``.
+"""One benchmark side in a fresh process: ``python -m purgatory.tools.bench._worker '<json spec>'``.
 
 Each side of a comparison runs in its own subprocess, so no side inherits another's heap,
 allocator state or garbage. The spec names the benchmark (``timer``, ``purgatory``, ``expiry``)
@@ -37,9 +37,9 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m purgatory.bench._worker '<json spec>'", file=sys.stderr)
+        print("usage: python -m purgatory.tools.bench._worker '<json spec>'", file=sys.stderr)
         return 2
-    from .._logging import configure_logging
+    from purgatory import configure_logging
 
     configure_logging("WARNING")  # debug lines (purges, ...) would cost the measured side time
     result = run_spec(json.loads(argv[1]))

@@ -41,9 +41,7 @@ import time
 from array import array
 from dataclasses import asdict, dataclass, field
 
-from .._operation import DelayedOperation
-from .._outcome import Outcome
-from .._purgatory import DelayedOperationPurgatory
+from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
 
 __all__ = ["SoakResult", "rss_bytes", "run_soak"]
 

@@ -2,7 +2,7 @@
 Kafka sink unreachable. Each runs against a :class:`LocalKafkaCluster` the caller started (and
 stops, by PID); each returns a :class:`~._faults.FaultResult`.
 
-The Kafka adapter is imported inside the functions: importing this module needs only the core.
+Needs the ``kafka`` extra: ``purgatory bench reliability`` imports this module only to run them.
 
 What every scenario checks: the purgatory keeps serving keys unrelated to the fault (a local
 operation completes at once, within ``SERVE_BUDGET_S``), every operation the fault touched
@@ -14,7 +14,6 @@ and once the broker is back the change feed, the producer and the journal sink r
 from __future__ import annotations
 
 import collections
-import importlib
 import threading
 import time
 import uuid
@@ -23,23 +22,12 @@ from typing import Any
 
 import structlog
 import structlog.testing
+from purgatory.adapters import kafka
+from purgatory.adapters.kafka import KafkaOperation, KafkaPurgatory, LocalKafkaCluster, journal_sink
 
-from .._operation import DelayedOperation
-from .._outcome import Outcome
-from .._purgatory import DelayedOperationPurgatory
+from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
+
 from ._faults import FaultResult
-
-# The adapter is typed as Any here: mypy checks the core and the adapters as separate top-level
-# trees, and the core must not import the adapter at module level anyway.
-KafkaOperation = Any
-KafkaPurgatory = Any
-LocalKafkaCluster = Any
-
-
-def _kafka() -> Any:
-    """The Kafka adapter, imported on first use (the ``kafka`` extra)."""
-    return importlib.import_module("purgatory.adapters.kafka")
-
 
 __all__ = ["broker_fault", "journal_sink_unreachable"]
 
@@ -119,7 +107,6 @@ def _submit_waiting(
     kp: KafkaPurgatory, topic: str, next_offset: int, with_groups: bool
 ) -> list[KafkaOperation]:
     """Operations of every Kafka kind that cannot complete before their timeout."""
-    kafka = _kafka()
     DelayedConsumerCommit, DelayedFetch = kafka.DelayedConsumerCommit, kafka.DelayedFetch
     DelayedProduce, DelayedTopicReady = kafka.DelayedProduce, kafka.DelayedTopicReady
     key = kafka.TopicPartitionKey(topic, 0)
@@ -162,7 +149,6 @@ def _submit_waiting(
 
 def _clear_status(op: KafkaOperation) -> str | None:
     """None if ``op`` ended clearly for an outage, else what is unclear about it."""
-    kafka = _kafka()
     if not op.done.is_set() or op.outcome is not Outcome.EXPIRED:
         return f"{type(op).__name__} ended {op.outcome}, expected EXPIRED"
     if not isinstance(op.error, kafka.KafkaUnavailableError) or not str(op.error):
@@ -190,9 +176,8 @@ def broker_fault(cluster: LocalKafkaCluster, mode: str, *, with_groups: bool = T
     """
     if mode not in ("kill", "pause"):
         raise ValueError(f"mode must be 'kill' or 'pause', got {mode!r}")
-    from ..settings import KafkaSettings
+    from purgatory.settings import KafkaSettings
 
-    kafka = _kafka()
     ProducerRecord, TopicPartitionKey = kafka.ProducerRecord, kafka.TopicPartitionKey
 
     result = FaultResult(
@@ -288,9 +273,8 @@ def journal_sink_unreachable(cluster: LocalKafkaCluster) -> FaultResult:
     """
     from confluent_kafka import Consumer
 
-    from ..journal import Journal, JournalEvent
+    from purgatory.journal import Journal, JournalEvent
 
-    journal_sink = importlib.import_module("purgatory.adapters.kafka.journal_sink")
     KafkaJournalSink, ensure_journal_topic = journal_sink.KafkaJournalSink, journal_sink.ensure_journal_topic
 
     result = FaultResult("journal's Kafka sink unreachable")

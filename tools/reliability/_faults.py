@@ -3,7 +3,7 @@
 A scenario returns a :class:`FaultResult`: whether the purgatory survived (kept serving, every
 affected operation finished exactly once with a clear status, no purgatory thread died) and the
 figures behind that verdict. :func:`callback_faults` needs nothing but the core; the Kafka
-scenarios live in :mod:`._kafka_faults` and import the adapter only when they run.
+scenarios live in :mod:`.kafka_faults` (the ``kafka`` extra).
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 import structlog
 import structlog.testing
 
-from .._operation import DelayedOperation
-from .._outcome import Outcome
-from .._purgatory import DelayedOperationPurgatory
+from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
 
 __all__ = ["FaultResult", "callback_faults"]
 
