@@ -23,7 +23,8 @@ from ._errors import (
     UnknownGroupError,
     UnknownTopicError,
 )
-from ._feed import ChangeFeed, FactSource, FeedStats
+from ._facts import ClusterFacts, ErrorFact, FactSource, GroupFacts, PartitionFacts, TopicFacts
+from ._feed import ChangeFeed, FeedStats
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
 from ._local import (
     DEFAULT_KAFKA_VERSION,
@@ -43,7 +44,7 @@ from ._operations import (
 )
 from ._provider import BOOTSTRAP_ENV, KafkaClusterHandle, docker_available, provide_cluster
 from ._service import KafkaPurgatory
-from ._view import ClusterFacts, ClusterView, ErrorFact, GroupFacts, PartitionFacts, TopicFacts
+from ._view import ClusterView
 
 __all__ = [
     "BOOTSTRAP_ENV",

@@ -50,10 +50,11 @@ from purgatory import DelayedOperation, PurgatoryListener
 from purgatory.settings import KafkaSettings
 
 from ._errors import KafkaUnavailableError
+from ._facts import NO_LEADER, GroupFacts, PartitionFacts, TopicFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
-from ._view import NO_LEADER, ClusterView, GroupFacts, PartitionFacts, TopicFacts
+from ._view import ClusterView
 
-__all__ = ["ChangeFeed", "FactSource", "FeedStats", "Purgatoryish"]
+__all__ = ["ChangeFeed", "FeedStats", "Purgatoryish"]
 
 _log = structlog.get_logger("purgatory.kafka.feed")
 
@@ -78,21 +79,6 @@ class Purgatoryish(Protocol):
     def add_listener(self, listener: PurgatoryListener) -> None: ...
 
     def remove_listener(self, listener: PurgatoryListener) -> None: ...
-
-
-class FactSource(Protocol):
-    """Where operations read facts (the feed; tests may pass a fake)."""
-
-    settings: KafkaSettings
-
-    def partition(self, key: TopicPartitionKey) -> PartitionFacts | None: ...
-
-    def topic(self, key: TopicKey) -> TopicFacts | None: ...
-
-    def group(self, key: GroupPartitionKey) -> GroupFacts | None: ...
-
-    @property
-    def unavailable(self) -> str | None: ...
 
 
 @dataclass

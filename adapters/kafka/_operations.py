@@ -26,9 +26,8 @@ from purgatory import DelayedOperation, Outcome
 
 from ._clients import FetchedRecord, RecordReader
 from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError
-from ._feed import FactSource
+from ._facts import FactSource, PartitionFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
-from ._view import PartitionFacts
 
 __all__ = [
     "DelayedConsumerCommit",

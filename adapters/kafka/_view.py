@@ -14,10 +14,10 @@ committed offsets           OffsetFetch (``Consumer.committed``)    one per *gro
 ==========================  =====================================  ==========================
 
 Committed offsets are read by a non-joining :class:`confluent_kafka.Consumer` per watched group
-(:class:`_CommittedOffsetReaders`), not by the admin client's ListConsumerGroupOffsets: that
-admin request aborts the whole process (``rd_kafka_enq_once_del_source_return: Assertion
-eonce->refcnt > 0``, librdkafka issue #4605) when it times out on a frozen or dropped broker
-connection. The consumer's OffsetFetch goes through the consumer-group handle instead, which
+(:class:`_CommittedOffsetReaders` in ``_group_offsets.py``), not by the admin client's
+ListConsumerGroupOffsets: that admin request aborts the whole process
+(``rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0``, librdkafka issue #4605)
+when it times out on a frozen or dropped broker connection. The consumer's OffsetFetch goes through the consumer-group handle instead, which
 times out cleanly.
 
 :meth:`ClusterView.facts` is what the change feed calls each interval. DescribeTopics says which
@@ -34,21 +34,21 @@ The admin client is created lazily on first use (no network in ``__init__``) and
 Concurrency contract: thread-safe. librdkafka's admin client and consumers are thread-safe; the
 lazy creation and the config cache are guarded by a lock. ``requests_sent`` counts requests
 issued (one per admin request, one per group's OffsetFetch).
+
+The facts it answers with, and how a client error becomes one, are in ``_facts.py``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from confluent_kafka import (
-    Consumer,
-    KafkaError,
     KafkaException,
     TopicCollection,
     TopicPartition,
@@ -63,139 +63,28 @@ from purgatory.settings import KafkaSettings
 
 from ._config import client_config, redacted
 from ._errors import (
-    InvalidOffsetError,
-    KafkaAdapterError,
     KafkaUnavailableError,
-    UnknownGroupError,
-    UnknownTopicError,
 )
+from ._facts import (
+    NO_LEADER,
+    ClusterFacts,
+    ErrorFact,
+    GroupFacts,
+    PartitionFacts,
+    TopicFacts,
+    _error_fact,
+    _unavailable_or,
+)
+from ._group_offsets import _CommittedOffsetReaders
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
 
-__all__ = [
-    "ClusterFacts",
-    "ClusterView",
-    "ErrorFact",
-    "GroupFacts",
-    "PartitionFacts",
-    "TopicFacts",
-]
+__all__ = ["ClusterView"]
 
 _log = structlog.get_logger("purgatory.kafka.view")
 
 CONFIG_TTL_S = 10.0  # min.insync.replicas rarely changes; re-read it at most this often per topic
-NO_LEADER = -1
 _LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 _EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
-# Groups asked in parallel: each Consumer.committed call blocks a thread for up to the request
-# timeout, so a poll over more groups than this takes more than one round trip.
-GROUP_READER_THREADS = 8
-# A consumer's OffsetFetch answers NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS while it is
-# still finding the group's coordinator (a new reader, a moved coordinator); the admin request it
-# replaces retried these within its timeout, so the reader does too, after this pause.
-COORDINATOR_RETRY_BACKOFF_S = 0.05
-_COORDINATOR_RETRY_CODES = frozenset(
-    {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-    }
-)
-
-# librdkafka codes meaning "the cluster did not answer", as opposed to "it answered no".
-_UNAVAILABLE_CODES = frozenset(
-    {
-        KafkaError._TRANSPORT,
-        KafkaError._TIMED_OUT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._RESOLVE,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.BROKER_NOT_AVAILABLE,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.NOT_COORDINATOR,
-    }
-)
-_UNKNOWN_TOPIC_CODES = frozenset(
-    # _NOENT: ListOffsets found no leader for the partition (librdkafka says "No leaders found").
-    {
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._UNKNOWN_TOPIC,
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError._NOENT,
-    }
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorFact:
-    """A per-key failure as a comparable value (exceptions do not compare by value)."""
-
-    kind: Literal["unknown_topic", "unavailable", "invalid_offset", "unknown_group", "other"]
-    message: str
-    topic: str | None = None
-    partition: int | None = None
-
-    def to_exception(self) -> KafkaAdapterError:
-        """The typed error this fact stands for."""
-        if self.kind == "unknown_topic":
-            return UnknownTopicError(self.topic or "?", self.partition, message=self.message)
-        if self.kind == "unavailable":
-            return KafkaUnavailableError(self.message)
-        if self.kind == "invalid_offset":
-            return InvalidOffsetError(self.message)
-        if self.kind == "unknown_group":
-            return UnknownGroupError(self.message)
-        return KafkaAdapterError(self.message)
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionFacts:
-    """What the cluster says about one partition (``None``: not asked or not known yet)."""
-
-    high_watermark: int | None = None
-    log_start_offset: int | None = None
-    leader: int = NO_LEADER
-    isr: tuple[int, ...] = ()
-    replicas: tuple[int, ...] = ()
-    min_insync_replicas: int | None = None
-    error: ErrorFact | None = None
-
-    @property
-    def under_min_isr(self) -> bool:
-        """True when the ISR is known and smaller than ``min.insync.replicas``."""
-        min_isr = self.min_insync_replicas
-        return min_isr is not None and 0 < len(self.isr) < min_isr
-
-
-@dataclass(frozen=True, slots=True)
-class TopicFacts:
-    """A topic's partitions and their leaders (``NO_LEADER`` when a partition has none)."""
-
-    leaders: tuple[int, ...] = ()
-    error: ErrorFact | None = None
-
-    @property
-    def all_partitions_have_leaders(self) -> bool:
-        return bool(self.leaders) and all(leader != NO_LEADER for leader in self.leaders)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupFacts:
-    """A group's committed offset on a partition (``None``: nothing committed)."""
-
-    committed: int | None = None
-    error: ErrorFact | None = None
-
-
-@dataclass(frozen=True)
-class ClusterFacts:
-    """One batch of facts, per key."""
-
-    partitions: dict[TopicPartitionKey, PartitionFacts] = field(default_factory=dict)
-    topics: dict[TopicKey, TopicFacts] = field(default_factory=dict)
-    groups: dict[GroupPartitionKey, GroupFacts] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,30 +94,6 @@ class _TopicDescription:
     replicas: tuple[tuple[int, ...], ...]
 
 
-def _code(exc: BaseException) -> int | None:
-    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
-        return int(exc.args[0].code())
-    return None
-
-
-def _error_fact(
-    exc: BaseException, what: str, topic: str | None = None, partition: int | None = None
-) -> ErrorFact:
-    code = _code(exc)
-    detail = str(exc.args[0]) if exc.args else repr(exc)
-    if code in _UNKNOWN_TOPIC_CODES:
-        return ErrorFact(
-            "unknown_topic", f"{what} does not exist on the cluster ({detail})", topic, partition
-        )
-    if code in _UNAVAILABLE_CODES:
-        return ErrorFact("unavailable", f"Kafka did not answer for {what} ({detail})")
-    if code == KafkaError.OFFSET_OUT_OF_RANGE:
-        return ErrorFact("invalid_offset", f"offset out of range for {what} ({detail})")
-    if code == KafkaError.GROUP_ID_NOT_FOUND:
-        return ErrorFact("unknown_group", f"{what}: consumer group not found ({detail})")
-    return ErrorFact("other", f"{what}: {detail}")
-
-
 def _answered_error(exc: BaseException, what: str, topic: str | None = None) -> ErrorFact:
     """The error one item of a batched answer carries; an unavailable cluster fails the whole
     batch instead (KafkaUnavailableError), since no other item's answer can be trusted either."""
@@ -236,10 +101,6 @@ def _answered_error(exc: BaseException, what: str, topic: str | None = None) -> 
     if fact.kind == "unavailable":
         raise KafkaUnavailableError(fact.message) from None
     return fact
-
-
-def _translate(exc: BaseException, what: str) -> KafkaAdapterError:
-    return _error_fact(exc, what).to_exception()
 
 
 class ClusterView:
@@ -617,107 +478,6 @@ class ClusterView:
         return ClusterFacts(out_partitions, out_topics, out_groups)
 
 
-class _GroupReader:
-    """A consumer that reads one group's committed offsets; its lock keeps ``close`` off a call."""
-
-    __slots__ = ("_closed", "_consumer", "_lock")
-
-    def __init__(self, consumer: Consumer) -> None:
-        self._consumer = consumer
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def committed(self, partitions: list[TopicPartition], timeout_s: float) -> list[TopicPartition]:
-        """One OffsetFetch, repeated on retriable coordinator errors until ``timeout_s`` is spent."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while True:
-                if self._closed:
-                    # Closed between submission and run (the group was unwatched, or a reconnect).
-                    raise KafkaUnavailableError("the group's offset reader was closed (reconnecting)")
-                left = deadline - time.monotonic()
-                try:
-                    return list(self._consumer.committed(partitions, timeout=max(left, 0.001)))
-                except KafkaException as exc:
-                    if _code(exc) not in _COORDINATOR_RETRY_CODES or left <= COORDINATOR_RETRY_BACKOFF_S:
-                        raise
-                time.sleep(COORDINATOR_RETRY_BACKOFF_S)  # let the client look the coordinator up again
-
-    def close(self) -> None:
-        with self._lock:  # waits for a call in flight (bounded by the request timeout)
-            if not self._closed:
-                self._closed = True
-                self._consumer.close()
-
-
-class _CommittedOffsetReaders:
-    """One non-joining :class:`Consumer` per group, asked for committed offsets (OffsetFetch).
-
-    Algorithm: ``committed(group, partitions)`` gets (or lazily creates) the group's consumer
-    — ``group.id`` is the group, it never subscribes, so it never joins the group nor commits —
-    and runs ``Consumer.committed`` (one OffsetFetch for all the partitions) on a small thread
-    pool, so the groups of one poll are asked in parallel and overlap the admin requests.
-    ``retain(groups)`` closes the consumers of every other group; ``shutdown`` closes them all.
-    Closing runs on the pool too: a consumer's close may wait on its coordinator (a frozen
-    broker), which must not hold up the caller — the change feed's thread.
-
-    Why not ``AdminClient.list_consumer_group_offsets``: see the module docstring (#4605).
-
-    Concurrency contract: thread-safe. The reader map is guarded by a lock; each reader's own
-    lock orders a call in flight before its close.
-    """
-
-    def __init__(
-        self, config: Callable[[str], dict[str, str | int | float | bool]], timeout_s: float
-    ) -> None:
-        self._config = config  # group -> librdkafka config, built on demand (secrets never stored here)
-        self._timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._readers: dict[str, _GroupReader] = {}
-        self._pool: ThreadPoolExecutor | None = None
-
-    def _executor(self) -> ThreadPoolExecutor:
-        # Caller holds self._lock.
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(GROUP_READER_THREADS, thread_name_prefix="kafka-group-offsets")
-        return self._pool
-
-    def committed(self, group: str, partitions: list[TopicPartition]) -> Future[list[TopicPartition]]:
-        """The future committed offsets of ``partitions`` for ``group`` (``KafkaException`` on error)."""
-        with self._lock:
-            reader = self._readers.get(group)
-            if reader is None:
-                try:
-                    reader = _GroupReader(Consumer(self._config(group)))
-                except KafkaException as exc:
-                    raise _unavailable_or(exc, f"consumer for group {group!r}") from None
-                self._readers[group] = reader
-            return self._executor().submit(reader.committed, partitions, self._timeout_s)
-
-    @property
-    def groups(self) -> frozenset[str]:
-        with self._lock:
-            return frozenset(self._readers)
-
-    def retain(self, groups: Iterable[str]) -> None:
-        """Close (in the background) the readers of every group not in ``groups``."""
-        keep = set(groups)
-        with self._lock:
-            gone = [self._readers.pop(g) for g in list(self._readers) if g not in keep]
-            if gone:
-                pool = self._executor()
-                for reader in gone:
-                    pool.submit(reader.close)
-
-    def shutdown(self) -> None:
-        """Close every reader and let the pool's threads end once their work is done."""
-        self.retain(())
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)
-
-
 class _PendingOffsets:
     """The per-partition futures of one ListOffsets request, collected in one wait."""
 
@@ -741,8 +501,3 @@ class _PendingOffsets:
             except KafkaException as exc:
                 out[key] = _error_fact(exc, f"partition {key.label}", key.topic, key.partition)
         return out
-
-
-def _unavailable_or(exc: KafkaException, what: str) -> KafkaAdapterError:
-    """A request that could not even be sent: the client's error, typed."""
-    return _translate(exc, what)
