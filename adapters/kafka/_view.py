@@ -17,8 +17,8 @@ Committed offsets are read by a non-joining :class:`confluent_kafka.Consumer` pe
 (:class:`_CommittedOffsetReaders` in ``_group_offsets.py``), not by the admin client's
 ListConsumerGroupOffsets: that admin request aborts the whole process
 (``rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0``, librdkafka issue #4605)
-when it times out on a frozen or dropped broker connection. The consumer's OffsetFetch goes through the consumer-group handle instead, which
-times out cleanly.
+when it times out on a frozen or dropped broker connection. The consumer's OffsetFetch goes
+through the consumer-group handle instead, which times out cleanly.
 
 :meth:`ClusterView.facts` is what the change feed calls each interval. DescribeTopics says which
 partitions exist; ListOffsets is sent in parallel with it for partitions already known to exist
