@@ -19,6 +19,8 @@ from ._config import client_config, redacted
 from ._errors import (
     InvalidOffsetError,
     KafkaAdapterError,
+    KafkaLauncherError,
+    KafkaStartError,
     KafkaUnavailableError,
     UnknownGroupError,
     UnknownTopicError,
@@ -26,13 +28,6 @@ from ._errors import (
 from ._facts import ClusterFacts, ErrorFact, FactSource, GroupFacts, PartitionFacts, TopicFacts
 from ._feed import ChangeFeed, FeedStats
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
-from ._local import (
-    DEFAULT_KAFKA_VERSION,
-    KafkaLauncherError,
-    KafkaStartError,
-    LocalKafkaCluster,
-    resolve_kafka,
-)
 from ._operations import (
     DelayedConsumerCommit,
     DelayedDeleteRecords,
@@ -45,6 +40,7 @@ from ._operations import (
 from ._provider import BOOTSTRAP_ENV, KafkaClusterHandle, docker_available, provide_cluster
 from ._service import KafkaPurgatory
 from ._view import ClusterView
+from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster, resolve_kafka
 
 __all__ = [
     "BOOTSTRAP_ENV",

@@ -7,6 +7,8 @@ from purgatory import PurgatoryError
 __all__ = [
     "InvalidOffsetError",
     "KafkaAdapterError",
+    "KafkaLauncherError",
+    "KafkaStartError",
     "KafkaUnavailableError",
     "UnknownGroupError",
     "UnknownTopicError",
@@ -41,3 +43,11 @@ class UnknownGroupError(KafkaAdapterError, LookupError):
 
 class InvalidOffsetError(KafkaAdapterError, ValueError):
     """An offset is out of range or negative where a position is required."""
+
+
+class KafkaLauncherError(KafkaAdapterError):
+    """The local Kafka cluster could not be resolved, formatted, started or stopped."""
+
+
+class KafkaStartError(KafkaLauncherError):
+    """A node did not come up in time; the message carries the tail of its logs."""

@@ -19,7 +19,7 @@ import structlog
 
 from purgatory.settings import KafkaSettings
 
-from ._local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster
+from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster
 
 __all__ = ["BOOTSTRAP_ENV", "KafkaClusterHandle", "docker_available", "provide_cluster"]
 

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from ._errors import KafkaAdapterError
-from ._local import DEFAULT_HEAP_MB, STATE_FILE, LocalKafkaCluster, cache_dir
+from .local import DEFAULT_HEAP_MB, STATE_FILE, LocalKafkaCluster, cache_dir
 
 __all__ = ["app"]
 

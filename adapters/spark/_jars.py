@@ -4,7 +4,8 @@ Spark's own ``--packages`` would resolve them with Ivy at every cold start, need
 then. Instead ``pom.xml`` (next to this file) lists the connector; Maven copies it and its runtime
 dependencies (minus what PySpark already ships) into a per-version cache outside the repository:
 ``~/.cache/kafka-purgatory/spark-kafka/<pyspark version>/`` (``PURGATORY_SPARK_JARS_DIR``
-overrides the base). The jars must match PySpark's version exactly.
+overrides the base). The jars must match PySpark's version exactly. Maven runs through the
+adapters' one resolver (``purgatory.adapters._maven``), the one that resolves the local Kafka.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 from importlib.metadata import version
 from pathlib import Path
 
 from purgatory import PurgatoryError
+
+from .._maven import MavenError, copy_dependencies, maven_command
 
 __all__ = [
     "CONNECTOR_ARTIFACT",
@@ -52,16 +54,7 @@ def pom_path() -> Path:
 def resolve_command(spark_version: str | None = None) -> list[str]:
     """The Maven command that fills the cache for ``spark_version`` (default: PySpark's)."""
     spark_version = spark_version or pyspark_version()
-    return [
-        "mvn",
-        "-q",
-        "-B",
-        "-f",
-        str(pom_path()),
-        "dependency:copy-dependencies",
-        f"-Dspark.version={spark_version}",
-        f"-DoutputDirectory={jars_dir(spark_version)}",
-    ]
+    return maven_command(pom_path(), jars_dir(spark_version), {"spark.version": spark_version})
 
 
 def _cached(spark_version: str) -> list[Path]:
@@ -93,11 +86,18 @@ def connector_jars(spark_version: str | None = None, *, resolve: bool = False) -
         raise ConnectorJarsMissingError(
             f"Maven (mvn) is not on PATH; install it, then run:\n\n    {shlex.join(command)}\n"
         )
-    done = subprocess.run(command, capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S, check=False)
-    jars = _cached(spark_version)
-    if done.returncode != 0 or not jars:
-        raise ConnectorJarsMissingError(
-            f"Maven could not resolve the Kafka connector (exit {done.returncode}):\n"
-            f"{(done.stdout + done.stderr)[-2000:]}\ncommand: {shlex.join(command)}"
+    try:
+        copy_dependencies(
+            pom_path(),
+            jars_dir(spark_version),
+            {"spark.version": spark_version},
+            expect=f"{CONNECTOR_ARTIFACT}-{spark_version}.jar",
+            what=f"Spark's Kafka connector ({CONNECTOR_ARTIFACT} {spark_version})",
+            timeout_s=RESOLVE_TIMEOUT_S,
         )
+    except MavenError as exc:
+        raise ConnectorJarsMissingError(str(exc)) from None
+    jars = _cached(spark_version)
+    if not jars:
+        raise ConnectorJarsMissingError(f"Maven ran but {jars_dir(spark_version)} has no connector jar")
     return jars

@@ -13,7 +13,7 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
     UnknownTopicError,
 )
-from purgatory.adapters.kafka._local import free_port
+from purgatory.adapters.kafka.local import free_port
 
 from purgatory.settings import KafkaSettings
 

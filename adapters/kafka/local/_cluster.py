@@ -2,8 +2,8 @@
 
 Algorithm:
 
-1. **Resolve.** ``mvn dependency:copy-dependencies`` runs once per Kafka version on the pom
-   shipped in ``maven/pom.xml`` and copies the broker's runtime classpath into
+1. **Resolve** (``_maven.py``). ``mvn dependency:copy-dependencies`` runs once per Kafka version
+   on the pom shipped in ``local/pom.xml`` and copies the broker's runtime classpath into
    ``<cache>/kafka-<version>/libs`` (``cache`` is ``$PURGATORY_KAFKA_CACHE`` or
    ``~/.cache/kafka-purgatory``). A marker file written last makes a half-finished copy retry.
 2. **Lay out.** Node 1 is a combined broker+controller and the cluster's only controller; nodes
@@ -43,113 +43,29 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 import structlog
 
-from ._errors import KafkaAdapterError
+from .._errors import KafkaLauncherError, KafkaStartError
+from ._maven import DEFAULT_KAFKA_VERSION, VERSION_ENV, cache_dir, resolve_kafka
 
 __all__ = [
-    "DEFAULT_KAFKA_VERSION",
-    "KafkaLauncherError",
     "KafkaNode",
-    "KafkaStartError",
     "LocalKafkaCluster",
     "NodeSpec",
-    "cache_dir",
-    "resolve_kafka",
 ]
 
 _log = structlog.get_logger("purgatory.kafka.local")
 
-# The newest Apache Kafka 4.x whose full runtime classpath Maven Central serves (4.4.0's pom
-# names a kafka-tools-api 4.4.0 that Central does not have, as of writing). Java 17 runs it.
-DEFAULT_KAFKA_VERSION = "4.3.1"
-CACHE_ENV = "PURGATORY_KAFKA_CACHE"
-VERSION_ENV = "PURGATORY_KAFKA_VERSION"
-# Written after the copy finishes: its absence means "resolve again" (an interrupted mvn run).
-_RESOLVED_MARKER = ".resolved"
-MAVEN_TIMEOUT_S = 600.0  # a cold ~/.m2 downloads ~45 MB of jars; bounded all the same
 FORMAT_TIMEOUT_S = 60.0  # one JVM start plus a few file writes
 START_TIMEOUT_S = 90.0  # 3 JVMs starting on 2 busy cores take ~10-20 s; leave room
 STOP_TIMEOUT_S = 20.0  # controlled shutdown of a broker normally takes 1-3 s
 METADATA_POLL_S = 0.25
 LOG_TAIL_LINES = 40
 DEFAULT_HEAP_MB = 384  # plenty for test traffic; keeps 4 JVMs well inside a laptop's memory
-
-
-class KafkaLauncherError(KafkaAdapterError):
-    """The local Kafka cluster could not be resolved, formatted, started or stopped."""
-
-
-class KafkaStartError(KafkaLauncherError):
-    """A node did not come up in time; the message carries the tail of its logs."""
-
-
-def cache_dir() -> Path:
-    """Where resolved Kafka jars and local clusters live (outside git)."""
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured) if configured else Path.home() / ".cache" / "kafka-purgatory"
-
-
-def _pom_path() -> Path:
-    # Shipped as package data next to this module; as_file gives a real path even from a zip.
-    ref = resources.files(__package__ or "purgatory.adapters.kafka").joinpath("maven/pom.xml")
-    with resources.as_file(ref) as path:
-        return Path(path)
-
-
-def resolve_kafka(version: str | None = None, *, offline_ok: bool = True) -> Path:
-    """Return the directory of Kafka ``version``'s runtime jars, resolving them with Maven once.
-
-    Raises :class:`KafkaLauncherError` when Maven is missing or the resolution fails (with the
-    tail of Maven's output).
-    """
-    version = version or os.environ.get(VERSION_ENV) or DEFAULT_KAFKA_VERSION
-    libs = cache_dir() / f"kafka-{version}" / "libs"
-    if (libs / _RESOLVED_MARKER).is_file():
-        return libs
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise KafkaLauncherError(
-            "Maven ('mvn') is not on PATH: it is needed once to resolve Apache Kafka "
-            f"{version} from Maven Central into {libs}"
-        )
-    libs.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
-    command = [
-        mvn,
-        "-B",
-        "-q",
-        "-f",
-        str(_pom_path()),
-        "dependency:copy-dependencies",
-        f"-Dkafka.version={version}",
-        "-DincludeScope=runtime",
-        f"-DoutputDirectory={staging}",
-    ]
-    _log.info("kafka_resolving", version=version, into=str(libs))
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise KafkaLauncherError(
-            f"Maven did not resolve Kafka {version} within {MAVEN_TIMEOUT_S:.0f} s"
-        ) from None
-    if done.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
-        shutil.rmtree(staging, ignore_errors=True)
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-LOG_TAIL_LINES:])
-        raise KafkaLauncherError(f"Maven could not resolve Apache Kafka {version}:\n{tail}")
-    (staging / _RESOLVED_MARKER).write_text(version)
-    # Another process may have resolved the same version meanwhile: keep whichever landed first.
-    try:
-        staging.rename(libs)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return libs
 
 
 def free_port() -> int:

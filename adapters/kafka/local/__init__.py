@@ -1,0 +1,17 @@
+"""A local Apache Kafka cluster (KRaft) from Maven jars, no Docker: ``_maven.py`` resolves the
+jars, ``_cluster.py`` lays out, formats, starts, waits for and stops the nodes (see its docstring)."""
+
+from ._cluster import DEFAULT_HEAP_MB, STATE_FILE, KafkaNode, LocalKafkaCluster, NodeSpec, free_port
+from ._maven import DEFAULT_KAFKA_VERSION, cache_dir, resolve_kafka
+
+__all__ = [
+    "DEFAULT_HEAP_MB",
+    "DEFAULT_KAFKA_VERSION",
+    "STATE_FILE",
+    "KafkaNode",
+    "LocalKafkaCluster",
+    "NodeSpec",
+    "cache_dir",
+    "free_port",
+    "resolve_kafka",
+]
