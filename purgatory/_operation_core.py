@@ -197,7 +197,7 @@ def finish(op: OperationCore, outcome: Outcome) -> bool:
         # A waiter can fail too (its event loop closed with the task still pending: "Event
         # loop is closed"). The op is finished all the same, and the failure must not escape
         # into the finishing thread — inside shutdown's drain it stopped the drain, leaving
-        # later operations unfinished (tests/reliability/test_faults.py, closed event loop).
+        # later operations unfinished (tests/tools/test_faults.py, closed event loop).
         try:
             waiter(op)
         except Exception as exc:

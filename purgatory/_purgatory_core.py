@@ -170,7 +170,7 @@ class PurgatoryCore(Generic[T]):
             )
         core._owner = self
         # Re-submitted after cancel_for_key: it is the purgatory's again, so drain must finish it
-        # (tests/reliability/test_faults.py, resubmitted after cancel_for_key).
+        # (tests/tools/test_faults.py, resubmitted after cancel_for_key).
         core._keys_cancelled = False
         listeners = self._listeners
         if listeners:

@@ -48,7 +48,7 @@ class WatcherList:
     checks emptiness under the lock and only removes the Watchers it saw, so a key is never
     removed with an op inserted before the check, and one inserted after it is caught by the
     watcher's re-read.
-    (tests/unit/test_concurrency.py and tests/reliability/test_kafka_regressions.py attack this.)
+    (tests/core/test_concurrency.py and tests/core/test_kafka_regressions.py attack this.)
     Never held while user code runs: ``try_complete`` may re-enter the purgatory on the same key
     (KAFKA-3994 was a deadlock from doing otherwise).
     """
@@ -83,7 +83,7 @@ class WatcherList:
     # building the item tuples allocates, an allocation can start a GC, and a GC runs Python code
     # (gc.callbacks, weakref callbacks, __del__) that may hand the GIL to a watcher mid-copy —
     # "dictionary changed size during iteration" in the reaper, 1 purge in ~10 under
-    # ``purgatory bench purgatory`` with its GC meter (tests/unit/test_watchers_snapshot.py).
+    # ``purgatory bench purgatory`` with its GC meter (tests/core/test_watchers_snapshot.py).
 
     def purge_completed(self) -> int:
         purged = 0

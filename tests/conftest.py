@@ -9,7 +9,7 @@ import pytest
 
 # Real Kafka for every test directory: the single-broker cluster is started once per session
 # (provider order of DESIGN §5), only when a test asks for one of these fixtures.
-from tests.integration.kafka_fixtures import (  # noqa: F401
+from tests.kafka.kafka_fixtures import (  # noqa: F401
     kafka_bootstrap,
     kafka_cluster,
     kafka_cluster3,

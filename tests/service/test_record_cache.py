@@ -23,7 +23,7 @@ from purgatory.adapters.service import _record_cache
 from purgatory.adapters.service._record_cache import SharedReadReader
 
 from purgatory.settings import KafkaSettings
-from tests.integration.kafka_fixtures import TopicFactory
+from tests.kafka.kafka_fixtures import TopicFactory
 
 KEY = TopicPartitionKey("t", 0)
 

@@ -16,7 +16,7 @@ from purgatory.adapters.service._server import BackgroundServer
 
 from purgatory import Outcome
 from purgatory.settings import JournalSettings, KafkaSettings, Settings
-from tests.integration.kafka_fixtures import TopicFactory
+from tests.kafka.kafka_fixtures import TopicFactory
 
 from .conftest import WAIT_S, Service, until
 

@@ -1,7 +1,7 @@
 """The journal through a real Kafka topic: the idempotent sink, batch reads, Structured Streaming.
 
 Uses the session's real local Kafka (``kafka_bootstrap``, ``kafka_topic_factory`` from
-``tests/integration/kafka_fixtures.py``) and the session's local[2] Spark with the connector jars.
+``tests/kafka/kafka_fixtures.py``) and the session's local[2] Spark with the connector jars.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from purgatory import DelayedOperationPurgatory, MockTimer
 from purgatory.journal import EventType, Journal, JournalEvent
 from purgatory.journal.synthetic import DEFAULT_START_MS, synthetic_events
 
-from ..unit.ops import MockDelayedOperation
+from ..core.ops import MockDelayedOperation
 from .expected import WINDOW_MS, answers
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
