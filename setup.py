@@ -2,7 +2,7 @@
 
 Everything else about the distribution lives in pyproject.toml. The modules in
 ``purgatory._accel.COMPILED_MODULES`` are typed, slotted code that mypyc turns into native
-classes (2.5-3.7x faster than the same code interpreted, PERFORMANCE.md). If mypyc or a C
+classes (2.5-3.7x faster than the same code interpreted, docs/performance.md). If mypyc or a C
 compiler is missing, or compiling fails, the build still succeeds and installs the pure-Python
 package (the same sources). Set ``PURGATORY_PURE_BUILD=1`` to skip compiling on purpose.
 

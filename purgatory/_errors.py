@@ -1,4 +1,4 @@
-"""Typed errors raised by the purgatory (DESIGN §3.4)."""
+"""Typed errors raised by the purgatory (docs/design.md §3.4)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ __all__ = ["PurgatoryStats", "live_purgatories"]
 
 
 class PurgatoryStats:
-    """Finished operations by outcome, and user-code errors (DESIGN §3.3 metrics).
+    """Finished operations by outcome, and user-code errors (docs/design.md §3.3 metrics).
 
     Finishes come from the executor, the reaper and any caller's thread at once, and ``+=`` on
     an attribute is not atomic across threads: outcome counts are updated under the operations'

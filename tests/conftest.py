@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 # Real Kafka for every test directory: the single-broker cluster is started once per session
-# (provider order of DESIGN §5), only when a test asks for one of these fixtures.
+# (provider order of docs/design.md §5), only when a test asks for one of these fixtures.
 from tests.kafka.kafka_fixtures import (  # noqa: F401
     kafka_bootstrap,
     kafka_cluster,

@@ -11,7 +11,7 @@ Quick start (a service)::
         fetch.wait(5)                         # fetch.records[TopicPartitionKey("orders", 0)]
 
 Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap_servers``, or
-``provide_cluster(settings)`` for the provider order of DESIGN §5.
+``provide_cluster(settings)`` for the provider order of docs/design.md §5.
 """
 
 from ._clients import FetchedRecord, ProducerRecord, RecordProducer, RecordReader

@@ -1,6 +1,6 @@
 """Which Kafka to use: an existing cluster, a testcontainers one, or the local launcher.
 
-Provider order (DESIGN §5): ``PURGATORY_KAFKA_BOOTSTRAP`` (or ``kafka.bootstrap_servers`` in the
+Provider order (docs/design.md §5): ``PURGATORY_KAFKA_BOOTSTRAP`` (or ``kafka.bootstrap_servers`` in the
 settings) → testcontainers' Kafka module (KRaft) when a Docker engine answers → the project's
 local launcher (:class:`LocalKafkaCluster`). The Docker check is a ``/_ping`` on the engine's
 socket with a short timeout, so machines without Docker lose well under a second.

@@ -71,7 +71,7 @@ PRODUCE_APPEND_TIMEOUT_S = 10.0  # the leader's acks=1 append; replication is th
 def resolve_bootstrap(settings: Settings, bootstrap_servers: str | None = None) -> str:
     """Explicit argument, then ``PURGATORY_KAFKA_BOOTSTRAP``, then ``kafka.bootstrap_servers``.
 
-    The same order as the Kafka adapter's provider (DESIGN §5), so the service and ``purgatory
+    The same order as the Kafka adapter's provider (docs/design.md §5), so the service and ``purgatory
     run`` agree on which cluster is meant.
     """
     servers = bootstrap_servers or os.environ.get(BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers

@@ -4,7 +4,7 @@ Steps, each bounded in time:
 
 1. **Kafka.** The configured cluster (``PURGATORY_KAFKA__BOOTSTRAP_SERVERS`` or
    ``PURGATORY_KAFKA_BOOTSTRAP``); with none configured, a local Apache Kafka started by the
-   Kafka adapter's launcher on 127.0.0.1 (provider order of DESIGN §5).
+   Kafka adapter's launcher on 127.0.0.1 (provider order of docs/design.md §5).
 2. **Topic.** A fresh topic with three partitions (replication factor up to 3, min.insync up to 2).
 3. **Service.** The example service on uvicorn, 127.0.0.1, a kernel-chosen port.
 4. **Exercise** with a real HTTP client: long polls on partitions 0 and 1 that a produced record

@@ -1,4 +1,4 @@
-"""Journal analytics on PySpark (DESIGN §6): ``purgatory analyze`` and ``purgatory bench pipeline``.
+"""Journal analytics on PySpark (docs/design.md §6): ``purgatory analyze`` and ``purgatory bench pipeline``.
 
 Modules, one job each: ``_session`` (SparkSession and its environment), ``_jars`` (the Kafka
 connector resolved ahead of time with Maven, ``pom.xml``), ``_sources`` (journal lines from files

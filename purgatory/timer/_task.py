@@ -1,6 +1,6 @@
 """TimerTask and TimerTaskEntry: a task, and its one place in one bucket of a timing wheel.
 
-Performance design (figures from ``purgatory bench timer``; PERFORMANCE.md). Kafka pays two
+Performance design (figures from ``purgatory bench timer``; docs/performance.md). Kafka pays two
 objects per pending timer: the task and a ``TimerTaskEntry`` node linked into a bucket. Here the
 task *is* the node: its ``_next``/``_prev``/``_bucket``/``_expiration_ms`` fields are the links,
 so adding a timer allocates nothing (no entry, and under mypyc no int objects either: typed

@@ -1,4 +1,4 @@
-"""``await purgatory.watch(op, keys)``: outcomes, thread-safe hand-off, cancellation (DESIGN §3.4)."""
+"""``await purgatory.watch(op, keys)``: outcomes, thread-safe hand-off, cancellation (docs/design.md §3.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Port of Kafka's DelayedOperationTest, plus the exactly-once claim of DESIGN §3.2."""
+"""Port of Kafka's DelayedOperationTest, plus the exactly-once claim of docs/design.md §3.2."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Model-based test: a hypothesis state machine drives a purgatory on a MockTimer against a model.
 
 The model is deliberately naive — a dict of operations with their deadline, the keys they are
-still watched on, whether they are timed and whether their condition holds — and states DESIGN §3
+still watched on, whether they are timed and whether their condition holds — and states docs/design.md §3
 directly:
 
 * ``try_complete_else_watch`` completes an op whose condition holds on the first or second try

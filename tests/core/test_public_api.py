@@ -1,4 +1,4 @@
-"""The public names of DESIGN §3.5 import as documented."""
+"""The public names of docs/design.md §3.5 import as documented."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DelayedOperationPurgatory beyond Kafka (DESIGN §3.3, §3.4): isolation, drain, limits, bad input."""
+"""DelayedOperationPurgatory beyond Kafka (docs/design.md §3.3, §3.4): isolation, drain, limits, bad input."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Session-wide Kafka fixtures, shared by every test directory (imported by ``tests/conftest.py``).
 
 ``kafka_cluster`` — a :class:`KafkaClusterHandle` for one broker, chosen by the provider order of
-DESIGN §5 (``PURGATORY_KAFKA_BOOTSTRAP`` → testcontainers when Docker answers → the local
+docs/design.md §5 (``PURGATORY_KAFKA_BOOTSTRAP`` → testcontainers when Docker answers → the local
 launcher) and started once per session; ``kafka_bootstrap`` — its bootstrap servers;
 ``kafka_settings`` — :class:`KafkaSettings` pointing at it; ``kafka_topic_factory`` — creates
 fresh, uniquely named topics and waits until they have leaders. ``kafka_cluster3`` — three local

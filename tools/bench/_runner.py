@@ -3,7 +3,7 @@
 A *comparison* is one case (say W1 at N=100k) measured for a subject (this project) and its
 baselines. Repeat ``r`` runs the sides in an order rotated by ``r`` so that no side always runs
 first (or last) on a machine whose load drifts. Each repeat gives a same-run ratio
-baseline / subject; the reported ratio is the median of those (PERFORMANCE.md's method), next
+baseline / subject; the reported ratio is the median of those (docs/performance.md's method), next
 to the median of each side's own figures.
 """
 

@@ -1,7 +1,7 @@
 """What Python users have today: heap timers with lazy cancellation, and a naive purgatory.
 
 These are the baselines ``purgatory bench`` measures the project against, written as a careful
-Python programmer would write them (the fastest plain-Python forms, PERFORMANCE.md):
+Python programmer would write them (the fastest plain-Python forms, docs/performance.md):
 
 * :class:`HeapTimer` — "heap_tuple": ``heapq`` of list entries ``[when, seq, task]`` so every
   comparison stays in C; cancel clears the entry's task slot (lazy cancellation) and the heap

@@ -110,7 +110,7 @@ def timer_bench(
     seed: SeedOpt = 1,
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
-    """Timing wheel vs heapq timers (PERFORMANCE.md's workloads); -n 100000 -n 1000000 for both sizes."""
+    """Timing wheel vs heapq timers (docs/performance.md's workloads); -n 100000 -n 1000000 for both sizes."""
     from . import timer
 
     ns = n or DEFAULT_NS

@@ -10,7 +10,7 @@ CPU time and the GC counts and times. Here the same workload also runs on a naiv
 purgatory (``baselines.NaivePurgatory``) as the baseline, each side in its own process, and every
 request is checked to have finished exactly once.
 
-Rate 0 means "as fast as the generator can go" (no sleeps), the setting of PERFORMANCE.md's
+Rate 0 means "as fast as the generator can go" (no sleeps), the setting of docs/performance.md's
 purgatory figures.
 """
 

@@ -1,6 +1,6 @@
 """Timer benchmarks: the timing wheel against heapq timers, on identical inputs.
 
-Workloads (PERFORMANCE.md; delays uniform in 1-30,000 ms, simulated clock, seeded inputs
+Workloads (docs/performance.md; delays uniform in 1-30,000 ms, simulated clock, seeded inputs
 identical for every side; task objects are created before the clock starts, as a user's
 requests exist before they are timed). W1-W3 are single-threaded and timed in process CPU time
 (``time.process_time``, GC included): on a shared, loaded machine wall time also counts the time
@@ -47,7 +47,7 @@ SIDES = ("wheel", "heap_tuple", "asyncio_heap")
 WORKLOADS = ("W1", "W2", "W3", "memory", "e2e")
 E2E_SIDES = ("wheel", "heap_tuple")  # asyncio's heap has no thread of its own to compare
 
-MAX_DELAY_MS = 30_000  # PERFORMANCE.md: delays uniform in 1-30,000 ms
+MAX_DELAY_MS = 30_000  # docs/performance.md: delays uniform in 1-30,000 ms
 CANCEL_FRACTION_W1 = 0.99
 CANCEL_FRACTION_E2E = 0.95
 MAX_STEP_MS = 200  # W2: the clock advances in 1-200 ms steps
