@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import structlog
 
 # Real Kafka for every test directory: the single-broker cluster is started once per session
 # (provider order of docs/design.md §5), only when a test asks for one of these fixtures.
@@ -30,3 +31,13 @@ def _no_leaked_purgatory_threads() -> Iterator[None]:
         and (t.name.startswith("ExpirationReaper-") or t.name.startswith("executor-"))
     ]
     assert not leaked, f"test left purgatory threads running: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def _structlog_config_restored() -> Iterator[None]:
+    """A test that runs a CLI command configures logging for the process (its level filter
+    included); restore the configuration so a later test's ``capture_logs`` still sees info lines,
+    whatever the order the directories run in."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
