@@ -137,18 +137,24 @@ class SystemTimer:
 
     def _run_executor(self) -> None:
         tasks = self._tasks
-        while True:
-            task = tasks.get()
-            if isinstance(task, _Stop):
-                return
-            self._queued -= 1  # before run(): a task that finished was never pending after it
-            try:
-                task.run()
-            except Exception:
-                # A task's failure must not kill the executor: every later task would never run.
-                # Not even a failing logger (e.g. its stream closed under us) may kill it.
-                with contextlib.suppress(Exception):
-                    _log.exception("timer_task_failed", timer=self.executor_name, task=repr(task))
+        # Each task runs in its own call so that no frame of this loop keeps the last task (and
+        # the response it holds) alive while the executor waits for the next one (KAFKA-19389:
+        # test_kafka_19389_stress_completed_ops_are_not_kept_alive_by_other_watch_keys).
+        while self._run_one(tasks.get()):
+            pass
+
+    def _run_one(self, task: TimerTask) -> bool:
+        if isinstance(task, _Stop):
+            return False
+        self._queued -= 1  # before run(): a task that finished was never pending after it
+        try:
+            task.run()
+        except Exception:
+            # A task's failure must not kill the executor: every later task would never run.
+            # Not even a failing logger (e.g. its stream closed under us) may kill it.
+            with contextlib.suppress(Exception):
+                _log.exception("timer_task_failed", timer=self.executor_name, task=repr(task))
+        return True
 
     def __repr__(self) -> str:
         return f"SystemTimer({self.executor_name!r}, size={self.size()}, closed={self._closed})"

@@ -153,7 +153,9 @@ def test_due_tasks_queued_for_the_executor_still_count_as_pending(timer: SystemT
     assert output == [], "the executor is held: nothing ran yet"
     assert timer.size() == 2, "due and queued, not yet run: still pending"
     blocker.release.set()
-    assert latch.wait(5)
+    # Keep playing the reaper: a bucket flushed early (the wheel's clock lagging real time) may
+    # have put a task back into the wheel instead of handing it to the executor.
+    assert _drive(timer, latch), "the queued tasks never ran"
     assert sorted(output) == [1, 2]
     assert timer.size() == 0, "a task leaves the count as it starts"
 
