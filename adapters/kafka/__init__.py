@@ -14,6 +14,7 @@ Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap
 ``provide_cluster(settings)`` for the provider order of docs/design.md §5.
 """
 
+from ._append import Appended, FencedAppender
 from ._clients import FetchedRecord, ProducerRecord, RecordProducer, RecordReader
 from ._config import client_config, redacted
 from ._errors import (
@@ -45,6 +46,7 @@ from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster, resolve_kafka
 __all__ = [
     "BOOTSTRAP_ENV",
     "DEFAULT_KAFKA_VERSION",
+    "Appended",
     "ChangeFeed",
     "ClusterFacts",
     "ClusterView",
@@ -57,6 +59,7 @@ __all__ = [
     "ErrorFact",
     "FactSource",
     "FeedStats",
+    "FencedAppender",
     "FetchedRecord",
     "GroupFacts",
     "GroupPartitionKey",

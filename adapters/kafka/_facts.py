@@ -51,6 +51,9 @@ _UNAVAILABLE_CODES = frozenset(
         KafkaError.COORDINATOR_NOT_AVAILABLE,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.NOT_COORDINATOR,
+        # A new leader answers ListOffsets with this until its high watermark caught up with
+        # the start of its epoch: a moment after every election.
+        KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
 _UNKNOWN_TOPIC_CODES = frozenset(
@@ -93,6 +96,9 @@ class PartitionFacts:
     high_watermark: int | None = None
     log_start_offset: int | None = None
     leader: int = NO_LEADER
+    # The partition leader's epoch, from the same ListOffsets answer as the high watermark: the
+    # watermark is a position in the log of that epoch's leader (see DelayedProduce).
+    leader_epoch: int | None = None
     isr: tuple[int, ...] = ()
     replicas: tuple[int, ...] = ()
     min_insync_replicas: int | None = None

@@ -24,6 +24,7 @@ from enum import StrEnum
 
 from purgatory import DelayedOperation, Outcome
 
+from ._append import Appended
 from ._clients import FetchedRecord, RecordReader
 from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError
 from ._facts import FactSource, PartitionFacts
@@ -47,6 +48,7 @@ class ErrorCode(StrEnum):
 
     NONE = "NONE"
     NOT_ENOUGH_REPLICAS = "NOT_ENOUGH_REPLICAS"
+    NOT_LEADER_OR_FOLLOWER = "NOT_LEADER_OR_FOLLOWER"
     REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"
     UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
     OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"
@@ -117,18 +119,27 @@ class KafkaOperation(DelayedOperation):
 class DelayedProduce(KafkaOperation):
     """Holds a produce response until every partition's high watermark passes the appended offset.
 
-    ``appended`` maps each partition to the last offset the leader appended (``acks=1``). A
-    partition is done when ``high_watermark > offset`` — every in-sync replica has the record —
-    with status ``NONE``; or with ``NOT_ENOUGH_REPLICAS`` as soon as its ISR is smaller than
-    ``min.insync.replicas`` (Kafka 4 then keeps the high watermark still, see ``_status``). An
-    unknown partition is done with ``UNKNOWN_TOPIC_OR_PARTITION``. On expiry the partitions still waiting get
-    ``REQUEST_TIMED_OUT``. ``statuses`` holds the per-partition result.
+    ``appended`` says, per partition, the last offset the leader appended (``acks=1``) and the
+    leader epoch known before the append (an :class:`Appended` from :class:`FencedAppender`). A
+    partition is done when the high watermark of the *same* leader epoch passes the offset —
+    every in-sync replica has the record — with status ``NONE``; with ``NOT_LEADER_OR_FOLLOWER``
+    as soon as the facts show another epoch (the leader changed: a record only the old leader
+    had is lost, and the new leader's watermark counts other records at its offset — Kafka's
+    broker fails such a produce the same way); or with ``NOT_ENOUGH_REPLICAS`` as soon as its
+    ISR is smaller than ``min.insync.replicas`` (Kafka 4 then keeps the high watermark still, see
+    ``_status``). An unknown partition is done with ``UNKNOWN_TOPIC_OR_PARTITION``. On expiry the
+    partitions still waiting get ``REQUEST_TIMED_OUT``. ``statuses`` holds the per-partition result.
+
+    ``appended`` may also be a plain mapping of *target* offsets (wait until the watermark
+    reaches a position, whoever writes there): the epoch is then the one the facts show at
+    construction, or the first one they show. That cannot see a leader change between an append
+    and the construction — records you appended yourself go through :class:`FencedAppender`.
     """
 
     def __init__(
         self,
         facts: FactSource,
-        appended: Mapping[TopicPartitionKey, int],
+        appended: Appended | Mapping[TopicPartitionKey, int],
         *,
         delay_ms: int | None = None,
         on_response: Callable[[KafkaOperation], None] | None = None,
@@ -138,9 +149,26 @@ class DelayedProduce(KafkaOperation):
             facts,
             on_response=on_response,
         )
-        self.appended = _require_offsets("DelayedProduce.appended", appended)
-        self.statuses: dict[TopicPartitionKey, ErrorCode | None] = dict.fromkeys(self.appended)
-        self._single = next(iter(self.appended.items())) if len(self.appended) == 1 else None
+        self.statuses: dict[TopicPartitionKey, ErrorCode | None]
+        # The reference epoch per partition; None: adopt the first one the facts show.
+        self.leader_epochs: dict[TopicPartitionKey, int | None]
+        if isinstance(appended, Appended):
+            self.appended = _require_offsets("DelayedProduce.appended", appended.offsets)
+            self.leader_epochs = {k: appended.leader_epochs.get(k) for k in self.appended}
+            # A partition whose epoch before the append is unknown (it did not exist yet when
+            # the epochs were taken) cannot be vouched for: the client must retry.
+            self.statuses = {
+                k: None if e is not None else ErrorCode.NOT_LEADER_OR_FOLLOWER
+                for k, e in self.leader_epochs.items()
+            }
+        else:
+            self.appended = _require_offsets("DelayedProduce.appended", appended)
+            self.leader_epochs = {k: _epoch_of(facts.partition(k)) for k in self.appended}
+            self.statuses = dict.fromkeys(self.appended)
+        self._single: tuple[TopicPartitionKey, int, int | None] | None = None
+        if len(self.appended) == 1 and None in self.statuses.values():
+            ((key, offset),) = self.appended.items()
+            self._single = (key, offset, self.leader_epochs[key])
 
     def watch_keys(self) -> tuple[KafkaKey, ...]:
         return tuple(self.appended)
@@ -148,13 +176,14 @@ class DelayedProduce(KafkaOperation):
     def try_complete(self) -> bool:
         # Hot path: the feed re-checks every operation watched on a key whose facts changed
         # (~100 per key in the benchmark); a one-partition produce still waiting on a healthy
-        # partition is answered with two lookups and two comparisons.
+        # partition is answered with two lookups and three comparisons.
         single = self._single
         if single is not None:
-            key, offset = single
+            key, offset, epoch = single
             facts = self.facts.partition(key)
             if facts is None or (
                 facts.error is None
+                and facts.leader_epoch == epoch
                 and not facts.under_min_isr
                 and (facts.high_watermark is None or facts.high_watermark <= offset)
             ):
@@ -163,7 +192,14 @@ class DelayedProduce(KafkaOperation):
         for key, offset in self.appended.items():
             if self.statuses[key] is not None:
                 continue
-            status = self._status(self.facts.partition(key), offset)
+            facts = self.facts.partition(key)
+            epoch = self.leader_epochs[key]
+            if epoch is None:
+                # A target without a known epoch: the first epoch seen is the reference.
+                epoch = self.leader_epochs[key] = _epoch_of(facts)
+                if single is not None and epoch is not None:
+                    self._single = (key, offset, epoch)
+            status = self._status(facts, offset, epoch)
             if status is None:
                 waiting = True
             else:
@@ -171,11 +207,17 @@ class DelayedProduce(KafkaOperation):
         return False if waiting else self.force_complete()
 
     @staticmethod
-    def _status(facts: PartitionFacts | None, offset: int) -> ErrorCode | None:
+    def _status(facts: PartitionFacts | None, offset: int, epoch: int | None) -> ErrorCode | None:
         if facts is None:
             return None  # not polled yet
         if facts.error is not None:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if facts.error.kind == "unknown_topic" else None
+        if facts.leader_epoch is None or epoch is None:
+            return None  # no epoch in this answer: the watermark cannot be vouched for
+        if facts.leader_epoch != epoch:
+            # Another leader: its high watermark is a position in its own log, which may lack
+            # the record (the old leader died before a follower fetched it). See FencedAppender.
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
         if facts.under_min_isr:
             # Kafka 4 (eligible leader replicas, KIP-966) holds the high watermark still while the
             # ISR is below min.insync.replicas: waiting could only time out. An acks=all produce
@@ -193,6 +235,10 @@ class DelayedProduce(KafkaOperation):
     @property
     def succeeded(self) -> bool:
         return all(status is ErrorCode.NONE for status in self.statuses.values())
+
+
+def _epoch_of(facts: PartitionFacts | None) -> int | None:
+    return facts.leader_epoch if facts is not None and facts.error is None else None
 
 
 class DelayedFetch(KafkaOperation):

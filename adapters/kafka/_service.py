@@ -5,7 +5,8 @@ a :class:`ClusterView`, a :class:`ChangeFeed` attached to the purgatory, a
 :class:`RecordProducer` and a :class:`RecordReader`, and starts the feed. Then:
 
 * ``op = kp.produce([ProducerRecord("orders", b"...")])`` appends with ``acks=1`` and returns the
-  submitted :class:`DelayedProduce` (``op.wait(s)`` or ``await kp.produce_async(...)``).
+  submitted :class:`DelayedProduce` (``op.wait(s)`` or ``await kp.produce_async(...)``);
+  ``kp.append(records)`` appends only (:class:`FencedAppender`: offsets and leader epochs).
 * ``op = kp.fetch({TopicPartitionKey("orders", 0): 42}, max_wait_ms=500)`` submits a long poll.
 * ``kp.submit(op)`` submits any :class:`KafkaOperation`; ``await kp.watch(op)`` from asyncio.
 
@@ -27,6 +28,7 @@ from typing import Any, Self, TypeVar
 from purgatory import DelayedOperationPurgatory, Outcome
 from purgatory.settings import KafkaSettings, Settings
 
+from ._append import Appended, FencedAppender
 from ._clients import ProducerRecord, RecordProducer, RecordReader
 from ._errors import UnknownTopicError
 from ._feed import ChangeFeed
@@ -55,6 +57,7 @@ class KafkaPurgatory:
         self.feed = feed
         self.view = feed.view
         self.producer = producer
+        self.appender = FencedAppender(producer, feed, feed.view)
         self.reader = reader
         self.settings = feed.settings
         self._owns_purgatory = owns_purgatory
@@ -129,11 +132,15 @@ class KafkaPurgatory:
             self.feed.on_finished(self.purgatory.name, op)  # as in submit(); a no-op once finished
             raise
 
+    def append(self, records: Iterable[ProducerRecord], *, timeout_s: float = 10.0) -> Appended:
+        """Append ``records`` (acks=1), noting the leader epochs first (what DelayedProduce needs)."""
+        return self.appender.append(records, timeout_s=timeout_s)
+
     def produce(
         self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None, timeout_s: float = 10.0
     ) -> DelayedProduce:
         """Append ``records`` (acks=1), then hold a :class:`DelayedProduce` until they are replicated."""
-        appended = self.producer.produce(records, timeout_s=timeout_s)
+        appended = self.append(records, timeout_s=timeout_s)
         return self.submit(DelayedProduce(self.feed, appended, delay_ms=delay_ms), validate=False)
 
     async def produce_async(
@@ -141,9 +148,7 @@ class KafkaPurgatory:
     ) -> DelayedProduce:
         records = list(records)
         loop = asyncio.get_running_loop()
-        appended = await loop.run_in_executor(
-            None, lambda: self.producer.produce(records, timeout_s=timeout_s)
-        )
+        appended = await loop.run_in_executor(None, lambda: self.append(records, timeout_s=timeout_s))
         op = DelayedProduce(self.feed, appended, delay_ms=delay_ms)
         await self.purgatory.watch(op, op.watch_keys())
         return op

@@ -7,7 +7,8 @@ fact                        Kafka request (confluent-kafka admin)   batched over
 ==========================  =====================================  ==========================
 topic existence, leaders,   DescribeTopics (``describe_topics``)    all topics asked about
 ISR, replicas
-high watermark              ListOffsets latest (``list_offsets``)   all partitions asked about
+high watermark, leader      ListOffsets latest (``list_offsets``)   all partitions asked about
+epoch
 log start offset            ListOffsets earliest                    partitions that need it
 min.insync.replicas         DescribeConfigs (cached ``CONFIG_TTL``) all topics asked about
 committed offsets           OffsetFetch (``Consumer.committed``)    one per *group*, in parallel
@@ -273,12 +274,43 @@ class ClusterView:
             value = results[key]
             if isinstance(value, ErrorFact):
                 raise value.to_exception()
-            out[key] = value
+            out[key] = value.offset
         return out
 
     def high_watermarks(self, keys: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         """Latest offset (the high watermark) per partition, in one ListOffsets request."""
         return self._offsets(keys, _LATEST, "ListOffsets(latest)")
+
+    def leader_epochs(self, keys: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """Each partition's current leader epoch, as its leader answers ListOffsets(latest).
+
+        Raises :class:`KafkaUnavailableError` for a partition whose leader gives no epoch (a
+        broker too old for ListOffsets v4, or a leader still loading after an election).
+        """
+        keys = list(dict.fromkeys(keys))
+        pending = self._list_offsets(keys, _LATEST, "ListOffsets(latest)")
+        if pending is None:
+            return {}
+        results = pending.collect()
+        out = {}
+        for key in keys:
+            value = results[key]
+            if isinstance(value, ErrorFact):
+                raise value.to_exception()
+            if value.leader_epoch is None:
+                raise KafkaUnavailableError(f"the leader of {key.label} did not say its leader epoch")
+            out[key] = value.leader_epoch
+        return out
+
+    def partition_count(self, topic: str) -> int:
+        """``topic``'s partition count as last described (DescribeTopics when never described)."""
+        count = self._partition_counts.get(topic)
+        if count is None:
+            described = self._describe([topic])[topic]
+            if isinstance(described, ErrorFact):
+                raise described.to_exception()
+            count = len(described.leaders)
+        return count
 
     def log_start_offsets(self, keys: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         """Earliest offset (the log start offset) per partition, in one ListOffsets request."""
@@ -437,8 +469,8 @@ class ClusterView:
         late_earliest = self._list_offsets(
             [k for k in late if k in wants_start], _EARLIEST, "ListOffsets(earliest)"
         )
-        hw: dict[TopicPartitionKey, int | ErrorFact] = {}
-        ls: dict[TopicPartitionKey, int | ErrorFact] = {}
+        hw: dict[TopicPartitionKey, ListedOffset | ErrorFact] = {}
+        ls: dict[TopicPartitionKey, ListedOffset | ErrorFact] = {}
         for future, into in (
             (early_latest, hw),
             (late_latest, hw),
@@ -462,9 +494,10 @@ class ClusterView:
                 # partition is leaderless for now (a broker is down), not that it is unknown.
                 error = ErrorFact("unavailable", f"partition {key.label} has no leader: {error.message}")
             out_partitions[key] = PartitionFacts(
-                high_watermark=high if isinstance(high, int) else None,
-                log_start_offset=start if isinstance(start, int) else None,
+                high_watermark=high.offset if isinstance(high, ListedOffset) else None,
+                log_start_offset=start.offset if isinstance(start, ListedOffset) else None,
                 leader=d.leaders[key.partition],
+                leader_epoch=high.leader_epoch if isinstance(high, ListedOffset) else None,
                 isr=d.isr[key.partition],
                 replicas=d.replicas[key.partition],
                 min_insync_replicas=min_isr.get(key.topic),
@@ -478,6 +511,14 @@ class ClusterView:
         return ClusterFacts(out_partitions, out_topics, out_groups)
 
 
+@dataclass(frozen=True, slots=True)
+class ListedOffset:
+    """One partition's answer to ListOffsets: the offset and the epoch of the leader that answered."""
+
+    offset: int
+    leader_epoch: int | None
+
+
 class _PendingOffsets:
     """The per-partition futures of one ListOffsets request, collected in one wait."""
 
@@ -488,16 +529,19 @@ class _PendingOffsets:
         self._what = what
         self._timeout_s = timeout_s
 
-    def collect(self) -> dict[TopicPartitionKey, int | ErrorFact]:
+    def collect(self) -> dict[TopicPartitionKey, ListedOffset | ErrorFact]:
         """Offsets (or per-partition errors); :class:`KafkaUnavailableError` if the answer is late."""
         _done, late = wait(self._futures.values(), timeout=self._timeout_s)
         if late:
             raise KafkaUnavailableError(f"Kafka did not answer {self._what} within {self._timeout_s:.1f} s")
-        out: dict[TopicPartitionKey, int | ErrorFact] = {}
+        out: dict[TopicPartitionKey, ListedOffset | ErrorFact] = {}
         for tp, future in self._futures.items():
             key = TopicPartitionKey(tp.topic, tp.partition)
             try:
-                out[key] = int(future.result().offset)
+                info = future.result()
+                # librdkafka says -1 (or None) when the broker sent no epoch.
+                epoch = int(info.leader_epoch) if info.leader_epoch is not None else -1
+                out[key] = ListedOffset(int(info.offset), epoch if epoch >= 0 else None)
             except KafkaException as exc:
                 out[key] = _error_fact(exc, f"partition {key.label}", key.topic, key.partition)
         return out

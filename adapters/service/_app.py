@@ -127,12 +127,13 @@ def _produce_json(topic: str, op: DelayedProduce) -> tuple[int, dict[str, Any]]:
     if op.succeeded:
         return 200, body
     codes = set(op.statuses.values())
-    code = (
-        ErrorCode.NOT_ENOUGH_REPLICAS
-        if ErrorCode.NOT_ENOUGH_REPLICAS in codes
-        else ErrorCode.REQUEST_TIMED_OUT
+    # The most telling failure names the answer: a leader change (the records may be lost:
+    # retry), too few in-sync replicas (retry later), else a timeout.
+    code = next(
+        (c for c in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NOT_ENOUGH_REPLICAS) if c in codes),
+        ErrorCode.REQUEST_TIMED_OUT,
     )
-    status = 503 if code is ErrorCode.NOT_ENOUGH_REPLICAS else 504
+    status = 504 if code is ErrorCode.REQUEST_TIMED_OUT else 503
     body |= {
         "error": code.value,
         "field": None,

@@ -42,6 +42,7 @@ from ..kafka import (
     DelayedFetch,
     DelayedProduce,
     ErrorCode,
+    FencedAppender,
     KafkaUnavailableError,
     ProducerRecord,
     RecordProducer,
@@ -99,6 +100,9 @@ class Gateway:
         self.view = ClusterView(kafka, bootstrap_servers=self.bootstrap_servers)
         self.feed = ChangeFeed(self.view, settings=kafka, name="service")
         self.producer = RecordProducer(kafka, bootstrap_servers=self.bootstrap_servers)
+        # Notes each partition's leader epoch before appending: DelayedProduce must not answer
+        # NONE for a record a leader change discarded (see FencedAppender).
+        self.appender = FencedAppender(self.producer, self.feed, self.view)
         # Long polls on one partition share their reads (one Kafka read answers them all).
         self.reader = SharedReadReader(kafka, bootstrap_servers=self.bootstrap_servers)
         self.fetch_purgatory: DelayedOperationPurgatory[DelayedFetch] = (
@@ -241,7 +245,7 @@ class Gateway:
             for r in request.records
         ]
         try:
-            appended = await asyncio.to_thread(self.producer.produce, records, PRODUCE_APPEND_TIMEOUT_S)
+            appended = await asyncio.to_thread(self.appender.append, records, PRODUCE_APPEND_TIMEOUT_S)
         except UnknownTopicError as exc:
             self._topics.pop(topic, None)
             raise RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", str(exc), value=topic) from None

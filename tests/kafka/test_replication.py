@@ -1,11 +1,14 @@
 """DelayedProduce on a 3-broker cluster (RF 3, min.insync.replicas 2) with followers stopped and paused.
 
 Node 1 is the controller and, by the replica assignment, the leader of the test partition; the
-faults hit the followers 2 and 3. Each test leaves all three brokers running and in the ISR.
+faults hit the followers 2 and 3 — except in the leader-change test, whose partition is led by
+node 2 so that its leader can die while the controller lives. Each test leaves all three brokers
+running and in the ISR.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -21,9 +24,10 @@ from purgatory.adapters.kafka import (
 )
 
 from purgatory import Outcome
+from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
-from .kafka_fixtures import FOLLOWERS, replicated_topic, restore_followers, wait_isr
+from .kafka_fixtures import FOLLOWERS, create_topic, replicated_topic, restore_followers, wait_isr
 
 pytestmark = pytest.mark.kafka
 
@@ -104,8 +108,81 @@ def test_produce_expires_with_request_timed_out_while_two_followers_hang(
     kp, key = replicated
     for node in FOLLOWERS:
         kafka_cluster3.pause_broker(node)  # hung, not yet dropped from the ISR (replica.lag.time.max.ms 4 s)
-    appended = kp.producer.produce([ProducerRecord(key.topic, b"r", partition=0)])
+    appended = kp.append([ProducerRecord(key.topic, b"r", partition=0)])
     # validate=False: DescribeTopics may be routed to a frozen broker (the "controller" it was told).
     op = kp.submit(DelayedProduce(kp.feed, appended, delay_ms=1000), validate=False)
     assert op.wait(WAIT_S)
     assert op.outcome is Outcome.EXPIRED and op.statuses == {key: ErrorCode.REQUEST_TIMED_OUT}
+
+
+def test_produce_is_not_answered_replicated_when_a_leader_change_discarded_the_record(
+    kafka_cluster3: LocalKafkaCluster,
+) -> None:
+    """The acks=1 hole: the leader dies before the next leader fetched the record.
+
+    Replicas [2, 3, 1]: node 2 leads, node 3 is first in line. Node 3 is frozen, the record is
+    appended by node 2 (node 3 lacks it, so the high watermark stays below it), node 2 is
+    killed and node 3 resumed before it misses a heartbeat: the controller elects node 3 (in the
+    ISR, first in the replica order), which never had the record. Records produced afterwards
+    take its offset and the new leader's high watermark passes it. Before the leader-epoch fence
+    the first produce then answered NONE (replicated) for a record no broker has.
+    """
+    cluster = kafka_cluster3
+    settings = KafkaSettings(bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=2000)
+    topic = create_topic(
+        cluster.bootstrap_servers,
+        f"lost-{uuid.uuid4().hex[:8]}",
+        replica_assignment=[[2, 3, 1]],
+        config={"min.insync.replicas": "2"},
+    )
+    key = TopicPartitionKey(topic, 0)
+    wait_isr(settings, key, 3)
+    kp = KafkaPurgatory.connect(settings, name="leader-change")
+    try:
+        warm = kp.produce([ProducerRecord(topic, b"warm-up", partition=0)], delay_ms=30_000)
+        assert warm.wait(WAIT_S) and warm.succeeded, warm.statuses
+        # Keep the partition watched throughout, so the feed keeps polling its facts.
+        kp.submit(DelayedDeleteRecords(kp.feed, {key: 10**9}, delay_ms=120_000), validate=False)
+        wait_until(
+            lambda: getattr(kp.feed.partition(key), "leader_epoch", None) is not None,
+            "the feed holds the partition's leader epoch",
+        )
+        old_epoch = kp.feed.partition(key).leader_epoch  # type: ignore[union-attr]
+        cluster.pause_broker(3)
+        try:
+            # Node 3 froze with a fetch pending at the leader, which would answer it with the
+            # next record into node 3's socket buffer (read on resume). A filler record spends
+            # that pending fetch; the frozen node sends no other, so it never sees the next one.
+            kp.append([ProducerRecord(topic, b"filler", partition=0)])
+            lost = kp.produce([ProducerRecord(topic, b"lost", partition=0)], delay_ms=60_000)
+            cluster.kill_broker(2)
+        finally:
+            cluster.resume_broker(3)
+        offset = lost.appended[key]
+        wait_until(
+            lambda: (
+                (facts := kp.feed.partition(key)) is not None
+                and facts.leader == 3
+                and facts.leader_epoch not in (None, old_epoch)
+            ),
+            "the feed saw node 3 lead the partition in a new epoch",
+            60.0,
+        )
+        after = kp.produce([ProducerRecord(topic, f"after-{i}".encode(), partition=0) for i in range(3)])
+        assert after.wait(WAIT_S) and after.succeeded, after.statuses
+        assert after.appended[key] >= offset, "the new leader reused the lost record's offset"
+        assert lost.wait(WAIT_S)
+        (at_offset,) = kp.reader.read(key, offset, offset + 1, max_bytes=1 << 20)
+        assert at_offset.value != b"lost", "node 3 never had the record: the leader change discarded it"
+        assert kp.feed.partition(key).leader_epoch != old_epoch  # type: ignore[union-attr]
+        assert lost.statuses == {key: ErrorCode.NOT_LEADER_OR_FOLLOWER}, (
+            f"record at offset {offset} was discarded by the leader change, yet: {lost.statuses}"
+        )
+        assert not lost.succeeded
+    finally:
+        kp.close()
+        cluster.resume_broker(3)
+        if not cluster.node(2).is_running():
+            cluster.start_broker(2)
+        wait_isr(settings, key, 3)
+

@@ -1,0 +1,80 @@
+"""FencedAppender: an ``acks=1`` append that notes each partition's leader epoch *before* it.
+
+Why: :class:`DelayedProduce` answers ``NONE`` once a partition's high watermark passes the
+appended offset. With ``acks=1`` the leader may die before any follower fetched the record; a
+follower still in the ISR becomes leader without it, later records reuse its offset, and the new
+leader's watermark passes that offset — the record is gone, yet the watermark says replicated.
+Kafka's broker has no such hole: a produce waiting in its purgatory fails with
+``NOT_LEADER_OR_FOLLOWER`` when the partition's leader changes.
+
+The produce response does not say which leader epoch appended the record (librdkafka reports
+``leader_epoch()`` for consumed messages only), so the epoch known *before* the append stands in:
+epochs never decrease, so ``E_before <= E_append <= E_seen`` for every later ListOffsets answer.
+If a later answer's epoch equals ``E_before``, the leader did not change in between: the leader
+that appended still leads, never truncated its log, and its high watermark counts the record.
+If it differs, the record may be lost: the operation answers ``NOT_LEADER_OR_FOLLOWER``
+(retriable; also when the leader changed cleanly, as on Kafka's broker).
+
+Where ``E_before`` comes from: the change feed's snapshot (published before the append, so no
+request at all while the partition is watched), else one ListOffsets(latest) for the partitions
+the snapshot lacks. A record without a partition may land on any partition of its topic: every
+partition's epoch is taken.
+
+Concurrency contract: thread-safe (the producer and the view are; the snapshot is immutable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ._clients import ProducerRecord, RecordProducer
+from ._facts import FactSource
+from ._keys import TopicPartitionKey
+from ._view import ClusterView
+
+__all__ = ["Appended", "FencedAppender"]
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Records a leader appended: the last offset per partition, and each partition's leader
+    epoch as known before the append (see the module docstring)."""
+
+    offsets: Mapping[TopicPartitionKey, int]
+    leader_epochs: Mapping[TopicPartitionKey, int]
+
+
+class FencedAppender:
+    """Appends with ``acks=1`` after noting the target partitions' leader epochs (see module doc)."""
+
+    def __init__(self, producer: RecordProducer, facts: FactSource, view: ClusterView) -> None:
+        self.producer = producer
+        self.facts = facts
+        self.view = view
+
+    def epochs_before(self, records: Iterable[ProducerRecord]) -> dict[TopicPartitionKey, int]:
+        """The leader epoch of every partition ``records`` may be appended to, known now."""
+        targets: set[TopicPartitionKey] = set()
+        for record in records:
+            if record.partition is not None:
+                targets.add(TopicPartitionKey(record.topic, record.partition))
+            else:
+                count = self.view.partition_count(record.topic)
+                targets.update(TopicPartitionKey(record.topic, p) for p in range(count))
+        epochs: dict[TopicPartitionKey, int] = {}
+        for key in targets:
+            facts = self.facts.partition(key)
+            if facts is not None and facts.error is None and facts.leader_epoch is not None:
+                epochs[key] = facts.leader_epoch
+        missing = targets - epochs.keys()
+        if missing:
+            epochs.update(self.view.leader_epochs(sorted(missing, key=lambda k: (k.topic, k.partition))))
+        return epochs
+
+    def append(self, records: Iterable[ProducerRecord], timeout_s: float = 10.0) -> Appended:
+        """Note the epochs, then append ``records``; raises as :meth:`RecordProducer.produce`."""
+        records = list(records)
+        epochs = self.epochs_before(records)
+        offsets = self.producer.produce(records, timeout_s=timeout_s)
+        return Appended(offsets, {k: epochs[k] for k in offsets if k in epochs})
