@@ -186,3 +186,23 @@ def test_produce_is_not_answered_replicated_when_a_leader_change_discarded_the_r
             cluster.start_broker(2)
         wait_isr(settings, key, 3)
 
+
+def test_a_node_killed_in_a_running_cluster_restarts_from_the_state_file_and_rejoins_the_isr(
+    kafka_cluster3: LocalKafkaCluster,
+) -> None:
+    """``from_state(dir).start_broker(n)`` once failed with ClassNotFoundException kafka.Kafka:
+    the handle rebuilt from the state file had no classpath."""
+    settings, key = replicated_topic(kafka_cluster3, "restart")
+    assert kafka_cluster3.work_dir is not None
+    handle = LocalKafkaCluster.from_state(kafka_cluster3.work_dir)
+    handle.kill_broker(2)
+    try:
+        wait_isr(settings, key, 2)
+        handle.start_broker(2)
+        assert handle.node(2).is_running(), handle.node(2).log_tail()
+        wait_isr(settings, key, 3)
+    finally:
+        # Hand node 2 back to the fixture's handle, which stops the cluster after the module.
+        handle.stop_broker(2)
+        kafka_cluster3.start_broker(2)
+        wait_isr(settings, key, 3)

@@ -497,7 +497,11 @@ class LocalKafkaCluster:
 
     def start_broker(self, node_id: int, timeout_s: float = START_TIMEOUT_S) -> None:
         """Restart a stopped node and wait until metadata lists every running broker again."""
-        self.node(node_id).start()
+        node = self.node(node_id)
+        if not node.classpath:
+            # A handle from a state file written before the classpath was recorded there.
+            node.classpath = str(resolve_kafka(self.version) / "*")
+        node.start()
         self.save_state()
         self.wait_ready(timeout_s)
 
@@ -520,24 +524,42 @@ class LocalKafkaCluster:
             "cluster_id": self.cluster_id,
             "bootstrap_servers": self.bootstrap_servers,
             "work_dir": str(self.work_dir),
-            "nodes": [{**asdict(n.spec), "pid": n.pid} for n in self.nodes.values()],
+            # What restarting a node from another process needs (``from_state(...).start_broker``).
+            "heap_mb": self.heap_mb,
+            "detach": self.detach,
+            "nodes": [
+                {**asdict(n.spec), "pid": n.pid, "classpath": n.classpath} for n in self.nodes.values()
+            ],
         }
         (self.work_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     @classmethod
     def from_state(cls, work_dir: str | Path) -> LocalKafkaCluster:
-        """Rebuild a handle on a cluster started by another process (to stop it or ask its status)."""
+        """Rebuild a handle on a cluster started by another process (to stop or restart its nodes,
+        or ask their status)."""
         path = Path(work_dir) / STATE_FILE
         try:
             state = json.loads(path.read_text())
         except FileNotFoundError:
             raise KafkaLauncherError(f"no local Kafka cluster state at {path}") from None
-        cluster = cls(len(state["nodes"]), version=state["version"], work_dir=work_dir)
+        cluster = cls(
+            len(state["nodes"]),
+            version=state["version"],
+            work_dir=work_dir,
+            heap_mb=state.get("heap_mb", DEFAULT_HEAP_MB),
+            detach=state.get("detach", True),
+        )
         cluster._work_dir_given = False  # a handle from state owns the directory it describes
         cluster.cluster_id = state["cluster_id"]
         for entry in state["nodes"]:
             spec = NodeSpec(entry["node_id"], entry["broker_port"], entry["controller_port"])
-            node = KafkaNode(spec, Path(work_dir) / f"node-{spec.node_id}", "", cluster.heap_mb)
+            node = KafkaNode(
+                spec,
+                Path(work_dir) / f"node-{spec.node_id}",
+                entry.get("classpath", ""),  # "": resolved by start_broker when needed
+                cluster.heap_mb,
+                die_with_parent=not cluster.detach,
+            )
             node.pid = entry["pid"]
             cluster.nodes[spec.node_id] = node
         return cluster
