@@ -149,6 +149,9 @@ class KafkaSettings(_Section):
     request_timeout_ms: PositiveInt = Field(
         5000, description="Bound on one batched admin request of the cluster view (then: unavailable)."
     )
+    append_timeout_ms: PositiveInt = Field(
+        10000, description="Bound on the service's acks=1 append (metadata, leader epochs, the append)."
+    )
     produce_timeout_ms: PositiveInt = Field(30000, description="Default delay_ms of DelayedProduce.")
     fetch_max_wait_ms: PositiveInt = Field(500, description="Default DelayedFetch max_wait_ms (Kafka: 500).")
     commit_timeout_ms: PositiveInt = Field(30000, description="Default delay_ms of DelayedConsumerCommit.")

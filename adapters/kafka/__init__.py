@@ -15,6 +15,7 @@ Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap
 """
 
 from ._append import Appended, FencedAppender
+from ._calls import KafkaCalls
 from ._clients import FetchedRecord, ProducerRecord, RecordProducer, RecordReader
 from ._config import client_config, redacted
 from ._errors import (
@@ -65,6 +66,7 @@ __all__ = [
     "GroupPartitionKey",
     "InvalidOffsetError",
     "KafkaAdapterError",
+    "KafkaCalls",
     "KafkaClusterHandle",
     "KafkaKey",
     "KafkaLauncherError",

@@ -25,10 +25,12 @@ Concurrency contract: thread-safe (the producer and the view are; the snapshot i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ._clients import ProducerRecord, RecordProducer
+from ._errors import KafkaUnavailableError
 from ._facts import FactSource
 from ._keys import TopicPartitionKey
 from ._view import ClusterView
@@ -73,8 +75,15 @@ class FencedAppender:
         return epochs
 
     def append(self, records: Iterable[ProducerRecord], timeout_s: float = 10.0) -> Appended:
-        """Note the epochs, then append ``records``; raises as :meth:`RecordProducer.produce`."""
+        """Note the epochs, then append ``records``, all within about ``timeout_s``; raises as
+        :meth:`RecordProducer.produce` (or :class:`KafkaUnavailableError` when time ran out)."""
         records = list(records)
+        deadline = time.monotonic() + timeout_s
         epochs = self.epochs_before(records)
-        offsets = self.producer.produce(records, timeout_s=timeout_s)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise KafkaUnavailableError(
+                f"no time left to append within {timeout_s:.1f} s after reading leader epochs"
+            )
+        offsets = self.producer.produce(records, timeout_s=left)
         return Appended(offsets, {k: epochs[k] for k in offsets if k in epochs})

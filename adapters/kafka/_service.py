@@ -14,13 +14,13 @@ Submission validates topics first (one DescribeTopics for the operation's topics
 an unknown topic raises :class:`UnknownTopicError` before anything is watched — except for
 ``DelayedTopicReady``, whose point is to wait for a topic to appear.
 
-Concurrency contract: all methods are thread-safe; the async ones never block the event loop
-(producing runs in the default executor).
+Concurrency contract: all methods are thread-safe; the async ones never block the event loop:
+their blocking Kafka calls (validation, the append) run on the purgatory's own bounded pool
+(:class:`KafkaCalls`), never the loop's default executor, each awaited with its deadline.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -29,6 +29,7 @@ from purgatory import DelayedOperationPurgatory, Outcome
 from purgatory.settings import KafkaSettings, Settings
 
 from ._append import Appended, FencedAppender
+from ._calls import KafkaCalls
 from ._clients import ProducerRecord, RecordProducer, RecordReader
 from ._errors import UnknownTopicError
 from ._feed import ChangeFeed
@@ -39,6 +40,9 @@ from ._view import ClusterView
 __all__ = ["KafkaPurgatory"]
 
 Op = TypeVar("Op", bound=KafkaOperation)
+
+# The async methods' pool: threads blocked at most a client timeout each, and the calls admitted.
+ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG = 4, 1024
 
 
 class KafkaPurgatory:
@@ -61,6 +65,7 @@ class KafkaPurgatory:
         self.reader = reader
         self.settings = feed.settings
         self._owns_purgatory = owns_purgatory
+        self.calls = KafkaCalls(f"purgatory-{purgatory.name}", ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG)
         feed.attach(purgatory)
 
     @classmethod
@@ -125,7 +130,9 @@ class KafkaPurgatory:
     async def watch(self, op: Op, *, validate: bool = True) -> Outcome:
         """asyncio: submit and await the outcome (validation runs in the default executor)."""
         if validate:
-            await asyncio.get_running_loop().run_in_executor(None, self._validate, op)
+            await self.calls.run(
+                self._validate, op, timeout_s=self.view.request_timeout_s + 1.0, what="DescribeTopics"
+            )
         try:
             return await self.purgatory.watch(op, op.watch_keys())
         except BaseException:
@@ -147,8 +154,9 @@ class KafkaPurgatory:
         self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None, timeout_s: float = 10.0
     ) -> DelayedProduce:
         records = list(records)
-        loop = asyncio.get_running_loop()
-        appended = await loop.run_in_executor(None, lambda: self.append(records, timeout_s=timeout_s))
+        appended = await self.calls.run(
+            self.appender.append, records, timeout_s, timeout_s=timeout_s, what="the append"
+        )
         op = DelayedProduce(self.feed, appended, delay_ms=delay_ms)
         await self.purgatory.watch(op, op.watch_keys())
         return op
@@ -172,6 +180,7 @@ class KafkaPurgatory:
         self.feed.detach(self.purgatory)
         if self._owns_purgatory:
             self.purgatory.shutdown()
+        self.calls.close()
         self.producer.close()
         self.reader.close()
         self.view.close()

@@ -269,13 +269,20 @@ class ClusterView:
         if pending is None:
             return {}
         results = pending.collect()
-        out = {}
-        for key in keys:
-            value = results[key]
-            if isinstance(value, ErrorFact):
-                raise value.to_exception()
-            out[key] = value.offset
-        return out
+        return {key: self._listed(key, results[key]).offset for key in keys}
+
+    def _listed(self, key: TopicPartitionKey, value: ListedOffset | ErrorFact) -> ListedOffset:
+        """One partition's ListOffsets answer, or the typed error it stands for."""
+        if isinstance(value, ErrorFact):
+            if value.kind == "unknown_topic" and self._partition_counts.get(key.topic, 0) > key.partition:
+                # DescribeTopics said it exists: "no leader found" means leaderless for now
+                # (its leader is down or being elected), not unknown — as in facts().
+                raise KafkaUnavailableError(f"partition {key.label} has no leader: {value.message}")
+            raise value.to_exception()
+        if value.offset < 0:
+            # librdkafka's "no offset" (-1, OFFSET_INVALID -1001): the leader could not say.
+            raise KafkaUnavailableError(f"the leader of {key.label} answered no offset ({value.offset})")
+        return value
 
     def high_watermarks(self, keys: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         """Latest offset (the high watermark) per partition, in one ListOffsets request."""
@@ -294,12 +301,10 @@ class ClusterView:
         results = pending.collect()
         out = {}
         for key in keys:
-            value = results[key]
-            if isinstance(value, ErrorFact):
-                raise value.to_exception()
-            if value.leader_epoch is None:
+            epoch = self._listed(key, results[key]).leader_epoch
+            if epoch is None:
                 raise KafkaUnavailableError(f"the leader of {key.label} did not say its leader epoch")
-            out[key] = value.leader_epoch
+            out[key] = epoch
         return out
 
     def partition_count(self, topic: str) -> int:
@@ -494,8 +499,11 @@ class ClusterView:
                 # partition is leaderless for now (a broker is down), not that it is unknown.
                 error = ErrorFact("unavailable", f"partition {key.label} has no leader: {error.message}")
             out_partitions[key] = PartitionFacts(
-                high_watermark=high.offset if isinstance(high, ListedOffset) else None,
-                log_start_offset=start.offset if isinstance(start, ListedOffset) else None,
+                # A negative offset is librdkafka's "no offset": not known (yet), like no answer.
+                high_watermark=high.offset if isinstance(high, ListedOffset) and high.offset >= 0 else None,
+                log_start_offset=start.offset
+                if isinstance(start, ListedOffset) and start.offset >= 0
+                else None,
                 leader=d.leaders[key.partition],
                 leader_epoch=high.leader_epoch if isinstance(high, ListedOffset) else None,
                 isr=d.isr[key.partition],

@@ -11,11 +11,19 @@ Before submitting, the topic and partition are checked against cached metadata (
 DescribeTopics per topic per ``METADATA_MAX_AGE_S``), so an unknown topic or partition is a 404
 naming the field, not an operation that waits in vain.
 
+Answer bounds (each Kafka call has its own deadline, see :class:`KafkaCalls`): a produce is
+answered within ``kafka.append_timeout_ms`` (metadata, leader epochs and the leader's append
+together) plus its ``timeout_ms``; a long poll within ``kafka.request_timeout_ms`` (metadata, or
+the high watermark when no offset is given) plus ``max_wait_ms`` plus one read of what arrived
+(``kafka.request_timeout_ms``). Slow or unreachable Kafka gives a 503, never a later answer.
+
 Concurrency contract: one gateway per event loop. ``fetch``/``produce`` may run concurrently
-(any number of awaiting requests); blocking Kafka calls (produce, metadata, offsets) run in the
-loop's default executor. The first completion attempt of an operation runs on the loop thread,
-inside ``purgatory.watch``; a fetch declines it there and is attempted at once from a worker
-thread instead (:class:`OffLoopFetch`), so reading records never blocks the loop. ``start()``
+(any number of awaiting requests); blocking Kafka calls run on the gateway's own bounded pools
+(metadata, appends, reads: one stalled kind never delays another), never on the loop's default
+executor, and each is awaited with its deadline. The first completion attempt of an operation
+runs on the loop thread, inside ``purgatory.watch``; a fetch declines it there and is attempted
+at once from a worker thread instead (:class:`OffLoopFetch`), so reading records never blocks
+the loop. ``start()``
 and ``close()`` belong to the owner (the app's lifespan); ``close()`` drains: every waiting
 request is answered (EXPIRED, with the records that arrived) first.
 """
@@ -23,6 +31,7 @@ request is answered (EXPIRED, with the records that arrived) first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -43,6 +52,7 @@ from ..kafka import (
     DelayedProduce,
     ErrorCode,
     FencedAppender,
+    KafkaCalls,
     KafkaUnavailableError,
     ProducerRecord,
     RecordProducer,
@@ -66,7 +76,11 @@ PRODUCE_PURGATORY = "produce"  # Kafka's broker: "Produce" purgatory
 # burst of requests on one topic costs one DescribeTopics. Unknown topics are never cached (the
 # topic may be created a moment later).
 METADATA_MAX_AGE_S = 5.0
-PRODUCE_APPEND_TIMEOUT_S = 10.0  # the leader's acks=1 append; replication is the purgatory's job
+# Threads per pool: calls block a thread for up to their client timeout while Kafka hangs, and
+# the backlog each pool admits before refusing (503) rather than queueing without end.
+METADATA_THREADS, METADATA_BACKLOG = 4, 256
+APPEND_THREADS, APPEND_BACKLOG = 8, 1024
+READ_THREADS, READ_BACKLOG = 4, 1024
 
 
 def resolve_bootstrap(settings: Settings, bootstrap_servers: str | None = None) -> str:
@@ -117,6 +131,11 @@ class Gateway:
             if self.journal is not None:
                 self.journal.attach(purgatory)
         self._topics: dict[str, _TopicMeta] = {}
+        self.metadata_calls = KafkaCalls("metadata", METADATA_THREADS, METADATA_BACKLOG)
+        self.append_calls = KafkaCalls("append", APPEND_THREADS, APPEND_BACKLOG)
+        self.read_calls = KafkaCalls("read", READ_THREADS, READ_BACKLOG)
+        # The view gives up on an admin request after its request timeout (plus its own margin).
+        self._metadata_timeout_s = self.view.request_timeout_s + 1.0
         self.serving = False
 
     @property
@@ -141,6 +160,8 @@ class Gateway:
             purgatory.shutdown(drain=drain)  # drained waiters get EXPIRED: nobody hangs
         if self.journal is not None:
             self.journal.close()
+        for calls in (self.metadata_calls, self.append_calls, self.read_calls):
+            calls.close()
         self.producer.close()
         self.reader.close()
         self.view.close()
@@ -156,7 +177,9 @@ class Gateway:
             return meta.partitions
         key = TopicKey(topic)
         try:
-            facts = await asyncio.to_thread(self.view.topics, [key])
+            facts = await self.metadata_calls.run(
+                self.view.topics, [key], timeout_s=self._metadata_timeout_s, what=f"DescribeTopics({topic!r})"
+            )
         except UnknownTopicError:
             self._topics.pop(topic, None)
             raise RequestError(
@@ -188,7 +211,13 @@ class Gateway:
         offset = params.offset
         if offset is None:  # "new records only": start at the high watermark
             try:
-                offset = (await asyncio.to_thread(self.view.high_watermarks, [key]))[key]
+                watermarks = await self.metadata_calls.run(
+                    self.view.high_watermarks,
+                    [key],
+                    timeout_s=self._metadata_timeout_s,
+                    what=f"ListOffsets({key.label})",
+                )
+                offset = watermarks[key]
             except KafkaUnavailableError as exc:
                 raise _unavailable(exc) from None
         op = OffLoopFetch(
@@ -208,7 +237,14 @@ class Gateway:
             # off the loop. Records already there are read now, not at the next fact change.
             await asyncio.sleep(0)
             if not watching.done():
-                await asyncio.to_thread(self.fetch_purgatory.check_and_complete, key)
+                # On a timeout the op stays watched: it completes on new facts or expires.
+                with contextlib.suppress(KafkaUnavailableError):
+                    await self.read_calls.run(
+                        self.fetch_purgatory.check_and_complete,
+                        key,
+                        timeout_s=self.view.request_timeout_s,
+                        what=f"the first read of {key.label}",
+                    )
             await watching
         except BaseException:
             # The client left (or the server gave up on the request): finish the op as CANCELLED,
@@ -245,7 +281,14 @@ class Gateway:
             for r in request.records
         ]
         try:
-            appended = await asyncio.to_thread(self.appender.append, records, PRODUCE_APPEND_TIMEOUT_S)
+            append_timeout_s = self.settings.kafka.append_timeout_ms / 1000.0
+            appended = await self.append_calls.run(
+                self.appender.append,
+                records,
+                append_timeout_s,
+                timeout_s=append_timeout_s,
+                what=f"the append of {len(records)} record(s) to {topic!r} (they may still be appended)",
+            )
         except UnknownTopicError as exc:
             self._topics.pop(topic, None)
             raise RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", str(exc), value=topic) from None

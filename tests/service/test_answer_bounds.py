@@ -1,0 +1,131 @@
+"""Every HTTP answer within its stated bound while a partition's leader is SIGSTOPped or SIGKILLed.
+
+Stated bounds (the gateway's module docstring): a produce is answered within
+``append_timeout_ms + timeout_ms``, a long poll within ``max_wait_ms + 2 * request_timeout_ms``
+(metadata or the start offset, then the read of what arrived) — plus scheduling slack. Requests
+arrive together, more of them than asyncio's default executor has threads on this machine, so
+a blocking Kafka call queued behind others would show. 1 broker (its own cluster: the session
+broker is shared) and 3 brokers (the leader is node 2, not the controller, so the partition
+moves on when it dies). Each case restores the broker it hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from purgatory.adapters.kafka import LocalKafkaCluster, TopicPartitionKey
+from purgatory.adapters.service import create_app
+from purgatory.adapters.service._server import BackgroundServer
+
+from purgatory.settings import KafkaSettings, Settings
+from tests.integration.kafka_fixtures import create_topic, wait_isr
+
+pytestmark = pytest.mark.kafka
+
+REQUEST_TIMEOUT_MS = 2000
+APPEND_TIMEOUT_MS = 3000
+PRODUCE_TIMEOUT_MS = 3000
+MAX_WAIT_MS = 1000
+SLACK_S = 1.5  # event-loop and thread scheduling on a shared 2-core machine
+CONCURRENT = 16  # of each kind: asyncio's default executor has min(32, cores + 4) = 6 threads here
+PRODUCE_BOUND_S = (APPEND_TIMEOUT_MS + PRODUCE_TIMEOUT_MS) / 1000 + SLACK_S
+FETCH_BOUND_S = (MAX_WAIT_MS + 2 * REQUEST_TIMEOUT_MS) / 1000 + SLACK_S
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster1() -> Iterator[LocalKafkaCluster]:
+    cluster = LocalKafkaCluster(brokers=1)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def _burst(url: str, topic: str) -> list[tuple[str, int, float, str]]:
+    """CONCURRENT produces and CONCURRENT long polls at once: (kind, status, seconds, body)."""
+    async with httpx.AsyncClient(base_url=url, timeout=120.0) as client:
+
+        async def one(kind: str) -> tuple[str, int, float, str]:
+            started = time.monotonic()
+            if kind == "produce":
+                body = {"records": [{"value": "v", "partition": 0}], "timeout_ms": PRODUCE_TIMEOUT_MS}
+                response = await client.post(f"/topics/{topic}/records", json=body)
+            else:
+                response = await client.get(
+                    f"/topics/{topic}/partitions/0/records", params={"max_wait_ms": MAX_WAIT_MS}
+                )
+            return kind, response.status_code, time.monotonic() - started, response.text[:200]
+
+        kinds = ["produce"] * CONCURRENT + ["fetch"] * CONCURRENT
+        return await asyncio.gather(*(one(k) for k in kinds))
+
+
+def _check_bounds(answers: list[tuple[str, int, float, str]]) -> None:
+    slowest = {
+        kind: max(seconds for k, _, seconds, _ in answers if k == kind) for kind in ("produce", "fetch")
+    }
+    print(f"slowest answers: produce {slowest['produce']:.2f} s, fetch {slowest['fetch']:.2f} s")
+    for kind, status, seconds, text in answers:
+        bound = PRODUCE_BOUND_S if kind == "produce" else FETCH_BOUND_S
+        assert seconds <= bound, f"{kind} answered after {seconds:.1f} s > {bound:.1f} s ({status} {text})"
+        assert status in (200, 503, 504), f"{kind}: {status} {text}"
+
+
+def _exercise(cluster: LocalKafkaCluster, node: int, topic: str, fault: str) -> None:
+    kafka = KafkaSettings(
+        bootstrap_servers=cluster.bootstrap_servers,
+        request_timeout_ms=REQUEST_TIMEOUT_MS,
+        append_timeout_ms=APPEND_TIMEOUT_MS,
+    )
+    with BackgroundServer(create_app(Settings(kafka=kafka))) as server:
+        warm = httpx.post(
+            f"{server.url}/topics/{topic}/records",
+            json={"records": [{"value": "w", "partition": 0}]},
+            timeout=30,
+        )
+        assert warm.status_code == 200, warm.text  # metadata cached, producer connected
+        if fault == "SIGSTOP":
+            cluster.pause_broker(node)
+        else:
+            cluster.kill_broker(node)
+        try:
+            answers = asyncio.run(_burst(server.url, topic))
+        finally:
+            if fault == "SIGSTOP":
+                cluster.resume_broker(node)
+            else:
+                cluster.start_broker(node)
+    _check_bounds(answers)
+
+
+@pytest.mark.parametrize("fault", ["SIGSTOP", "SIGKILL"])
+def test_every_answer_within_its_bound_when_the_only_broker_is_hit(
+    kafka_cluster1: LocalKafkaCluster, fault: str
+) -> None:
+    topic = create_topic(kafka_cluster1.bootstrap_servers, f"bound1-{uuid.uuid4().hex[:8]}")
+    _exercise(kafka_cluster1, 1, topic, fault)
+
+
+@pytest.mark.parametrize("fault", ["SIGSTOP", "SIGKILL"])
+def test_every_answer_within_its_bound_when_the_leader_of_three_is_hit(
+    kafka_cluster3: LocalKafkaCluster, fault: str
+) -> None:
+    topic = create_topic(
+        kafka_cluster3.bootstrap_servers,
+        f"bound3-{uuid.uuid4().hex[:8]}",
+        replica_assignment=[[2, 3, 1]],
+        config={"min.insync.replicas": "2"},
+    )
+    settings = KafkaSettings(bootstrap_servers=kafka_cluster3.bootstrap_servers, request_timeout_ms=2000)
+    key = TopicPartitionKey(topic, 0)
+    wait_isr(settings, key, 3)
+    try:
+        _exercise(kafka_cluster3, 2, topic, fault)
+    finally:
+        wait_isr(settings, key, 3)
