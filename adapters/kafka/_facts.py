@@ -54,6 +54,10 @@ _UNAVAILABLE_CODES = frozenset(
         # A new leader answers ListOffsets with this until its high watermark caught up with
         # the start of its epoch: a moment after every election.
         KafkaError.OFFSET_NOT_AVAILABLE,
+        # The client's idea of the leader epoch is behind or ahead of the broker's: metadata is
+        # catching up with an election.
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
     }
 )
 _UNKNOWN_TOPIC_CODES = frozenset(

@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from confluent_kafka import (
+    KafkaError,
     KafkaException,
     TopicCollection,
     TopicPartition,
@@ -73,6 +74,7 @@ from ._facts import (
     GroupFacts,
     PartitionFacts,
     TopicFacts,
+    _code,
     _error_fact,
     _unavailable_or,
 )
@@ -83,9 +85,13 @@ __all__ = ["ClusterView"]
 
 _log = structlog.get_logger("purgatory.kafka.view")
 
+# A stale leader epoch renews the admin client at most this often (a new one costs connections).
+ADMIN_RENEW_MIN_S = 1.0
 CONFIG_TTL_S = 10.0  # min.insync.replicas rarely changes; re-read it at most this often per topic
 _LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 _EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+# ListOffsets answers saying the client's cached leader epoch is stale (see _forget_leader_epochs).
+_STALE_EPOCH_CODES = frozenset({KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH})
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +125,7 @@ class ClusterView:
         self.request_timeout_s = (request_timeout_ms or self._settings.request_timeout_ms) / 1000.0
         self._lock = threading.Lock()
         self._admin: AdminClient | None = None
+        self._admin_renewed_at = -ADMIN_RENEW_MIN_S
         self._min_isr: dict[str, tuple[float, int]] = {}
         # Partition count per topic as last described: lets facts() ask ListOffsets for known
         # partitions in parallel with DescribeTopics (one round trip per poll, not two).
@@ -259,7 +266,22 @@ class ClusterView:
             futures = self.admin.list_offsets(request, request_timeout=self.request_timeout_s)
         except KafkaException as exc:
             raise _unavailable_or(exc, what) from None
-        return _PendingOffsets(futures, what, self.request_timeout_s + 1.0)
+        return _PendingOffsets(futures, what, self.request_timeout_s + 1.0, self._forget_leader_epochs)
+
+    def _forget_leader_epochs(self) -> None:
+        """A ListOffsets answer said the client's leader epoch is stale (FENCED_LEADER_EPOCH).
+
+        librdkafka's admin client sends the epoch of its cached metadata with ListOffsets and does
+        not refresh it on this error: after a leader bounced, every later ListOffsets of the
+        partition was refused (seen for minutes). A new admin client starts from fresh metadata.
+        """
+        now = time.monotonic()
+        with self._lock:
+            if now - self._admin_renewed_at < ADMIN_RENEW_MIN_S:
+                return  # renewed a moment ago: its metadata is fresh, the broker is catching up
+            self._admin_renewed_at = now
+            self._admin = None
+        _log.info("kafka_admin_stale_leader_epoch")
 
     def _offsets(
         self, keys: Iterable[TopicPartitionKey], spec: OffsetSpec, what: str
@@ -530,9 +552,16 @@ class ListedOffset:
 class _PendingOffsets:
     """The per-partition futures of one ListOffsets request, collected in one wait."""
 
-    __slots__ = ("_futures", "_timeout_s", "_what")
+    __slots__ = ("_futures", "_on_stale_epoch", "_timeout_s", "_what")
 
-    def __init__(self, futures: Mapping[TopicPartition, Future[Any]], what: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        futures: Mapping[TopicPartition, Future[Any]],
+        what: str,
+        timeout_s: float,
+        on_stale_epoch: Callable[[], None],
+    ) -> None:
+        self._on_stale_epoch = on_stale_epoch
         self._futures = futures
         self._what = what
         self._timeout_s = timeout_s
@@ -542,6 +571,7 @@ class _PendingOffsets:
         _done, late = wait(self._futures.values(), timeout=self._timeout_s)
         if late:
             raise KafkaUnavailableError(f"Kafka did not answer {self._what} within {self._timeout_s:.1f} s")
+        stale = False
         out: dict[TopicPartitionKey, ListedOffset | ErrorFact] = {}
         for tp, future in self._futures.items():
             key = TopicPartitionKey(tp.topic, tp.partition)
@@ -552,4 +582,7 @@ class _PendingOffsets:
                 out[key] = ListedOffset(int(info.offset), epoch if epoch >= 0 else None)
             except KafkaException as exc:
                 out[key] = _error_fact(exc, f"partition {key.label}", key.topic, key.partition)
+                stale |= _code(exc) in _STALE_EPOCH_CODES
+        if stale:
+            self._on_stale_epoch()
         return out
