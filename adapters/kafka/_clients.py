@@ -88,9 +88,19 @@ class RecordProducer:
                     # acks=1: the leader's append answers the produce; DelayedProduce waits for the rest.
                     "acks": "1",
                     "linger.ms": "0",
+                    # Idempotence would keep order and drop retried duplicates, but librdkafka (like
+                    # the Java client) allows it only with acks=all. So: one request in flight per
+                    # broker connection, and a retried batch is sent again before any later one —
+                    # the records of a request keep their order through retries (with several in
+                    # flight, a failed batch retried after a later one succeeded lands behind it).
                     "enable.idempotence": False,
+                    "max.in.flight.requests.per.connection": 1,
                     "log_level": "0",
                     "socket.nagle.disable": True,  # latency over packet count: one record per produce
+                    # librdkafka gives up on a record (and stops retrying it) when the append's
+                    # bound has passed: a record reported as failed must not land later, behind
+                    # the records of the next request (or of the client's retry of this one).
+                    "message.timeout.ms": self._settings.append_timeout_ms,
                 }
                 self._producer = Producer(config)
             return self._producer

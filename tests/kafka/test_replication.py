@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from purgatory.adapters.kafka import (
@@ -18,6 +19,7 @@ from purgatory.adapters.kafka import (
     DelayedProduce,
     ErrorCode,
     KafkaPurgatory,
+    KafkaUnavailableError,
     LocalKafkaCluster,
     ProducerRecord,
     TopicPartitionKey,
@@ -205,4 +207,77 @@ def test_a_node_killed_in_a_running_cluster_restarts_from_the_state_file_and_rej
         # Hand node 2 back to the fixture's handle, which stops the cluster after the module.
         handle.stop_broker(2)
         kafka_cluster3.start_broker(2)
+        wait_isr(settings, key, 3)
+
+
+def _high_watermark_once_answered(view: ClusterView, key: TopicPartitionKey) -> int:
+    """The high watermark, once the leader answers (it may still be loading after an election)."""
+    answer: list[int] = []
+
+    def answered() -> bool:
+        try:
+            answer.append(view.high_watermarks([key])[key])
+        except KafkaUnavailableError:
+            return False
+        return True
+
+    wait_until(answered, f"the leader of {key.label} answers ListOffsets")
+    return answer[-1]
+
+
+BOUNCED_RECORDS = 20_000  # one request: ~0.3 s of appends here, so the bounce lands mid-request
+
+
+def test_one_request_keeps_its_order_and_never_silently_duplicates_when_the_leader_is_bounced(
+    kafka_cluster3: LocalKafkaCluster,
+) -> None:
+    """Producer retries after a leader bounce must not reorder the request's records, and a
+    retried append that duplicated or lost some must not be answered as replicated."""
+    cluster = kafka_cluster3
+    settings = KafkaSettings(bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=2000)
+    topic = create_topic(
+        cluster.bootstrap_servers,
+        f"bounce-{uuid.uuid4().hex[:8]}",
+        replica_assignment=[[2, 3, 1]],
+        config={"min.insync.replicas": "2"},
+    )
+    key = TopicPartitionKey(topic, 0)
+    wait_isr(settings, key, 3)
+    kp = KafkaPurgatory.connect(settings, name="bounce")
+    view = ClusterView(settings)
+    try:
+        warm = kp.produce([ProducerRecord(topic, b"warm-up", partition=0)], delay_ms=30_000)
+        assert warm.wait(WAIT_S) and warm.succeeded, warm.statuses
+        start = warm.appended[key] + 1
+        records = [ProducerRecord(topic, b"%06d" % i, partition=0) for i in range(BOUNCED_RECORDS)]
+        with ThreadPoolExecutor(1) as pool:
+            appending = pool.submit(kp.produce, records, delay_ms=30_000, timeout_s=60.0)
+            # Mid-request: the leader has some of the records, not all (no event to wait on).
+            wait_until(
+                lambda: appending.done() or _high_watermark_once_answered(view, key) > start + 100,
+                "the leader appended part of the request",
+            )
+            assert not appending.done(), "the request finished before the bounce: raise BOUNCED_RECORDS"
+            cluster.kill_broker(2)
+            cluster.start_broker(2)
+            op = appending.result(timeout=90)
+        assert op.wait(40)
+        wait_isr(settings, key, 3)
+        end = _high_watermark_once_answered(view, key)
+        values = [r.value for r in kp.reader.read(key, start, end, max_bytes=1 << 30, timeout_s=30)]
+        seqs = [int(v) for v in values if v is not None]
+        first_seen = list(dict.fromkeys(seqs))
+        assert first_seen == sorted(first_seen), "the request's records were reordered by retries"
+        duplicated = len(seqs) - len(first_seen)
+        lost = BOUNCED_RECORDS - len(first_seen)
+        print(f"bounce: {duplicated} duplicated, {lost} lost, statuses {op.statuses}")
+        if duplicated or lost:
+            assert not op.succeeded, f"{duplicated} duplicated / {lost} lost, yet: {op.statuses}"
+        else:
+            assert op.succeeded or op.statuses == {key: ErrorCode.NOT_LEADER_OR_FOLLOWER}, op.statuses
+    finally:
+        view.close()
+        kp.close()
+        if not cluster.node(2).is_running():
+            cluster.start_broker(2)
         wait_isr(settings, key, 3)
