@@ -1,0 +1,141 @@
+"""DelayedProduce's leader-epoch fence and KafkaCalls' deadlines, with a fake FactSource (no Kafka)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+from purgatory.adapters.kafka import (
+    Appended,
+    DelayedProduce,
+    ErrorCode,
+    KafkaCalls,
+    KafkaUnavailableError,
+    PartitionFacts,
+    TopicPartitionKey,
+)
+
+from purgatory.settings import KafkaSettings
+
+KEY = TopicPartitionKey("orders", 0)
+
+
+@dataclass
+class FakeFacts:
+    """A FactSource whose partition facts the test sets."""
+
+    settings: KafkaSettings = field(default_factory=KafkaSettings)
+    partitions: dict[TopicPartitionKey, PartitionFacts] = field(default_factory=dict)
+    unavailable: str | None = None
+
+    def partition(self, key: TopicPartitionKey) -> PartitionFacts | None:
+        return self.partitions.get(key)
+
+    def topic(self, key: object) -> None:
+        return None
+
+    def group(self, key: object) -> None:
+        return None
+
+
+def _facts(high: int, epoch: int | None, isr: tuple[int, ...] = (1, 2, 3)) -> PartitionFacts:
+    return PartitionFacts(high_watermark=high, leader=1, leader_epoch=epoch, isr=isr, min_insync_replicas=2)
+
+
+def test_produce_completes_none_when_the_watermark_of_the_same_epoch_passes_the_record() -> None:
+    facts = FakeFacts()
+    op = DelayedProduce(facts, Appended({KEY: 10}, {KEY: 4}), delay_ms=60_000)
+    facts.partitions[KEY] = _facts(10, 4)
+    assert not op.try_complete(), "high watermark 10 does not pass offset 10"
+    facts.partitions[KEY] = _facts(11, 4)
+    assert op.try_complete()
+    assert op.statuses == {KEY: ErrorCode.NONE}
+
+
+def test_produce_is_not_leader_when_another_epoch_passes_the_offset() -> None:
+    facts = FakeFacts()
+    op = DelayedProduce(facts, Appended({KEY: 10}, {KEY: 4}), delay_ms=60_000)
+    facts.partitions[KEY] = _facts(50, 5)  # a new leader whose log may lack the record
+    assert op.try_complete()
+    assert op.statuses == {KEY: ErrorCode.NOT_LEADER_OR_FOLLOWER}
+    assert not op.succeeded
+
+
+def test_produce_waits_while_the_facts_carry_no_epoch() -> None:
+    facts = FakeFacts()
+    op = DelayedProduce(facts, Appended({KEY: 10}, {KEY: 4}), delay_ms=60_000)
+    facts.partitions[KEY] = _facts(50, None)
+    assert not op.try_complete(), "a watermark without its epoch cannot vouch for the record"
+
+
+def test_a_partition_appended_without_a_known_epoch_answers_not_leader_at_once() -> None:
+    other = TopicPartitionKey("orders", 1)
+    facts = FakeFacts()
+    op = DelayedProduce(facts, Appended({KEY: 3, other: 7}, {KEY: 4}), delay_ms=60_000)
+    facts.partitions[KEY] = _facts(4, 4)
+    assert op.try_complete()
+    assert op.statuses == {KEY: ErrorCode.NONE, other: ErrorCode.NOT_LEADER_OR_FOLLOWER}
+
+
+def test_a_target_offset_fences_from_the_first_epoch_seen() -> None:
+    facts = FakeFacts()
+    op = DelayedProduce(facts, {KEY: 10}, delay_ms=60_000)
+    facts.partitions[KEY] = _facts(5, 7)
+    assert not op.try_complete()
+    assert op.leader_epochs == {KEY: 7}
+    facts.partitions[KEY] = _facts(20, 8)
+    assert op.try_complete()
+    assert op.statuses == {KEY: ErrorCode.NOT_LEADER_OR_FOLLOWER}
+
+
+def test_a_plain_mapping_of_records_keeps_old_callers_working_with_the_epoch_at_construction() -> None:
+    facts = FakeFacts(partitions={KEY: _facts(5, 3)})
+    op = DelayedProduce(facts, {KEY: 5}, delay_ms=60_000)
+    assert op.leader_epochs == {KEY: 3}
+    facts.partitions[KEY] = _facts(6, 3)
+    assert op.try_complete() and op.succeeded
+
+
+def test_kafka_calls_answer_a_stuck_call_at_its_deadline_and_keep_its_slot_until_it_returns() -> None:
+    calls = KafkaCalls("test", workers=1, max_pending=2)
+    release = threading.Event()
+
+    async def scenario() -> None:
+        with pytest.raises(KafkaUnavailableError, match=r"did not answer the stuck call within 0\.1 s"):
+            await calls.run(release.wait, 10.0, timeout_s=0.1, what="the stuck call")
+        assert calls.pending == 1, "the thread still runs the call: its slot is still taken"
+        # A second call queues behind the stuck one and times out too, without ever running.
+        ran = threading.Event()
+        with pytest.raises(KafkaUnavailableError):
+            await calls.run(ran.set, timeout_s=0.1, what="the queued call")
+        assert not ran.is_set(), "a queued call whose caller gave up is cancelled"
+        release.set()
+        assert await calls.run(lambda: 42, timeout_s=5.0, what="the next call") == 42
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        calls.close()
+
+
+def test_kafka_calls_refuse_at_once_past_their_backlog() -> None:
+    calls = KafkaCalls("test", workers=1, max_pending=1)
+    release = threading.Event()
+
+    async def scenario() -> None:
+        stuck = asyncio.ensure_future(calls.run(release.wait, 10.0, timeout_s=5.0, what="the stuck call"))
+        await asyncio.sleep(0)  # let it be admitted
+        with pytest.raises(KafkaUnavailableError, match="1 Kafka calls already pending"):
+            await calls.run(lambda: None, timeout_s=5.0, what="one too many")
+        assert calls.refused == 1
+        release.set()
+        assert await stuck is True
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        calls.close()
