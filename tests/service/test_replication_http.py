@@ -9,7 +9,9 @@ restored after each test.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -18,7 +20,15 @@ from purgatory.adapters.service import create_app
 from purgatory.adapters.service._server import BackgroundServer
 
 from purgatory.settings import KafkaSettings, Settings
-from tests.kafka.kafka_fixtures import FOLLOWERS, replicated_topic, restore_followers, wait_isr
+from tests.kafka.kafka_fixtures import (
+    FOLLOWERS,
+    WAIT_S,
+    create_topic,
+    replicated_topic,
+    restore_followers,
+    wait_isr,
+    wait_until,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -67,3 +77,48 @@ def test_produce_is_503_not_enough_replicas_when_the_isr_is_below_min_insync(
     assert response.status_code == 503, response.text
     assert response.json()["error"] == "NOT_ENOUGH_REPLICAS"
     assert response.json()["statuses"] == {"0": "NOT_ENOUGH_REPLICAS"}
+
+
+def test_a_produce_whose_record_a_leader_change_discarded_is_503_not_leader_never_200(
+    kafka_cluster3: LocalKafkaCluster,
+) -> None:
+    """The acks=1 hole over HTTP (see test_replication's leader-change test for the mechanics):
+    leader 2 appends the record while node 3, next in line, is frozen; leader 2 dies, node 3
+    leads without it, later records take its offset. The waiting request must not say 200."""
+    cluster = kafka_cluster3
+    topic = create_topic(
+        cluster.bootstrap_servers,
+        f"http-lost-{uuid.uuid4().hex[:8]}",
+        replica_assignment=[[2, 3, 1]],
+        config={"min.insync.replicas": "2"},
+    )
+    kafka = KafkaSettings(bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=2000)
+    key = TopicPartitionKey(topic, 0)
+    wait_isr(kafka, key, 3)
+    app = create_app(Settings(kafka=kafka))
+    try:
+        with BackgroundServer(app) as server, ThreadPoolExecutor(1) as pool:
+            assert _post(server.url, topic, 15_000).status_code == 200
+            produce = app.state.gateway.produce_purgatory
+            cluster.pause_broker(3)
+            try:
+                # Spends node 3's pending fetch (see the purgatory-level test); times out at once.
+                assert _post(server.url, topic, 1).status_code == 504
+                lost = pool.submit(_post, server.url, topic, 60_000)
+                wait_until(lambda: produce.num_delayed() == 1, "the leader appended the record")
+                cluster.kill_broker(2)
+            finally:
+                cluster.resume_broker(3)
+            # More records, once node 3 leads: they take the lost record's offset.
+            wait_until(
+                lambda: _post(server.url, topic, 5_000).status_code == 200, "node 3 takes produces", 60
+            )
+            answer = lost.result(timeout=WAIT_S)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"] == "NOT_LEADER_OR_FOLLOWER"
+        assert answer.json()["statuses"] == {"0": "NOT_LEADER_OR_FOLLOWER"}
+    finally:
+        cluster.resume_broker(3)
+        if not cluster.node(2).is_running():
+            cluster.start_broker(2)
+        wait_isr(kafka, key, 3)
