@@ -11,7 +11,9 @@ Routes:
 * ``POST /topics/{topic}/records`` ``{"records": [{"value": "...", "key": "...", "partition": 0}],
   "timeout_ms": 30000}`` — appends, then answers once every in-sync replica has the records:
   200 with per-partition ``NONE``; 504 ``REQUEST_TIMED_OUT`` or 503 ``NOT_ENOUGH_REPLICAS``
-  (the records *were* appended; they are not known to be safely replicated).
+  (the records *were* appended; they are not known to be safely replicated); 503
+  ``NOT_LEADER_OR_FOLLOWER`` when the partition's leader changed while they waited (a record
+  only the old leader had is lost: retry).
 * ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
   (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations) and
   the service's own (shared reads, change feed polls, Kafka reachability).
