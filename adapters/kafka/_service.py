@@ -128,7 +128,7 @@ class KafkaPurgatory:
         return op
 
     async def watch(self, op: Op, *, validate: bool = True) -> Outcome:
-        """asyncio: submit and await the outcome (validation runs in the default executor)."""
+        """asyncio: submit and await the outcome (validation runs on ``self.calls``, bounded)."""
         if validate:
             await self.calls.run(
                 self._validate, op, timeout_s=self.view.request_timeout_s + 1.0, what="DescribeTopics"
