@@ -225,7 +225,7 @@ def _high_watermark_once_answered(view: ClusterView, key: TopicPartitionKey) -> 
     return answer[-1]
 
 
-BOUNCED_RECORDS = 20_000  # one request: ~0.3 s of appends here, so the bounce lands mid-request
+BOUNCED_RECORDS = 100_000  # one request: about a second of appends here
 
 
 def test_one_request_keeps_its_order_and_never_silently_duplicates_when_the_leader_is_bounced(
@@ -249,14 +249,17 @@ def test_one_request_keeps_its_order_and_never_silently_duplicates_when_the_lead
         warm = kp.produce([ProducerRecord(topic, b"warm-up", partition=0)], delay_ms=30_000)
         assert warm.wait(WAIT_S) and warm.succeeded, warm.statuses
         start = warm.appended[key] + 1
+        assert _high_watermark_once_answered(view, key) == start  # the view is connected: answers fast
         records = [ProducerRecord(topic, b"%06d" % i, partition=0) for i in range(BOUNCED_RECORDS)]
         with ThreadPoolExecutor(1) as pool:
             appending = pool.submit(kp.produce, records, delay_ms=30_000, timeout_s=60.0)
-            # Mid-request: the leader has some of the records, not all (no event to wait on).
+            # Mid-request: the leader has some of the records (no event to wait on); frozen at
+            # once, it can take no more, so the rest of the request meets the bounce.
             wait_until(
-                lambda: appending.done() or _high_watermark_once_answered(view, key) > start + 100,
+                lambda: appending.done() or _high_watermark_once_answered(view, key) > start + 1000,
                 "the leader appended part of the request",
             )
+            cluster.pause_broker(2)
             assert not appending.done(), "the request finished before the bounce: raise BOUNCED_RECORDS"
             cluster.kill_broker(2)
             cluster.start_broker(2)
@@ -264,7 +267,7 @@ def test_one_request_keeps_its_order_and_never_silently_duplicates_when_the_lead
         assert op.wait(40)
         wait_isr(settings, key, 3)
         end = _high_watermark_once_answered(view, key)
-        values = [r.value for r in kp.reader.read(key, start, end, max_bytes=1 << 30, timeout_s=30)]
+        values = [r.value for r in kp.reader.read(key, start, end, max_bytes=1 << 30, timeout_s=60)]
         seqs = [int(v) for v in values if v is not None]
         first_seen = list(dict.fromkeys(seqs))
         assert first_seen == sorted(first_seen), "the request's records were reordered by retries"
