@@ -25,10 +25,11 @@ from ._config import client_config
 from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
 from ._keys import TopicPartitionKey
 
-__all__ = ["FetchedRecord", "ProducerRecord", "RecordProducer", "RecordReader"]
+__all__ = ["READ_TIMEOUT_S", "FetchedRecord", "ProducerRecord", "RecordProducer", "RecordReader"]
 
 READ_BATCH = 500  # messages per consume() call: amortises the call without holding much memory
 READ_WAIT_MS = "10"  # broker-side fetch wait: data is known to be there, do not idle 500 ms
+READ_TIMEOUT_S = 2.0  # one read of a range known to exist; part of a long poll's answer bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +179,13 @@ class RecordReader:
         return self._consumer
 
     def read(
-        self, key: TopicPartitionKey, start: int, end: int, *, max_bytes: int, timeout_s: float = 2.0
+        self,
+        key: TopicPartitionKey,
+        start: int,
+        end: int,
+        *,
+        max_bytes: int,
+        timeout_s: float = READ_TIMEOUT_S,
     ) -> list[FetchedRecord]:
         """Records with offsets in ``[start, end)``, stopping after ``max_bytes`` (at least one record)."""
         if start < 0:

@@ -15,7 +15,7 @@ Answer bounds (each Kafka call has its own deadline, see :class:`KafkaCalls`): a
 answered within ``kafka.append_timeout_ms`` (metadata, leader epochs and the leader's append
 together) plus its ``timeout_ms``; a long poll within ``kafka.request_timeout_ms`` (metadata, or
 the high watermark when no offset is given) plus ``max_wait_ms`` plus one read of what arrived
-(``kafka.request_timeout_ms``). Slow or unreachable Kafka gives a 503, never a later answer.
+(``READ_TIMEOUT_S``, 2 s). Slow or unreachable Kafka gives a 503, never a later answer.
 
 Concurrency contract: one gateway per event loop. ``fetch``/``produce`` may run concurrently
 (any number of awaiting requests); blocking Kafka calls run on the gateway's own bounded pools
@@ -60,6 +60,7 @@ from ..kafka import (
     TopicPartitionKey,
     UnknownTopicError,
 )
+from ..kafka._clients import READ_TIMEOUT_S
 from ..kafka.journal_sink import build_journal
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
@@ -242,7 +243,7 @@ class Gateway:
                     await self.read_calls.run(
                         self.fetch_purgatory.check_and_complete,
                         key,
-                        timeout_s=self.view.request_timeout_s,
+                        timeout_s=READ_TIMEOUT_S,
                         what=f"the first read of {key.label}",
                     )
             await watching

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from purgatory.settings import KafkaSettings
 
 from ..kafka import FetchedRecord, RecordReader, TopicPartitionKey
+from ..kafka._clients import READ_TIMEOUT_S
 
 __all__ = ["SPAN_MAX_BYTES", "TOTAL_MAX_BYTES", "SharedReadReader"]
 
@@ -82,7 +83,13 @@ class SharedReadReader(RecordReader):
         self.kafka_reads = 0  # reads that went to Kafka
 
     def read(
-        self, key: TopicPartitionKey, start: int, end: int, *, max_bytes: int, timeout_s: float = 2.0
+        self,
+        key: TopicPartitionKey,
+        start: int,
+        end: int,
+        *,
+        max_bytes: int,
+        timeout_s: float = READ_TIMEOUT_S,
     ) -> list[FetchedRecord]:
         if end <= start or start < 0:
             return super().read(key, start, end, max_bytes=max_bytes, timeout_s=timeout_s)
