@@ -26,7 +26,7 @@ from purgatory.adapters.service import create_app
 from purgatory.adapters.service._server import BackgroundServer
 
 from purgatory.settings import KafkaSettings, Settings
-from tests.integration.kafka_fixtures import create_topic, wait_isr
+from tests.kafka.kafka_fixtures import create_topic, wait_isr
 
 pytestmark = pytest.mark.kafka
 
