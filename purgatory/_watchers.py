@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable, Sequence
 
-from ._operation_core import OperationCore
+from ._operation_core import OperationCore, is_finished
 
 __all__ = ["SHARDS", "WatcherList", "Watchers", "unwatch", "watch"]
 
@@ -118,7 +118,7 @@ def watch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]
     op_id = id(op)
     watched = 0
     for key in keys:
-        if op.outcome is not None:
+        if is_finished(op):  # a call: a narrowed field re-read would be type-checked by mypyc
             break
         by_key = shards[hash(key) % SHARDS].watchers_by_key
         while True:

@@ -28,6 +28,16 @@ async def test_watch_returns_completed_when_completed_at_once(purgatory: Purgato
     assert await purgatory.watch(op, ["k"]) is Outcome.COMPLETED
 
 
+async def test_watch_of_an_operation_finished_before_submission_returns_its_outcome(
+    purgatory: Purgatory,
+) -> None:
+    """Its finish ran before the waiter existed: watch must not wait forever (issue 15)."""
+    op = MockDelayedOperation(60_000)
+    assert op.force_complete()
+    assert await asyncio.wait_for(purgatory.watch(op, ["k"]), 5) is Outcome.COMPLETED
+    assert op.completions == 1 and purgatory.watched() == 0 and purgatory.num_delayed() == 0
+
+
 async def test_watch_returns_expired_from_the_timer_thread(purgatory: Purgatory) -> None:
     op = MockDelayedOperation(20)
     outcome = await asyncio.wait_for(purgatory.watch(op, ["k"]), 5)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import random
+import sys
 import threading
+import time
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
 
@@ -112,3 +115,75 @@ def test_watched_returns_to_zero_after_an_explicit_purge() -> None:
         assert purgatory.watched() == 0, "no finished op is left in any watch list"
     finally:
         purgatory.shutdown()
+
+
+class _RacedOp(DelayedOperation):
+    """Never completes by itself; ``try_complete`` hands the GIL over now and then, so the racing
+    ``force_complete`` lands inside every window of a submission. Counts its finishes."""
+
+    __slots__ = ("finishes", "yields")
+
+    def __init__(self, yields: bool) -> None:
+        super().__init__(60_000)
+        self.finishes = 0
+        self.yields = yields
+
+    def try_complete(self) -> bool:
+        if self.yields:
+            time.sleep(0)  # releases the GIL: the finisher may run between our two tries
+        return False
+
+    def on_complete(self) -> None:
+        self.finishes += 1
+
+
+def test_submissions_racing_force_complete_finish_each_once() -> None:
+    """Attacks a submission racing ``force_complete`` on another thread (Kafka's performance tool:
+    its completion thread may complete a request before, during or after its submission).
+
+    The submitter queues each op for the finisher *before* submitting it (as Kafka's tool does),
+    so the finisher completes ops before their submission (they must be kept nowhere, no error),
+    between the two tries, mid-watch and after the timer add. Used to raise
+    ``InvalidOperationError`` (finished before submission) and, compiled, ``TypeError: None
+    object expected; got Outcome`` (a narrowed field re-read after the finish)."""
+    total = 60_000
+    rng = random.Random(15)
+    ops = [_RacedOp(rng.random() < 0.2) for _ in range(total)]
+    purgatory: DelayedOperationPurgatory[_RacedOp] = DelayedOperationPurgatory("race-force")
+    handoff: collections.deque[_RacedOp] = collections.deque()
+    submitted = threading.Event()
+    errors: list[BaseException] = []
+
+    def finisher() -> None:
+        while True:
+            try:
+                op = handoff.popleft()
+            except IndexError:
+                if submitted.is_set() and not handoff:
+                    return
+                time.sleep(0)
+                continue
+            op.force_complete()
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows: more interleavings
+    thread = threading.Thread(target=finisher, name="finisher")
+    thread.start()
+    try:
+        for op in ops:
+            handoff.append(op)
+            try:
+                purgatory.try_complete_else_watch(op, ["a", "b", "c"])
+            except Exception as exc:
+                errors.append(exc)
+    finally:
+        submitted.set()
+        thread.join(60)
+        sys.setswitchinterval(old_interval)
+        purgatory.shutdown()
+    assert not thread.is_alive(), "the finisher thread ended"
+    assert not errors, f"{len(errors)} submissions raised, first: {errors[0]!r}"
+    assert [op.finishes for op in ops].count(1) == total, "every op finished exactly once"
+    assert all(op.outcome is Outcome.COMPLETED for op in ops), "each by the racing force_complete"
+    assert purgatory.watched() == 0, "no finished op left in a watch list"
+    assert purgatory.num_delayed() == 0, "no finished op left in the timer"

@@ -10,7 +10,6 @@ from structlog.testing import capture_logs
 
 from purgatory import (
     DelayedOperationPurgatory,
-    InvalidOperationError,
     Outcome,
     PurgatoryClosedError,
     PurgatoryError,
@@ -55,11 +54,29 @@ def test_unhashable_key_is_refused_before_anything_is_watched(purgatory: Purgato
     assert op.try_calls == 0
 
 
-def test_finished_operation_cannot_be_watched_again(purgatory: Purgatory) -> None:
+def test_operation_finished_before_submission_is_not_kept(purgatory: Purgatory, timer: MockTimer) -> None:
+    """Kafka's performance tool completes some requests before submitting them: Kafka's
+    tryCompleteElseWatch returns false and keeps nothing (DESIGN §3.3). It used to raise
+    InvalidOperationError."""
     op = MockDelayedOperation(100)
-    op.force_complete()
-    with pytest.raises(InvalidOperationError, match="already finished"):
-        purgatory.try_complete_else_watch(op, ["k"])
+    assert op.force_complete()
+    assert purgatory.try_complete_else_watch(op, ["k", "j", "i"]) is False
+    assert purgatory.watched() == 0, "a finished operation is watched on no key"
+    assert purgatory.num_delayed() == 0, "a finished operation is not timed"
+    assert op.try_calls == 0, "a finished operation's try_complete is not called"
+    assert purgatory.check_and_complete("k") == 0
+    timer.advance_clock(200)
+    assert (op.completions, op.expirations, op.outcome) == (1, 0, Outcome.COMPLETED)
+    assert purgatory.stats.as_dict()["expired"] == 0
+
+
+def test_operation_finished_before_submission_is_not_kept_on_resubmit(purgatory: Purgatory) -> None:
+    op = MockDelayedOperation(100)
+    assert purgatory.try_complete_else_watch(op, ["k"]) is False
+    assert op.force_complete()
+    assert purgatory.try_complete_else_watch(op, ["k"]) is False
+    assert purgatory.watched() == 0 and purgatory.num_delayed() == 0
+    assert op.completions == 1
 
 
 def test_use_after_shutdown_is_refused(timer: MockTimer) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from purgatory import DelayedOperation, DelayedOperationPurgatory, InvalidOperationError, PurgatoryClosedError
+from purgatory import DelayedOperation, DelayedOperationPurgatory, PurgatoryClosedError
 from purgatory.journal import JournalEvent, JournalFormatError
 from purgatory.settings import CONFIG_FILE_ENV, ConfigError, load_settings
 from purgatory.testing import MockTimer
@@ -95,17 +95,6 @@ def _submit(keys: object) -> Callable[[], object]:
             purgatory.shutdown(drain=True)
 
     return action
-
-
-def _resubmit_finished() -> object:
-    purgatory = _purgatory()
-    op = _Pending(1000)
-    purgatory.try_complete_else_watch(op, ["k"])
-    op.force_complete()
-    try:
-        return purgatory.try_complete_else_watch(op, ["k"])
-    finally:
-        purgatory.shutdown()
 
 
 def _submit_after_shutdown() -> object:
@@ -216,7 +205,6 @@ def _api_cases() -> list[BadInput]:
         BadInput("API", "fractional delay", delay(1.5), TypeError, ("delay_ms", "1.5")),
         BadInput("API", "delay as text", delay("100"), TypeError, ("delay_ms",)),
         BadInput("API", "delay as bool", delay(True), TypeError, ("delay_ms",)),
-        BadInput("API", "re-adding a completed operation", _resubmit_finished, InvalidOperationError),
         BadInput("API", "use after shutdown", _submit_after_shutdown, PurgatoryClosedError, ("shut down",)),
         BadInput("API", "empty name", construct(name=""), ValueError, ("name",)),
         BadInput("API", "name not a string", construct(name=5), ValueError, ("name",)),
