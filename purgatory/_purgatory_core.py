@@ -119,6 +119,9 @@ class PurgatoryCore(Generic[T]):
         self._closed = False
         self._shutdown_lock = threading.Lock()
         self._listeners: list[PurgatoryListener] = []
+        # Per thread: the keys its check_and_complete calls are passing over, each with "asked
+        # again meanwhile" (see check_and_complete: re-entrant calls are deferred).
+        self._checking = threading.local()
         self.stats = PurgatoryStats()
         _metrics.register(self)  # metrics registered at construction, removed at shutdown
         self._reaper: ExpiredOperationReaper | None = None
@@ -282,17 +285,39 @@ class PurgatoryCore(Generic[T]):
     # -- key events ---------------------------------------------------------------------------
 
     def check_and_complete(self, key: Hashable) -> int:
-        """Try to complete the operations watched on ``key``; return how many this call finished."""
+        """Try to complete the operations watched on ``key``; return how many this call finished.
+
+        Re-entrant calls on the same key are *deferred*: user code that this call runs
+        (``try_complete``, or ``on_complete`` of an op it finishes) may call
+        ``check_and_complete(key)`` again on the same thread; that inner call returns 0 at once
+        and the outer call makes another pass over the key once its current pass ends (it
+        counts what that pass finishes). Passes repeat while re-checks are asked for, but a
+        re-check pass that finishes nothing ends the loop: an op asking on every try without
+        anything changing would otherwise spin. Recursing instead (Kafka does: its op lock is
+        re-entrant) grew the stack without bound and starved the key's other ops. Calls on
+        other keys, and on this key from other threads, run as usual.
+        """
+        local = self._checking
+        checking: dict[Hashable, bool] | None = getattr(local, "keys", None)
+        if checking is None:
+            checking = {}
+            local.keys = checking
+        if key in checking:
+            checking[key] = True  # the outer call on this thread passes over the key again
+            return 0
+        checking[key] = False
         completed = 0
-        # No removals here: an op finishing (here or anywhere) unwatches itself from all its keys
-        # (operation_finished), and a watch racing that finish is undone by the watcher.
-        for op in self._shard(key).snapshot(key):
-            try:
-                if safe_try_complete(op):  # False for an op already finished elsewhere
-                    completed += 1
-            except Exception as exc:
-                # One op's failure must not starve the others on this key; it stays watched and timed.
-                self.user_code_failed(op, "try_complete", exc)
+        try:
+            finished = _check_key(self, key)
+            completed += finished
+            rechecks = 0
+            while checking[key] and (rechecks == 0 or finished > 0):
+                checking[key] = False
+                rechecks += 1
+                finished = _check_key(self, key)
+                completed += finished
+        finally:
+            del checking[key]
         return completed
 
     def cancel_for_key(self, key: Hashable) -> list[T]:
@@ -450,3 +475,18 @@ def _is_closed(purgatory: PurgatoryCore[Any]) -> bool:
     # A call, not a field read: mypy would narrow the field, and it may flip on another thread
     # mid-submission.
     return purgatory._closed
+
+
+def _check_key(purgatory: PurgatoryCore[Any], key: Hashable) -> int:
+    """One pass of ``check_and_complete`` over the ops watched on ``key``; how many it finished."""
+    completed = 0
+    # No removals here: an op finishing (here or anywhere) unwatches itself from all its keys
+    # (operation_finished), and a watch racing that finish is undone by the watcher.
+    for op in purgatory._shard(key).snapshot(key):
+        try:
+            if safe_try_complete(op):  # False for an op already finished elsewhere
+                completed += 1
+        except Exception as exc:
+            # One op's failure must not starve the others on this key; it stays watched and timed.
+            purgatory.user_code_failed(op, "try_complete", exc)
+    return completed

@@ -359,6 +359,71 @@ def test_user_code_may_reenter_the_purgatory_on_the_same_key(purgatory: Purgator
     assert purgatory.watched() == 1, "only the op submitted from inside user code is still watched"
 
 
+class _Rechecking(MockDelayedOperation):
+    """Asks for its own key to be checked again from inside ``try_complete``, every time."""
+
+    def __init__(self, purgatory: Purgatory, key: str) -> None:
+        super().__init__(1000)
+        self.purgatory, self.key = purgatory, key
+        self.nested_results: list[int] = []
+
+    def try_complete(self) -> bool:
+        self.nested_results.append(self.purgatory.check_and_complete(self.key))
+        return super().try_complete()
+
+
+def test_reentrant_check_on_the_same_key_is_deferred_not_recursed(purgatory: Purgatory) -> None:
+    """Issue 15: a try_complete calling check_and_complete on its own key recursed without bound
+    (RecursionError after seconds, the key's other ops starved). The nested call now returns 0
+    and the outer call re-checks the key once; a re-check that finishes nothing ends it."""
+    looping = _Rechecking(purgatory, "k")
+    assert purgatory.try_complete_else_watch(looping, ["k"]) is False  # not inside a check: runs
+    others = [MockDelayedOperation(1000) for _ in range(3)]
+    for op in others:
+        purgatory.try_complete_else_watch(op, ["k"])
+    others[2].completable = True
+    looping.try_calls = 0
+    looping.nested_results.clear()
+    with capture_logs() as logs:
+        assert purgatory.check_and_complete("k") == 1
+    assert looping.try_calls == 2, "one pass, and one deferred re-check that finished nothing"
+    assert looping.nested_results == [0, 0], "the nested calls were deferred"
+    assert others[2].completions == 1, "the key's other ops are still checked"
+    assert [op.try_calls for op in others[:2]] == [4, 4], "submit (2 tries), the pass, the one re-check"
+    assert logs == [], "deferring is not an error"
+
+
+class _Unlocking(MockDelayedOperation):
+    """When finished, makes ``earlier`` completable and asks for its key to be checked again."""
+
+    def __init__(self, purgatory: Purgatory, earlier: MockDelayedOperation | None) -> None:
+        super().__init__(1000)
+        self.purgatory, self.earlier = purgatory, earlier
+        self.nested_results: list[int] = []
+
+    def on_complete(self) -> None:
+        super().on_complete()
+        if self.earlier is not None:
+            self.earlier.completable = True
+            self.nested_results.append(self.purgatory.check_and_complete("k"))
+
+
+def test_a_deferred_recheck_repeats_while_it_finishes_operations(purgatory: Purgatory) -> None:
+    """A finish that makes an earlier op on the same key completable asks for a re-check from
+    ``on_complete`` (a produce completing a fetch): the outer call finishes the whole chain,
+    one op per pass, and counts them all."""
+    chain: list[_Unlocking] = []
+    for _ in range(4):
+        op = _Unlocking(purgatory, chain[-1] if chain else None)
+        purgatory.try_complete_else_watch(op, ["k"])
+        chain.append(op)
+    chain[-1].completable = True
+    assert purgatory.check_and_complete("k") == 4, "the outer call counts every pass"
+    assert [op.completions for op in chain] == [1, 1, 1, 1]
+    assert [op.nested_results for op in chain] == [[], [0], [0], [0]], "nested calls deferred"
+    assert purgatory.watched() == 0
+
+
 def test_listener_sees_submission_and_finish(purgatory: Purgatory, timer: MockTimer) -> None:
     events: list[tuple[str, str, object]] = []
 
