@@ -120,6 +120,29 @@ def test_purgatory_performance_port_finishes_every_request_once(side: str) -> No
     assert result["actual_rate"] > 0 and result["target_rate"] == math.inf
 
 
+@pytest.mark.parametrize("side", purgatory_perf.SIDES)
+def test_purgatory_memory_run_measures_bytes_per_pending_operation(side: str) -> None:
+    result = purgatory_perf.run_memory_side(side, {"pending": 2000, "keys": 3, "key_space_size": 100}, seed=5)
+    assert 64 < result["bytes_per_op"] < 4000, result
+    assert result["op_object_bytes"] > 0
+
+
+def test_purgatory_bench_has_a_point_per_rate_and_a_memory_figure() -> None:
+    params = purgatory_perf.PurgatoryParams(num=1000)
+    comparisons = purgatory_perf.comparisons(params, seed=1, rates=[100_000, 0], jvm=True)
+    assert [(c.case, c.metric) for c in comparisons] == [
+        ("1,000 requests, rate 100000/s", "cpu_us_per_request"),
+        ("1,000 requests, rate 100000/s", "us_per_enqueue"),
+        ("1,000 requests, rate max", "cpu_us_per_request"),
+        ("1,000 requests, rate max", "us_per_enqueue"),
+        ("100,000 pending, 3 keys each", "bytes_per_op"),
+    ]
+    assert [side.name for side in comparisons[0].sides] == ["purgatory", "naive", "jvm"]
+    assert [t.min_ratio for t in comparisons[0].targets] == [1.3], "CPU target at 100k/s"
+    assert [t.limit for t in comparisons[3].targets] == [5.0], "200k req/s unpaced"
+    assert [t.limit for t in comparisons[4].targets] == [250.0]
+
+
 def test_purgatory_params_refuse_nonsense_naming_the_option() -> None:
     with pytest.raises(ValueError, match="--pct75"):
         purgatory_perf.PurgatoryParams(pct50=50, pct75=20).validate()

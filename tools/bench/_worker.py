@@ -24,10 +24,18 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         return run_workload(
             spec["workload"], spec["side"], spec["n"], spec["seed"], spec.get("iterations", 200_000)
         )
+    if bench in ("purgatory", "purgatory_memory") and spec["side"] == "jvm":
+        from .jvm import run_jvm_side
+
+        return run_jvm_side(bench, spec["params"], spec["seed"])
     if bench == "purgatory":
         from .purgatory_perf import run_side
 
         return run_side(spec["side"], spec["params"], spec["seed"])
+    if bench == "purgatory_memory":
+        from .purgatory_perf import run_memory_side
+
+        return run_memory_side(spec["side"], spec["params"], spec["seed"])
     if bench == "expiry":
         from .expiry import run_side as run_expiry
 

@@ -132,8 +132,21 @@ def timer_bench(
 def purgatory_bench(
     num: Annotated[int, typer.Option("--num", help="Number of requests.")] = 100_000,
     rate: Annotated[
-        float, typer.Option("--rate", help="Target requests per second (0: as fast as the generator can go).")
-    ] = 0.0,
+        list[float] | None,
+        typer.Option(
+            "--rate",
+            help="Target requests per second, 0: as fast as the generator can go; repeatable "
+            "(default: 100000 and 0).",
+        ),
+    ] = None,
+    jvm: Annotated[
+        bool,
+        typer.Option(
+            "--jvm/--no-jvm",
+            help="Also run Kafka's own DelayedOperationPurgatory (kafka-server-common, resolved with "
+            "Maven; needs java, javac and mvn) on the identical workload.",
+        ),
+    ] = False,
     keys: Annotated[int, typer.Option("--keys", help="Keys each request watches.")] = 3,
     key_space_size: Annotated[int, typer.Option("--key-space-size", help="Number of possible keys.")] = 100,
     timeout: Annotated[int, typer.Option("--timeout", help="Request timeout (ms).")] = 200,
@@ -147,19 +160,28 @@ def purgatory_bench(
     seed: SeedOpt = 1,
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
-    """Kafka's TestPurgatoryPerformance: this purgatory vs a naive pure-Python one."""
+    """Kafka's TestPurgatoryPerformance: this purgatory vs a naive pure-Python one (and Kafka's)."""
     from . import purgatory_perf
 
-    params = purgatory_perf.PurgatoryParams(num, rate, keys, key_space_size, timeout, pct50, pct75)
+    rates = list(rate) if rate else list(purgatory_perf.DEFAULT_RATES)
+    params = purgatory_perf.PurgatoryParams(num, rates[0], keys, key_space_size, timeout, pct50, pct75)
     try:
         params.validate()
+        comparisons = purgatory_perf.comparisons(params, seed, rates, jvm)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    comparisons = purgatory_perf.comparisons(params, seed)
+    if jvm:
+        from . import jvm as jvm_side
+
+        missing = jvm_side.missing_tools()
+        if missing:
+            raise typer.BadParameter(f"--jvm needs {', '.join(missing)} on PATH", param_hint="--jvm")
+        _console.print(f"JVM side: {jvm_side.prepare()}", highlight=False)
     title = "purgatory bench purgatory (Kafka's TestPurgatoryPerformance)"
     _run_all(title, comparisons, repeats)
     purgatory_perf.print_kafka_lines(_console, comparisons)
-    _finish("purgatory", title, comparisons, {**params.as_dict(), "repeats": repeats, "seed": seed}, out)
+    options = {**params.as_dict(), "rate": rates, "jvm": jvm, "repeats": repeats, "seed": seed}
+    _finish("purgatory", title, comparisons, options, out)
 
 
 @app.command("expiry")
