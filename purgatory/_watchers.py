@@ -7,15 +7,44 @@ from collections.abc import Hashable, Sequence
 
 from ._operation_core import OperationCore, is_finished
 
-__all__ = ["SHARDS", "WatcherList", "Watchers", "unwatch", "watch"]
+__all__ = ["SHARDS", "WatcherList", "Watchers", "entry_key", "unwatch", "watch"]
 
 SHARDS = 512  # Kafka's figure: shard the watcher lists so threads on different keys rarely contend
+
+# Operation class -> whether its instances hash and compare by identity (filled on first use).
+_IDENTITY_HASHED: dict[type, bool] = {}
+
+
+def entry_key(op: OperationCore) -> object:
+    """The key of ``op``'s entry in every ``Watchers.ops`` dict: the op itself, or ``id(op)``.
+
+    An op whose class keeps ``object``'s identity ``__hash__`` and ``__eq__`` (every op unless its
+    class redefines them, a dataclass say) is its own key: nothing allocated. ``id(op)`` was an int
+    boxed at each insert, three per request on three keys: 96 of the 509 bytes a pending operation
+    cost (``purgatory bench purgatory``, bytes per pending op) and three allocations per submit.
+    An op comparing by value cannot be its own key (two equal ops would share one entry), so it
+    keeps ``id(op)``, boxed once per call. The two kinds never collide: an int and an
+    identity-compared op are never equal.
+    """
+    cls = type(op)
+    identity = _IDENTITY_HASHED.get(cls)
+    if identity is None:
+        identity = _compares_by_identity(cls)
+        _IDENTITY_HASHED[cls] = identity
+    return op if identity else id(op)
+
+
+def _compares_by_identity(cls: type) -> bool:
+    hash_method: object = getattr(cls, "__hash__", None)
+    eq_method: object = getattr(cls, "__eq__", None)
+    return hash_method is object.__hash__ and eq_method is object.__eq__
 
 
 class Watchers:
     """The operations watched on one key, in watch order.
 
-    A dict keyed by ``id(op)`` gives O(1) removal while keeping insertion order (Kafka uses a
+    A dict keyed by :func:`entry_key` (the op, or ``id(op)``) gives O(1) removal while keeping
+    insertion order (Kafka uses a
     ConcurrentLinkedQueue, also lock-free for add and remove). Single inserts and pops need no
     lock: each dict operation is atomic (under the GIL, and in free-threaded CPython where dicts
     lock themselves). See :class:`WatcherList` for the one race that needs care.
@@ -25,7 +54,7 @@ class Watchers:
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        self.ops: dict[int, OperationCore] = {}
+        self.ops: dict[object, OperationCore] = {}
 
 
 class WatcherList:
@@ -90,9 +119,9 @@ class WatcherList:
         with self.lock:
             for key, watchers in self.watchers_by_key.copy().items():
                 ops = watchers.ops
-                for op_id, op in ops.copy().items():
+                for entry, op in ops.copy().items():
                     if op.is_completed():
-                        ops.pop(op_id, None)
+                        ops.pop(entry, None)
                         purged += 1
                 if not ops:
                     del self.watchers_by_key[key]
@@ -115,7 +144,7 @@ def watch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]
     Stops early once ``op`` has finished: a key event on an already-watched key may finish it.
     WatcherList's docstring tells the race the re-read closes.
     """
-    op_id = id(op)
+    op_entry = entry_key(op)
     watched = 0
     for key in keys:
         if is_finished(op):  # a call: a narrowed field re-read would be type-checked by mypyc
@@ -125,21 +154,21 @@ def watch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]
             watchers = by_key.get(key)
             if watchers is None:
                 watchers = by_key.setdefault(key, Watchers(key))
-            watchers.ops[op_id] = op
+            watchers.ops[op_entry] = op
             if by_key.get(key) is watchers:
                 break
-            watchers.ops.pop(op_id, None)
+            watchers.ops.pop(op_entry, None)
         watched += 1
     return watched
 
 
 def unwatch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]) -> None:
-    op_id = id(op)
+    op_entry = entry_key(op)
     for key in keys:
         shard = shards[hash(key) % SHARDS]
         watchers = shard.watchers_by_key.get(key)
         if watchers is not None:
             ops = watchers.ops
-            ops.pop(op_id, None)  # lock-free; only removing the key takes the shard lock
+            ops.pop(op_entry, None)  # lock-free; only removing the key takes the shard lock
             if not ops:
                 shard.drop_if_empty(watchers)

@@ -83,7 +83,9 @@ class TimerTask:
         self._prev: TimerTask | None = None
         # The Kafka-style handle this task was last placed with, if any (None on the fast path).
         self._entry: TimerTaskEntry | None = None
-        # True from add until cancel: Kafka's "timerTaskEntry != null".
+        # True from add until cancel: Kafka's "timerTaskEntry != null". Assigned last: the
+        # 1-byte bool then shares its word with the first field of OperationCore (mypyc lays
+        # fields out in assignment order).
         self._scheduled = False
 
     @abstractmethod

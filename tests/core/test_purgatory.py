@@ -325,6 +325,32 @@ class _FinishingKey:
         return isinstance(other, _FinishingKey) and other.name == self.name
 
 
+class _ValueEqual(MockDelayedOperation):
+    """Compares by value (like a dataclass): two of them are equal, and unhashable."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ValueEqual)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_operations_comparing_by_value_are_watched_each_on_its_own(purgatory: Purgatory) -> None:
+    """Watch entries are keyed by the op itself only for identity-compared classes; equal ops
+    of a value-compared class must not share one entry."""
+    ops = [_ValueEqual(1000), _ValueEqual(1000), MockDelayedOperation(1000)]
+    for op in ops:
+        purgatory.try_complete_else_watch(op, ["k", "j"])
+    assert purgatory.watched() == 6, "each op on each key"
+    ops[1].completable = True
+    assert purgatory.check_and_complete("k") == 1
+    assert purgatory.watched() == 4, "finishing unwatched exactly the finished op from both keys"
+    for op in (ops[0], ops[2]):
+        op.completable = True
+    assert purgatory.check_and_complete("j") == 2
+    assert purgatory.watched() == 0
+    assert [op.completions for op in ops] == [1, 1, 1]
+
+
 def test_a_watch_racing_a_finish_leaves_no_watcher_behind(purgatory: Purgatory, timer: MockTimer) -> None:
     op = MockDelayedOperation(1000)
     racing = _FinishingKey("b", op)
