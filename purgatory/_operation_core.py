@@ -3,9 +3,9 @@
 Every operation runs this code once or twice per request (submit, finish), so it is compiled
 with mypyc with the timer (``purgatory bench purgatory``: the submit-and-finish path of a
 request 3.9 -> 3.1 us). The public class, :class:`purgatory.DelayedOperation`, is a thin
-interpreted subclass in ``_operation.py``: it keeps the documented contract and checks
-``delay_ms`` itself, so a bad value gets an error naming the field (a compiled ``__init__``
-would refuse a float with mypyc's "int object expected; got float" before any code of ours ran).
+interpreted subclass in ``_operation.py`` that keeps the documented contract; the constructor
+here takes ``delay_ms`` as ``object`` and checks it itself, so a bad value gets an error naming
+the field (typed ``int``, mypyc would refuse a float with "int object expected; got float").
 """
 
 from __future__ import annotations
@@ -71,8 +71,12 @@ class OperationCore(TimerTask):
         "submitted_ns",
     )
 
-    def __init__(self, delay_ms: int, lock: LockLike | None = None) -> None:
-        TimerTask.__init__(self, delay_ms)
+    def __init__(self, delay_ms: object, lock: LockLike | None = None) -> None:
+        # ``object``, checked here: typed ``int``, mypyc would refuse ``1.5`` with its own "int
+        # object expected; got float" before this line, an error that does not name the field.
+        # (Checked in DelayedOperation.__init__ before: an interpreted frame per operation.)
+        ms = delay_ms if type(delay_ms) is int and delay_ms >= 0 else _checked_delay(delay_ms)
+        TimerTask.__init__(self, ms)
         # Set by cancel_for_key: the caller owns the operation now, drain must leave it alone.
         # Assigned first: mypyc lays fields out in assignment order, so this 1-byte bool shares
         # the 8-byte word of TimerTask's last field (``_scheduled``, also a bool): 8 B per op.
@@ -146,6 +150,15 @@ class OperationCore(TimerTask):
 # module-level function directly. Submit and finish used to make six such calls per request.
 
 
+def _checked_delay(delay_ms: object) -> int:
+    """``delay_ms`` if it is a valid delay (an int subclass, say), else a typed error naming it."""
+    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int):
+        raise TypeError(f"delay_ms must be an int number of milliseconds, got {delay_ms!r}")
+    if delay_ms < 0:
+        raise ValueError(f"delay_ms must be >= 0 milliseconds, got {delay_ms!r}")
+    return delay_ms
+
+
 def is_finished(op: OperationCore) -> bool:
     """``op.is_completed()`` for compiled callers (a call also keeps mypy from narrowing the field)."""
     return op.outcome is not None
@@ -171,13 +184,19 @@ def finish(op: OperationCore, outcome: Outcome) -> bool:
     # counted through a Python method here, expiry bursts on the executor convoyed with the
     # completing threads until requests expired faster than they completed (2 in 5 runs of
     # ``purgatory bench purgatory`` ended with 40-70k of 100k requests expired, not ~4.6k).
-    with _CLAIM_LOCK:
+    # acquire/release rather than ``with``: compiled, ``with`` also looks up and calls
+    # ``__enter__``/``__exit__`` through the generic protocol (see WheelTimerCore.schedule).
+    claim = _CLAIM_LOCK
+    claim.acquire()
+    try:
         if op.outcome is not None:
             return False
         op.outcome = outcome
         owner = op._owner
         if owner is not None:
             owner.stats.count(outcome)
+    finally:
+        claim.release()
     # The winner removes the timer entry so the wheel frees it now rather than at expiry.
     cancel_task(op)
     try:

@@ -27,7 +27,7 @@ from ._metrics import PurgatoryStats
 from ._operation_core import OperationCore, finish, is_finished, safe_try_complete
 from ._outcome import Outcome
 from ._watchers import SHARDS, WatcherList, unwatch, watch
-from .timer import SystemTimer, Timer, cancel_task
+from .timer import SystemTimer, Timer, add_task, cancel_task
 
 if TYPE_CHECKING:
     # Types only: the compiled core never imports the interpreted public class built on it.
@@ -112,6 +112,9 @@ class PurgatoryCore(Generic[T]):
         self.timer_enabled = timer_enabled
         self._owns_timer = timer is None
         self._timer: Timer = timer if timer is not None else SystemTimer(name)
+        # The same timer when it is exactly a SystemTimer (no interpreted override of ``add``):
+        # submit then calls add_task directly instead of a Python-level method call.
+        self._system_timer: SystemTimer | None = self._timer if type(self._timer) is SystemTimer else None
         self._shards = [WatcherList() for _ in range(SHARDS)]
         # Operations counted once each when first watched. Kafka uses an AtomicInteger; here a
         # lost increment under a thread race only delays a purge a little, so no lock is taken.
@@ -228,7 +231,11 @@ class PurgatoryCore(Generic[T]):
                     return False
                 if self.timer_enabled:
                     try:
-                        self._timer.add(op)
+                        system_timer = self._system_timer
+                        if system_timer is not None:
+                            add_task(system_timer, core)
+                        else:
+                            self._timer.add(op)
                     except PurgatoryClosedError:
                         # The owned timer closed under us: shutdown's drain saw the op (it was
                         # watched before _closed was set, or we would have taken the branch above).

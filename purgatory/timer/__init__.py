@@ -14,7 +14,7 @@ The modules except ``_protocol.py`` are compiled with mypyc (``purgatory/_accel.
 
 from ._delay_queue import DelayQueue
 from ._protocol import Timer
-from ._system_timer import SystemTimer, monotonic_ms
+from ._system_timer import SystemTimer, add_task, monotonic_ms
 from ._task import TimerTask, TimerTaskEntry, cancel_task, leave_bucket
 from ._task_list import TaskCounter, TimerTaskList
 from ._timing_wheel import TimingWheel, bucket_expiration, bucket_index, wheel_start
@@ -30,6 +30,7 @@ __all__ = [
     "TimerTaskList",
     "TimingWheel",
     "WheelTimerCore",
+    "add_task",
     "bucket_expiration",
     "bucket_index",
     "cancel_task",

@@ -14,7 +14,7 @@ from .._errors import PurgatoryClosedError
 from ._task import TimerTask, leave_bucket
 from ._wheel_timer import WheelTimerCore
 
-__all__ = ["SystemTimer", "monotonic_ms"]
+__all__ = ["SystemTimer", "add_task", "monotonic_ms"]
 
 _log = structlog.get_logger("purgatory.timer")
 
@@ -82,17 +82,7 @@ class SystemTimer:
 
     def add(self, timer_task: TimerTask) -> None:
         """Schedule ``timer_task`` to run ``timer_task.delay_ms`` from now (at once if <= 0)."""
-        if self._closed:
-            raise PurgatoryClosedError(self.executor_name)
-        if timer_task.delay_ms <= 0:
-            # Due now (as MockTimer rules): straight to the executor, even if the wheel's clock
-            # lags the real one. A task is in at most one place, so it leaves any bucket first.
-            if timer_task._bucket is not None:
-                leave_bucket(timer_task)
-            timer_task._scheduled = True
-            self._dispatch(timer_task)
-        elif not self._core.schedule(timer_task) and timer_task._scheduled:
-            self._dispatch(timer_task)  # due already: run it on the executor
+        add_task(self, timer_task)
 
     def advance_clock(self, timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for a due bucket, then process every due bucket.
@@ -158,3 +148,19 @@ class SystemTimer:
 
     def __repr__(self) -> str:
         return f"SystemTimer({self.executor_name!r}, size={self.size()}, closed={self._closed})"
+
+
+def add_task(timer: SystemTimer, timer_task: TimerTask) -> None:
+    """``timer.add(timer_task)`` as a function: compiled callers (the purgatory's submit) call it
+    directly, where the method of a class allowing interpreted subclasses is a Python-level call."""
+    if timer._closed:
+        raise PurgatoryClosedError(timer.executor_name)
+    if timer_task.delay_ms <= 0:
+        # Due now (as MockTimer rules): straight to the executor, even if the wheel's clock
+        # lags the real one. A task is in at most one place, so it leaves any bucket first.
+        if timer_task._bucket is not None:
+            leave_bucket(timer_task)
+        timer_task._scheduled = True
+        timer._dispatch(timer_task)
+    elif not timer._core.schedule(timer_task) and timer_task._scheduled:
+        timer._dispatch(timer_task)  # due already: run it on the executor
