@@ -190,6 +190,27 @@ def test_bench_timer_cli_runs_each_side_in_a_subprocess_and_writes_json(tmp_path
     assert data["environment"]["purgatory_variant"]
 
 
+def test_bench_purgatory_cli_runs_each_rate_and_the_memory_case(tmp_path: Path) -> None:
+    args = ["bench", "purgatory", "--num", "400", "--rate", "0", "--rate", "20000", "--pending", "500"]
+    result = CliRunner().invoke(app, [*args, "--timeout", "50", "-r", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [path] = list(tmp_path.glob("purgatory-*.json"))
+    comparisons = json.loads(path.read_text())["comparisons"]
+    assert [c["case"] for c in comparisons] == [
+        "400 requests, rate max",
+        "400 requests, rate max",
+        "400 requests, rate 20000/s",
+        "400 requests, rate 20000/s",
+        "500 pending, 3 keys each",
+    ]
+    runs = comparisons[0]["runs"]
+    assert {side: [r["finished_exactly_once"] for r in rs] for side, rs in runs.items()} == {
+        "purgatory": [400],
+        "naive": [400],
+    }
+    assert "naive" in result.output and "bytes/pending op" in result.output
+
+
 def test_bench_cli_refuses_an_unknown_workload() -> None:
     result = CliRunner().invoke(app, ["bench", "timer", "-w", "W9"])
     assert result.exit_code != 0

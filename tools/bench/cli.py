@@ -147,6 +147,9 @@ def purgatory_bench(
             "Maven; needs java, javac and mvn) on the identical workload.",
         ),
     ] = False,
+    pending: Annotated[
+        int, typer.Option("--pending", help="Pending operations of the bytes-per-operation case.")
+    ] = 100_000,
     keys: Annotated[int, typer.Option("--keys", help="Keys each request watches.")] = 3,
     key_space_size: Annotated[int, typer.Option("--key-space-size", help="Number of possible keys.")] = 100,
     timeout: Annotated[int, typer.Option("--timeout", help="Request timeout (ms).")] = 200,
@@ -167,7 +170,7 @@ def purgatory_bench(
     params = purgatory_perf.PurgatoryParams(num, rates[0], keys, key_space_size, timeout, pct50, pct75)
     try:
         params.validate()
-        comparisons = purgatory_perf.comparisons(params, seed, rates, jvm)
+        comparisons = purgatory_perf.comparisons(params, seed, rates, jvm, pending)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if jvm:
@@ -180,7 +183,14 @@ def purgatory_bench(
     title = "purgatory bench purgatory (Kafka's TestPurgatoryPerformance)"
     _run_all(title, comparisons, repeats)
     purgatory_perf.print_kafka_lines(_console, comparisons)
-    options = {**params.as_dict(), "rate": rates, "jvm": jvm, "repeats": repeats, "seed": seed}
+    options = {
+        **params.as_dict(),
+        "rate": rates,
+        "jvm": jvm,
+        "pending": pending,
+        "repeats": repeats,
+        "seed": seed,
+    }
     _finish("purgatory", title, comparisons, options, out)
 
 

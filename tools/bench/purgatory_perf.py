@@ -338,7 +338,11 @@ def run_side(side: str, raw_params: dict[str, Any], seed: int) -> dict[str, Any]
 
 
 def comparisons(
-    params: PurgatoryParams, seed: int, rates: Sequence[float] = DEFAULT_RATES, jvm: bool = False
+    params: PurgatoryParams,
+    seed: int,
+    rates: Sequence[float] = DEFAULT_RATES,
+    jvm: bool = False,
+    pending: int = MEMORY_PENDING,
 ) -> list[Comparison]:
     """Per rate: CPU per request and enqueue time, from the same runs; then bytes per operation.
 
@@ -368,10 +372,12 @@ def comparisons(
         )
         enqueue.runs = cpu.runs  # one set of runs, two figures
         out += [cpu, enqueue]
-    memory_params = {"pending": MEMORY_PENDING, "keys": params.keys, "key_space_size": params.key_space_size}
+    if pending <= 0:
+        raise ValueError(f"--pending must be > 0 (got {pending})")
+    memory_params = {"pending": pending, "keys": params.keys, "key_space_size": params.key_space_size}
     memory = Comparison(
         "purgatory",
-        f"{MEMORY_PENDING:,} pending, {params.keys} keys each",
+        f"{pending:,} pending, {params.keys} keys each",
         "bytes_per_op",
         "bytes/pending op",
         "purgatory",
