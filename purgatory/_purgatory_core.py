@@ -142,10 +142,10 @@ class PurgatoryCore(Generic[T]):
 
         Returns True iff this call completed it. An op already finished when submitted (completed
         by another thread before this call) is neither watched nor timed, and False is returned,
-        as in Kafka. Kafka's story about lock applies: the first
-        check, the watching and the second check all happen under ``op.lock``, so a key event
-        between the checks cannot be missed (the op is on every watch list before the second
-        check) and a concurrent ``check_and_complete`` cannot finish it half-watched.
+        as in Kafka. Kafka's story about lock applies: the first check, the watching and the
+        second check all happen under ``op.lock``, so a key event between the checks cannot be
+        missed (the op is on every watch list before the second check) and a concurrent
+        ``check_and_complete`` cannot finish it half-watched.
         """
         # Calls, not field reads, for the two flags checked on entry: mypy would narrow the fields
         # and call the later checks (another thread may flip them meanwhile) unreachable.
