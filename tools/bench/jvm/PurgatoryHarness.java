@@ -8,7 +8,7 @@
  *   java -cp <libs>/*:<classes> PurgatoryHarness memory <pending> <key>...
  *
  * Workload file: first line the keys (space separated), then one "<interval ms> <latency ms>" per
- * request. Compiled by purgatory/bench/jvm.py into a cache directory, never into the repository.
+ * request. Compiled by tools/bench/jvm.py into a cache directory, never into the repository.
  */
 
 import java.io.BufferedReader;
