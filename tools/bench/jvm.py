@@ -67,7 +67,7 @@ def _run(command: list[str], what: str, timeout: float) -> subprocess.CompletedP
 
 def _libs() -> Path:
     """kafka-server-common and its runtime classpath, resolved once with the adapters' Maven resolver."""
-    return copy_dependencies(
+    libs: Path = copy_dependencies(
         _resource("pom.xml"),
         _home() / "libs",
         {"kafka.version": _version(), "includeScope": "runtime"},
@@ -75,6 +75,7 @@ def _libs() -> Path:
         what=f"kafka-server-common {_version()}",
         timeout_s=MAVEN_TIMEOUT_S,
     )
+    return libs
 
 
 def _classes(libs: Path) -> Path:
