@@ -56,7 +56,7 @@ def test_unhashable_key_is_refused_before_anything_is_watched(purgatory: Purgato
 
 def test_operation_finished_before_submission_is_not_kept(purgatory: Purgatory, timer: MockTimer) -> None:
     """Kafka's performance tool completes some requests before submitting them: Kafka's
-    tryCompleteElseWatch returns false and keeps nothing (DESIGN §3.3). It used to raise
+    tryCompleteElseWatch returns false and keeps nothing (docs/design.md §3.3). It used to raise
     InvalidOperationError."""
     op = MockDelayedOperation(100)
     assert op.force_complete()
