@@ -106,6 +106,7 @@ def _exercise(cluster: LocalKafkaCluster, node: int, topic: str, fault: str) -> 
         finally:
             if fault == "SIGSTOP":
                 cluster.resume_broker(node)
+                cluster.wait_ready()  # the next case starts on a cluster that serves admin calls
             else:
                 cluster.start_broker(node)
     _check_bounds(answers)

@@ -435,7 +435,8 @@ class LocalKafkaCluster:
             raise KafkaLauncherError("formatting Kafka storage failed:\n" + "\n".join(failures))
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S, brokers: int | None = None) -> None:
-        """Wait (bounded) until metadata lists ``brokers`` live brokers (default: all running)."""
+        """Wait (bounded) until metadata lists ``brokers`` live brokers (default: all running)
+        and names the active controller."""
         from confluent_kafka.admin import AdminClient
 
         expected = brokers if brokers is not None else sum(1 for n in self.nodes.values() if n.is_running())
@@ -452,7 +453,9 @@ class LocalKafkaCluster:
             try:
                 metadata = admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
                 seen = len(metadata.brokers)
-                if seen >= expected:
+                # Brokers listed is not enough after a pause or restart: admin requests (create
+                # topic) fail with "waiting for controller" until metadata names one again.
+                if seen >= expected and metadata.controller_id >= 0:
                     return
             except Exception:  # not up yet: librdkafka raises KafkaException on timeout
                 pass
