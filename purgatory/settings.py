@@ -9,6 +9,7 @@ Credentials are ``SecretStr``: they never appear in reprs, dumps or logs.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -37,6 +38,7 @@ __all__ = [
     "KafkaSettings",
     "LogSettings",
     "PurgatoryOverrides",
+    "ScaleOutSettings",
     "Settings",
     "TimerSettings",
     "is_secret_name",
@@ -180,6 +182,52 @@ class JournalSettings(_Section):
     watermark: str = Field("10 minutes", description="Streaming: how late an event may arrive and count.")
 
 
+class ScaleOutSettings(_Section):
+    """Many instances of one service split the watched partitions through Kafka's group protocol.
+
+    Each instance joins the consumer group ``group_id`` (subscribed to ``topics``) and owns the
+    partitions the group assigns it; its ``advertised_url`` travels as the member's ``client.id``
+    so that every instance can tell a client where a partition's owner is (DESIGN §9).
+    """
+
+    enabled: bool = Field(False, description="Join the ownership group; serve only owned partitions.")
+    group_id: str = Field(
+        "purgatory-service", min_length=1, description="Consumer group the instances of one service join."
+    )
+    topics: tuple[str, ...] = Field(
+        (), description="Topics whose partitions are split (a name starting with ^ is a regex)."
+    )
+    advertised_url: str | None = Field(
+        None, description="This instance's base URL as clients reach it (e.g. http://10.0.0.7:8080)."
+    )
+    mode: Literal["redirect", "forward"] = Field(
+        "redirect", description="A request for another owner's partition: 307 to it, or forwarded to it."
+    )
+    session_timeout_ms: PositiveInt = Field(
+        10000, description="Group session timeout: how long a dead instance keeps its partitions."
+    )
+    heartbeat_interval_ms: PositiveInt = Field(1000, description="Group heartbeat interval.")
+    owners_refresh_ms: PositiveInt = Field(
+        5000, description="DescribeConsumerGroups at most this often when nothing moved (else sooner)."
+    )
+    retry_after_s: PositiveInt = Field(
+        1, description="Retry-After of a 503/307 while a partition has no owner or is moving."
+    )
+    forward_timeout_ms: PositiveInt = Field(
+        65000, description="Bound on one forwarded request (above the longest long poll)."
+    )
+    forward_max_connections: PositiveInt = Field(
+        100, description="Connection pool of forwarding (all owners together)."
+    )
+
+    @field_validator("advertised_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+$", value):
+            raise ValueError(f"must be http(s)://host:port without a path, got {value!r}")
+        return value
+
+
 class Settings(BaseSettings):
     """Every setting of the purgatory and its adapters."""
 
@@ -203,6 +251,7 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     kafka: KafkaSettings = KafkaSettings()
     journal: JournalSettings = JournalSettings()
+    scaleout: ScaleOutSettings = ScaleOutSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -30,6 +30,7 @@ from ._errors import (
 from ._facts import ClusterFacts, ErrorFact, FactSource, GroupFacts, PartitionFacts, TopicFacts
 from ._feed import ChangeFeed, FeedStats
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
+from ._moved import Moved, MovedReason
 from ._operations import (
     DelayedConsumerCommit,
     DelayedDeleteRecords,
@@ -39,7 +40,19 @@ from ._operations import (
     ErrorCode,
     KafkaOperation,
 )
+from ._ownership import (
+    Member,
+    Owner,
+    OwnershipListener,
+    OwnershipStats,
+    OwnersSnapshot,
+    OwnerStatus,
+    PartitionOwnership,
+    describe_owners,
+)
+from ._ownership_guard import OwnedOperation, OwnershipGuard, WatchedKeys
 from ._provider import BOOTSTRAP_ENV, KafkaClusterHandle, docker_available, provide_cluster
+from ._redirect import Redirect, moved_answer, redirect_for
 from ._service import KafkaPurgatory
 from ._view import ClusterView
 from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster, resolve_kafka
@@ -75,18 +88,34 @@ __all__ = [
     "KafkaStartError",
     "KafkaUnavailableError",
     "LocalKafkaCluster",
+    "Member",
+    "Moved",
+    "MovedReason",
+    "OwnedOperation",
+    "Owner",
+    "OwnerStatus",
+    "OwnersSnapshot",
+    "OwnershipGuard",
+    "OwnershipListener",
+    "OwnershipStats",
     "PartitionFacts",
+    "PartitionOwnership",
     "ProducerRecord",
     "RecordProducer",
     "RecordReader",
+    "Redirect",
     "TopicFacts",
     "TopicKey",
     "TopicPartitionKey",
     "UnknownGroupError",
     "UnknownTopicError",
+    "WatchedKeys",
     "client_config",
+    "describe_owners",
     "docker_available",
+    "moved_answer",
     "provide_cluster",
     "redacted",
+    "redirect_for",
     "resolve_kafka",
 ]

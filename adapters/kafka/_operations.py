@@ -29,6 +29,7 @@ from ._clients import FetchedRecord, RecordReader
 from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError
 from ._facts import FactSource, PartitionFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
+from ._moved import Moved
 
 __all__ = [
     "DelayedConsumerCommit",
@@ -52,6 +53,8 @@ class ErrorCode(StrEnum):
     REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"
     UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
     OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"
+    # The partition moved to another instance of the service (Kafka: leadership moved away).
+    NOT_LEADER_OR_FOLLOWER = "NOT_LEADER_OR_FOLLOWER"
 
 
 def _require_offsets(what: str, offsets: Mapping[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
@@ -86,6 +89,11 @@ class KafkaOperation(DelayedOperation):
         self.error: KafkaAdapterError | None = None
         self.on_response = on_response
         self.done = threading.Event()
+        # Set by move() when the operation's partition went to another instance: it then finished
+        # COMPLETED at once, answered NOT_LEADER_OR_FOLLOWER (see _ownership). _moving is the
+        # intent, read by on_complete only if move()'s own claim won.
+        self.moved: Moved | None = None
+        self._moving: Moved | None = None
 
     @abstractmethod
     def watch_keys(self) -> tuple[KafkaKey, ...]:
@@ -95,7 +103,30 @@ class KafkaOperation(DelayedOperation):
     def _respond(self) -> None:
         """Build the response fields (runs once, inside ``on_complete``)."""
 
+    def move(self, moved: Moved) -> bool:
+        """Finish now because the partition moved (``moved`` says where); True iff this call finished it.
+
+        Taken under ``op.lock``, so no ``try_complete`` runs between the intent and the claim: a
+        completion by the condition either happened first (then this returns False) or cannot
+        happen. Expiry claims without the lock; ``on_complete`` honours the intent only for the
+        COMPLETED claim, which is then this call's.
+        """
+        with self.lock:
+            if self.is_completed():
+                return False
+            self._moving = moved
+            return self.force_complete()
+
     def on_complete(self) -> None:
+        if self._moving is not None and self.outcome is Outcome.COMPLETED:
+            self.moved = self._moving
+            try:
+                self._respond_moved()
+                if self.on_response is not None:
+                    self.on_response(self)
+            finally:
+                self.done.set()
+            return
         try:
             if self.outcome is Outcome.EXPIRED and self.error is None and self.facts.unavailable:
                 self.error = KafkaUnavailableError(
@@ -106,6 +137,16 @@ class KafkaOperation(DelayedOperation):
                 self.on_response(self)
         finally:
             self.done.set()
+
+    def _respond_moved(self) -> None:
+        """Answer the partitions still waiting ``NOT_LEADER_OR_FOLLOWER`` (no Kafka read: they moved)."""
+        statuses: dict[TopicPartitionKey, ErrorCode | None] | None = getattr(self, "statuses", None)
+        targets: Mapping[TopicPartitionKey, int] = getattr(self, "targets", {})
+        if statuses is None:
+            return
+        for key in (*statuses, *targets):
+            if statuses.get(key) is None:
+                statuses[key] = ErrorCode.NOT_LEADER_OR_FOLLOWER
 
     def wait(self, timeout_s: float) -> bool:
         """Block until finished (bounded); True iff it finished."""
@@ -337,6 +378,10 @@ class DelayedFetch(KafkaOperation):
                     self._bytes_read[key] += sum(r.size for r in batch)
                     self._read_from[key] = batch[-1].offset + 1
         return sum(self._bytes_read.values())
+
+    def _respond_moved(self) -> None:
+        for key in self.statuses:  # NONE here means "no error yet", not "answered"
+            self.statuses[key] = ErrorCode.NOT_LEADER_OR_FOLLOWER
 
     def _respond(self) -> None:
         if self.error is not None or self.facts.unavailable:

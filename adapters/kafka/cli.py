@@ -1,5 +1,8 @@
 """``purgatory kafka up|down|status``: a local Apache Kafka cluster that outlives the command.
 
+``purgatory kafka owners --group G``: which instance of a scaled-out service owns which
+partitions (DescribeConsumerGroups of the ownership group: members, their URLs, assignments).
+
 ``up`` starts the cluster detached (its JVMs run in their own sessions) and records PIDs and
 ports in ``<cache>/clusters/<name>/state.json``; ``down`` and ``status`` read that file, so
 they work from any other process or terminal.
@@ -96,3 +99,55 @@ def status(name: NameOption = "default") -> None:
     typer.echo(f"bootstrap: {cluster.bootstrap_servers}")
     if not alive:
         raise typer.Exit(1)
+
+
+@app.command("owners")
+def owners(
+    group: Annotated[
+        str | None, typer.Option("--group", help="Ownership group (default: scaleout.group_id).")
+    ] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="Bootstrap servers (default: from settings).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Show the members of a scaled-out service's ownership group, their URLs and partitions."""
+    import json
+    import os
+
+    from purgatory.settings import load_settings
+
+    from ._ownership import describe_owners
+    from ._provider import BOOTSTRAP_ENV
+
+    settings = load_settings()
+    servers = bootstrap or os.environ.get(BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers
+    if not servers:
+        typer.echo(f"no Kafka configured: pass --bootstrap or set {BOOTSTRAP_ENV}", err=True)
+        raise typer.Exit(2)
+    name = group or settings.scaleout.group_id
+    try:
+        snapshot = describe_owners(settings.kafka, name, bootstrap_servers=servers)
+    except Exception as exc:  # KafkaException and timeouts: one line, not a traceback
+        typer.echo(f"could not describe group {name!r}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        document = {
+            "group": name,
+            "state": snapshot.state,
+            "members": [
+                {
+                    "url": m.url,
+                    "member_id": m.member_id,
+                    "host": m.host,
+                    "partitions": sorted(k.label for k in m.partitions),
+                }
+                for m in snapshot.members
+            ],
+        }
+        typer.echo(json.dumps(document, indent=2))
+        return
+    typer.echo(f"group {name}: {snapshot.state}, {len(snapshot.members)} member(s)")
+    for member in snapshot.members:
+        labels = ", ".join(sorted(k.label for k in member.partitions)) or "-"
+        typer.echo(f"  {member.url}  ({len(member.partitions)} partitions)  {labels}")

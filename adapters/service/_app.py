@@ -36,6 +36,7 @@ import asyncio
 import base64
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -57,6 +58,7 @@ from ._errors import RequestError, from_validation_error
 from ._gateway import Gateway
 from ._metrics import ServiceCollector
 from ._requests import MAX_PRODUCE_BODY_BYTES, TOPIC_PATTERN, FetchParams, ProduceRequest
+from ._scaleout import ScaleOutCollector, parse_offsets, release_on_shutdown
 
 __all__ = ["create_app"]
 
@@ -184,9 +186,19 @@ async def fetch_records(request: Request) -> Response:
         params = FetchParams.model_validate(dict(request.query_params))
     except ValidationError as exc:
         raise from_validation_error(exc, where="query") from None
+    started = time.monotonic()
+    scaleout = gateway.scaleout
+    if scaleout is not None:  # owned elsewhere: 307 / forwarded / 503 (see _scaleout)
+        await gateway.partitions(topic)  # an unknown topic is a 404 here, not a wait for an owner
+        elsewhere = await scaleout.elsewhere(request, topic, [partition])
+        if elsewhere is not None:
+            return elsewhere
     op = await _unless_disconnected(request, gateway.fetch(topic, partition, params))
     if op is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if op.moved is not None and scaleout is not None:
+        default_wait = gateway.settings.kafka.fetch_max_wait_ms
+        return scaleout.moved_fetch(request, op, started, default_wait)
     return JSONResponse(_fetch_json(topic, partition, op))
 
 
@@ -218,11 +230,64 @@ async def produce_records(request: Request) -> Response:
         produce = ProduceRequest.model_validate(document)
     except ValidationError as exc:
         raise from_validation_error(exc, where="body") from None
+    started = time.monotonic()
+    scaleout = gateway.scaleout
+    if scaleout is not None:  # every record's partition decided here, then: is it ours?
+        produce = scaleout.assign_partitions(topic, await gateway.partitions(topic), produce)
+        partitions = {r.partition for r in produce.records if r.partition is not None}
+        elsewhere = await scaleout.elsewhere(request, topic, partitions, bytes(body))
+        if elsewhere is not None:
+            return elsewhere
     op = await _unless_disconnected(request, gateway.produce(topic, produce))
     if op is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if op.moved is not None and scaleout is not None:
+        timeout_ms = produce.timeout_ms or gateway.settings.kafka.produce_timeout_ms
+        return scaleout.moved_produce(topic, op, started, timeout_ms)
     status, payload = _produce_json(topic, op)
     return JSONResponse(payload, status_code=status)
+
+
+async def await_replicated(request: Request) -> Response:
+    """``GET /topics/{topic}/replicated?offsets=p:o[,...]&timeout_ms=``: a produce's wait, without producing.
+
+    Where a produce answered MOVED continues (its records were appended already); answers as
+    ``POST /topics/{topic}/records`` does.
+    """
+    gateway = _gateway(request)
+    topic = _topic(request)
+    offsets = parse_offsets(request.query_params.get("offsets"))
+    raw_timeout = request.query_params.get("timeout_ms")
+    if raw_timeout is not None and not raw_timeout.isdigit():
+        raise RequestError(
+            400, "INVALID_REQUEST", "timeout_ms", f"timeout_ms must be an int >= 0, got {raw_timeout!r}"
+        )
+    timeout_ms = int(raw_timeout) if raw_timeout is not None else None
+    started = time.monotonic()
+    scaleout = gateway.scaleout
+    if scaleout is not None:
+        elsewhere = await scaleout.elsewhere(request, topic, offsets)
+        if elsewhere is not None:
+            return elsewhere
+    op = await _unless_disconnected(request, gateway.await_replicated(topic, offsets, timeout_ms))
+    if op is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if op.moved is not None and scaleout is not None:
+        return scaleout.moved_produce(
+            topic, op, started, timeout_ms or gateway.settings.kafka.produce_timeout_ms
+        )
+    status, payload = _produce_json(topic, op)
+    return JSONResponse(payload, status_code=status)
+
+
+async def owners(request: Request) -> Response:
+    """``GET /owners``: the ownership group — members, their URLs and partitions, this member's share."""
+    gateway = _gateway(request)
+    if gateway.scaleout is None:
+        return JSONResponse(
+            {"enabled": False, "message": "scale-out is off: this instance serves every partition"}
+        )
+    return JSONResponse(gateway.scaleout.owners_json())
 
 
 async def metrics(request: Request) -> Response:
@@ -273,16 +338,21 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
         gateway = Gateway(settings if settings is not None else load_settings(), bootstrap_servers)
         gateway.start()
         app.state.gateway = gateway
+        app.state.release = lambda: release_on_shutdown(gateway.scaleout)
         try:
             yield
         finally:
             app.state.gateway = None  # requests arriving now get 503, /healthz says unavailable
             gateway.close()
+            if gateway.scaleout is not None:
+                await gateway.scaleout.aclose()
 
     app = Starlette(
         routes=[
             Route("/topics/{topic}/partitions/{partition}/records", fetch_records, methods=["GET"]),
             Route("/topics/{topic}/records", produce_records, methods=["POST"]),
+            Route("/topics/{topic}/replicated", await_replicated, methods=["GET"]),
+            Route("/owners", owners, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ],
@@ -293,4 +363,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     app.state.registry = CollectorRegistry()
     register_metrics(app.state.registry)
     app.state.registry.register(ServiceCollector(lambda: getattr(app.state, "gateway", None)))
+    app.state.registry.register(
+        ScaleOutCollector(lambda: getattr(getattr(app.state, "gateway", None), "scaleout", None))
+    )
     return app

@@ -66,6 +66,7 @@ from ._errors import RequestError
 from ._fetch import OffLoopFetch
 from ._record_cache import SharedReadReader
 from ._requests import FetchParams, ProduceRequest
+from ._scaleout import OwnedFetch, OwnedProduce, ScaleOut
 
 __all__ = ["FETCH_PURGATORY", "PRODUCE_PURGATORY", "Gateway", "resolve_bootstrap"]
 
@@ -138,6 +139,12 @@ class Gateway:
         # The view gives up on an admin request after its request timeout (plus its own margin).
         self._metadata_timeout_s = self.view.request_timeout_s + 1.0
         self.serving = False
+        # Scale-out (DESIGN §9): this instance serves only the partitions its group assigns it.
+        self.scaleout: ScaleOut | None = (
+            ScaleOut(settings, self.bootstrap_servers, self.purgatories, self.feed)
+            if settings.scaleout.enabled
+            else None
+        )
 
     @property
     def purgatories(self) -> tuple[DelayedOperationPurgatory[Any], ...]:
@@ -148,12 +155,16 @@ class Gateway:
     def start(self) -> None:
         """Start the change feed (no Kafka request is made until an operation waits)."""
         self.feed.start()
+        if self.scaleout is not None:
+            self.scaleout.start()
         self.serving = True
         _log.info("service_started", bootstrap=self.bootstrap_servers)
 
     def close(self) -> None:
         """Stop serving, stop the feed, drain the purgatories, flush the journal, close the clients."""
         self.serving = False
+        if self.scaleout is not None:
+            self.scaleout.close()  # first: waiting operations are answered MOVED, not drained EXPIRED
         self.feed.stop()
         drain = self.settings.drain_on_shutdown
         for purgatory in self.purgatories:
@@ -221,7 +232,7 @@ class Gateway:
                 offset = watermarks[key]
             except KafkaUnavailableError as exc:
                 raise _unavailable(exc) from None
-        op = OffLoopFetch(
+        op = (OffLoopFetch if self.scaleout is None else OwnedFetch)(
             self.feed,
             self.reader,
             {key: offset},
@@ -231,6 +242,8 @@ class Gateway:
             max_wait_ms=params.max_wait_ms,
             loop_thread=threading.get_ident(),
         )
+        if self.scaleout is not None:
+            self.scaleout.place(op)
         watching = asyncio.ensure_future(self._watch(self.fetch_purgatory, op))
         try:
             # One turn of the loop runs the watch task up to its await: the op is then watched
@@ -295,7 +308,37 @@ class Gateway:
             raise RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", str(exc), value=topic) from None
         except KafkaUnavailableError as exc:
             raise _unavailable(exc) from None
-        op = DelayedProduce(self.feed, appended, delay_ms=request.timeout_ms)
+        return await self._wait_replicated(appended, request.timeout_ms)
+
+    async def await_replicated(
+        self, topic: str, offsets: dict[int, int], timeout_ms: int | None
+    ) -> DelayedProduce:
+        """Wait until every in-sync replica holds ``offsets`` (partition → last offset appended).
+
+        A produce answered MOVED continues here, at its partitions' new owner: the records were
+        appended already, only the replication wait moved.
+        """
+        count = await self.partitions(topic)
+        for partition in offsets:
+            if partition >= count:
+                raise RequestError(
+                    404,
+                    "UNKNOWN_TOPIC_OR_PARTITION",
+                    "offsets",
+                    f"topic {topic!r} has {count} partition(s): partition {partition} does not exist",
+                    value=partition,
+                )
+        appended = {TopicPartitionKey(topic, p): o for p, o in offsets.items()}
+        return await self._wait_replicated(appended, timeout_ms)
+
+    async def _wait_replicated(
+        self, appended: dict[TopicPartitionKey, int], timeout_ms: int | None
+    ) -> DelayedProduce:
+        op = (DelayedProduce if self.scaleout is None else OwnedProduce)(
+            self.feed, appended, delay_ms=timeout_ms
+        )
+        if self.scaleout is not None:
+            self.scaleout.place(op)
         await self._watch(self.produce_purgatory, op)
         return op
 

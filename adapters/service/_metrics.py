@@ -3,7 +3,9 @@
 ``purgatory_service_fetch_reads_total{source}`` — record reads answered by Kafka or shared from a
 span (``SharedReadReader``); ``purgatory_service_feed_polls_total`` and
 ``purgatory_service_feed_failures_total`` — the change feed's batched polls and failed ones;
-``purgatory_service_kafka_unavailable`` — 1 while the last poll could not reach Kafka.
+``purgatory_service_kafka_unavailable`` — 1 while the last poll could not reach Kafka;
+``purgatory_service_kafka_requests_total`` — requests the cluster view sent (what scale-out
+divides between instances).
 """
 
 from __future__ import annotations
@@ -42,4 +44,9 @@ class ServiceCollector(Collector):
             "purgatory_service_kafka_unavailable", "1 while the change feed cannot reach Kafka."
         )
         unavailable.add_metric([], 1.0 if gateway.feed.unavailable else 0.0)
-        yield from (reads, polls, failures, unavailable)
+        requests = CounterMetricFamily(
+            "purgatory_service_kafka_requests",
+            "Requests the cluster view sent to Kafka (the feed's batches).",
+        )
+        requests.add_metric([], gateway.view.requests_sent)
+        yield from (reads, polls, failures, unavailable, requests)

@@ -11,19 +11,44 @@ the main thread, so Ctrl-C still reaches the caller.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from types import TracebackType
 from typing import Any, Self
 
+import structlog
 import uvicorn
 
-__all__ = ["BackgroundServer", "ServerStartError"]
+__all__ = ["BackgroundServer", "ReleasingServer", "ServerStartError"]
 
 START_TIMEOUT_S = 30.0  # lifespan startup builds clients only (no Kafka round trip): seconds at most
 STOP_TIMEOUT_S = 30.0  # graceful shutdown (bounded below) plus the purgatories' drain
 GRACEFUL_SHUTDOWN_S = 5  # open long polls get this long to finish before uvicorn cancels them
+_log = structlog.get_logger("purgatory.service")
+
 STARTED_POLL_S = 0.02  # uvicorn exposes startup as a flag, not an event: poll it, bounded
+
+
+class ReleasingServer(uvicorn.Server):
+    """uvicorn's server that lets the app give up what it holds *before* waiting for open requests.
+
+    uvicorn's shutdown stops accepting, then waits up to ``timeout_graceful_shutdown`` for open
+    requests, and only then runs the lifespan shutdown. A scaled-out instance must leave its
+    ownership group first: the long polls it holds are then answered MOVED at once (their clients
+    retry at the new owner) instead of waiting out the graceful timeout here, on partitions the
+    group still believes are ours. The app names the step as ``app.state.release`` (an async
+    callable); apps without one shut down exactly as under plain uvicorn.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        release = getattr(getattr(self.config.app, "state", None), "release", None)
+        if callable(release):
+            try:
+                await release()
+            except Exception:  # shutting down regardless: the lifespan shutdown still drains
+                _log.exception("service_release_failed")
+        await super().shutdown(sockets)
 
 
 class ServerStartError(RuntimeError):
@@ -50,7 +75,7 @@ class BackgroundServer:
             lifespan="on",
             timeout_graceful_shutdown=graceful_shutdown_s,
         )
-        self.server = uvicorn.Server(config)
+        self.server: uvicorn.Server = ReleasingServer(config)
         self.host = host
         self.port = port
         self._thread: threading.Thread | None = None

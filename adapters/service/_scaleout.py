@@ -1,0 +1,332 @@
+"""Scale-out of the example service: which instance serves a partition, and what the others answer.
+
+With ``scaleout.enabled`` every instance joins the ownership group (:class:`PartitionOwnership`)
+and serves only the partitions it owns (DESIGN §9). A request for a partition owned elsewhere is
+answered ``307`` to the owner (``scaleout.mode = "redirect"``, with ``Retry-After`` while the
+assignment moves) or forwarded to it (``"forward"``: a bounded connection pool, its own
+timeouts; a forwarded request is never forwarded again). No owner yet: ``503`` + ``Retry-After``.
+
+An operation whose partition is revoked while it waits finishes at once as MOVED
+(:class:`OwnershipGuard`); the answer says where to retry: a long poll gets ``307`` to the new
+owner with the same offset and what remains of its ``max_wait_ms``; a produce — its records are
+already appended — gets ``303`` to the new owner's ``GET /topics/{t}/replicated?offsets=p:o`` to
+wait for their replication there. While the new owner is not known yet: ``503`` + ``Retry-After``
+and a relative ``Location`` any instance answers.
+
+Produce in scale-out mode resolves each record's partition here, before appending: explicit, or
+CRC32 of the key modulo the partition count (librdkafka's default ``consistent_random``
+partitioner), or — no key — one of the partitions this instance owns (round robin), so that a
+produce is served where its replication wait will be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from purgatory import DelayedOperationPurgatory
+from purgatory.settings import Settings
+
+from ..kafka import (
+    DelayedFetch,
+    DelayedProduce,
+    KafkaOperation,
+    OwnedOperation,
+    Owner,
+    OwnershipGuard,
+    OwnerStatus,
+    PartitionOwnership,
+    Redirect,
+    TopicPartitionKey,
+    WatchedKeys,
+    redirect_for,
+)
+from ._errors import RequestError
+from ._fetch import OffLoopFetch
+from ._requests import ProduceRequest
+
+__all__ = ["FORWARDED_HEADER", "OwnedFetch", "OwnedProduce", "ScaleOut", "ScaleOutCollector"]
+
+# Set on a forwarded request: its receiver answers (serves, redirects or 503s) but never forwards
+# again, so two instances with different views of the group cannot bounce a request forever.
+FORWARDED_HEADER = "x-purgatory-forwarded-by"
+FORWARD_CONNECT_TIMEOUT_S = 2.0  # an owner that does not accept a connection in 2 s is not serving
+_RELAYED_HEADERS = ("content-type", "location", "retry-after")
+
+
+class OwnedFetch(OwnedOperation, OffLoopFetch):
+    """A long poll that moves when its partition does (see :class:`OwnedOperation`)."""
+
+
+class OwnedProduce(OwnedOperation, DelayedProduce):
+    """A produce wait that moves when its partition does."""
+
+
+# Journals and analytics group operations by class name: to them these are Kafka's operations.
+OwnedFetch.__name__ = OwnedFetch.__qualname__ = "DelayedFetch"
+OwnedProduce.__name__ = OwnedProduce.__qualname__ = "DelayedProduce"
+
+
+def _answer(redirect: Redirect) -> Response:
+    return JSONResponse(redirect.body, status_code=redirect.status, headers=redirect.headers)
+
+
+class ScaleOut:
+    """The ownership group, the guard of the gateway's purgatories, and the misdirected-request answers."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        bootstrap_servers: str,
+        purgatories: Sequence[DelayedOperationPurgatory[Any]],
+        watched: WatchedKeys,
+    ) -> None:
+        self.settings = settings.scaleout
+        self.ownership = PartitionOwnership(
+            settings.kafka, settings.scaleout, bootstrap_servers=bootstrap_servers
+        )
+        self.guard = OwnershipGuard(self.ownership, purgatories, watched)
+        self.misdirected: Counter[str] = Counter()  # answers to requests for others' partitions
+        self._forwarder: httpx.AsyncClient | None = None
+        self._round_robin = itertools.count()
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        return self.ownership.url
+
+    def start(self) -> None:
+        self.ownership.start()
+
+    def close(self) -> None:
+        """Leave the group: owned partitions are revoked and their waiting operations answered MOVED."""
+        if self._closed:
+            return
+        self._closed = True
+        self.ownership.close("shutdown")
+        self.guard.close()
+
+    async def aclose(self) -> None:
+        if self._forwarder is not None:
+            await self._forwarder.aclose()
+
+    def place(self, op: KafkaOperation) -> None:
+        """Make ``op`` move when its partitions do (before it is submitted)."""
+        if isinstance(op, OwnedOperation):
+            op.placement = self.guard.placement(op.watch_keys())
+
+    # -- where a request belongs ----------------------------------------------------------------
+
+    def owner_of(self, topic: str, partitions: Iterable[int]) -> Owner | RequestError:
+        """The one owner of ``partitions`` of ``topic``, or a 409 when they span several owners."""
+        owners = {self.ownership.owner(TopicPartitionKey(topic, p)) for p in partitions}
+        here = {o for o in owners if o.status in (OwnerStatus.SELF, OwnerStatus.UNMANAGED)}
+        if here == owners:
+            return next(iter(owners), Owner(OwnerStatus.UNMANAGED, self.url))
+        if any(o.status is OwnerStatus.NONE for o in owners):
+            return Owner(OwnerStatus.NONE, None, moving=True, generation=self.ownership.generation)
+        urls = {o.url for o in owners if o.status is OwnerStatus.OTHER}
+        if here or len(urls) > 1:
+            return RequestError(
+                409,
+                "PARTITIONS_SPAN_OWNERS",
+                "records",
+                f"the partitions of this request are served by {len(urls) + bool(here)} instances; "
+                "send one request per owner (GET /owners shows the assignment)",
+            )
+        return next(o for o in owners if o.status is OwnerStatus.OTHER)
+
+    async def elsewhere(
+        self, request: Request, topic: str, partitions: Iterable[int], body: bytes | None = None
+    ) -> Response | None:
+        """None if this instance serves ``partitions``; else the 307/503/forwarded answer."""
+        owner = self.owner_of(topic, partitions)
+        if isinstance(owner, RequestError):
+            self.misdirected["span"] += 1
+            raise owner
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        redirect = redirect_for(owner, path, retry_after_s=self.settings.retry_after_s)
+        if redirect is None:
+            return None
+        if (
+            redirect.status == 307
+            and self.settings.mode == "forward"
+            and owner.url
+            and FORWARDED_HEADER not in request.headers
+        ):
+            self.misdirected["forward"] += 1
+            return await self._forward(request, owner.url + path, body)
+        self.misdirected["redirect" if redirect.status == 307 else "unavailable"] += 1
+        return _answer(redirect)
+
+    async def _forward(self, request: Request, url: str, body: bytes | None) -> Response:
+        if self._forwarder is None:
+            pool = self.settings.forward_max_connections
+            self._forwarder = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
+                timeout=httpx.Timeout(
+                    self.settings.forward_timeout_ms / 1000.0, connect=FORWARD_CONNECT_TIMEOUT_S
+                ),
+                follow_redirects=False,
+            )
+        headers = {FORWARDED_HEADER: self.url}
+        if "content-type" in request.headers:
+            headers["content-type"] = request.headers["content-type"]
+        try:
+            answer = await self._forwarder.request(request.method, url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            self.misdirected["forward_failed"] += 1
+            retry = {"Retry-After": str(self.settings.retry_after_s)}
+            failed = RequestError(
+                503, "FORWARD_FAILED", None, f"the partition's owner did not answer: {exc!r}"
+            )
+            return JSONResponse(failed.body(), status_code=503, headers=retry)
+        relayed = {k: v for k, v in answer.headers.items() if k.lower() in _RELAYED_HEADERS}
+        return Response(answer.content, status_code=answer.status_code, headers=relayed)
+
+    # -- MOVED answers --------------------------------------------------------------------------
+
+    def _current_owner_url(self, key: TopicPartitionKey, known: str | None) -> str | None:
+        if known:
+            return known
+        owner = self.ownership.owner(key)
+        return owner.url if owner.status is OwnerStatus.OTHER else None
+
+    def _moved(self, key: TopicPartitionKey, known: str | None, path: str, *, status: int) -> Response:
+        url = self._current_owner_url(key, known)
+        moved = {"outcome": "MOVED", "owner": url, "generation": self.ownership.generation}
+        if url:
+            return JSONResponse(moved, status_code=status, headers={"Location": url.rstrip("/") + path})
+        headers = {"Retry-After": str(self.settings.retry_after_s), "Location": path}
+        return JSONResponse(moved, status_code=503, headers=headers)
+
+    def moved_fetch(
+        self, request: Request, op: DelayedFetch, started: float, default_wait_ms: int
+    ) -> Response:
+        """307 to the new owner: the same long poll from the same offset, for what remains of its wait."""
+        ((key, offset),) = op.fetch_offsets.items()
+        query = dict(request.query_params)
+        waited_ms = int((time.monotonic() - started) * 1000)
+        query["offset"] = str(offset)
+        query["max_wait_ms"] = str(max(0, int(query.get("max_wait_ms", default_wait_ms)) - waited_ms))
+        assert op.moved is not None
+        return self._moved(key, op.moved.owner_url, f"{request.url.path}?{urlencode(query)}", status=307)
+
+    def moved_produce(self, topic: str, op: DelayedProduce, started: float, timeout_ms: int) -> Response:
+        """303 to the new owner's replication wait for the offsets already appended."""
+        remaining = max(0, timeout_ms - int((time.monotonic() - started) * 1000))
+        offsets = ",".join(
+            f"{k.partition}:{o}" for k, o in sorted(op.appended.items(), key=lambda i: i[0].partition)
+        )
+        path = f"/topics/{topic}/replicated?{urlencode({'offsets': offsets, 'timeout_ms': remaining})}"
+        assert op.moved is not None
+        return self._moved(next(iter(op.appended)), op.moved.owner_url, path, status=303)
+
+    # -- produce partitions ---------------------------------------------------------------------
+
+    def assign_partitions(self, topic: str, count: int, request: ProduceRequest) -> ProduceRequest:
+        """Every record with its partition decided here (module docstring), so ownership can be checked."""
+        owned = sorted(
+            k.partition for k in self.ownership.owned() if k.topic == topic and k.partition < count
+        )
+        records = []
+        for i, record in enumerate(request.records):
+            partition = record.partition
+            if partition is not None and partition >= count:
+                raise RequestError(
+                    404,
+                    "UNKNOWN_TOPIC_OR_PARTITION",
+                    f"records[{i}].partition",
+                    f"topic {topic!r} has {count} partition(s): partition {partition} does not exist",
+                    value=partition,
+                )
+            if partition is None and record.key:
+                partition = zlib.crc32(record.key.encode()) % count  # librdkafka consistent_random
+            if partition is None:
+                choice = next(self._round_robin)
+                partition = owned[choice % len(owned)] if owned else choice % count
+            records.append(record.model_copy(update={"partition": partition}))
+        return request.model_copy(update={"records": records})
+
+    def owners_json(self) -> dict[str, Any]:
+        described = self.ownership.describe()
+        return {"enabled": True, "mode": self.settings.mode, **described}
+
+
+def parse_offsets(raw: str | None) -> dict[int, int]:
+    """``"0:41,3:17"`` → ``{0: 41, 3: 17}``, or a 400 naming the field."""
+    if not raw:
+        raise RequestError(400, "INVALID_REQUEST", "offsets", "offsets is required: partition:offset[,...]")
+    out: dict[int, int] = {}
+    for item in raw.split(","):
+        partition, sep, offset = item.partition(":")
+        if not sep or not partition.isdigit() or not offset.isdigit():
+            raise RequestError(
+                400, "INVALID_REQUEST", "offsets", f"offsets must be partition:offset[,...], got {item!r}"
+            )
+        out[int(partition)] = int(offset)
+    return out
+
+
+class ScaleOutCollector(Collector):
+    """Ownership metrics: owned partitions, generation, members, rebalances, moved operations."""
+
+    def __init__(self, scaleout: Callable[[], ScaleOut | None]) -> None:
+        self._scaleout = scaleout
+
+    def collect(self) -> Iterator[Metric]:
+        scaleout = self._scaleout()
+        if scaleout is None:
+            return
+        ownership = scaleout.ownership
+        owned = GaugeMetricFamily("purgatory_ownership_partitions_owned", "Partitions this instance owns.")
+        owned.add_metric([], len(ownership.owned()))
+        generation = GaugeMetricFamily(
+            "purgatory_ownership_generation",
+            "This member's rebalance generation (count of its rebalance events).",
+        )
+        generation.add_metric([], ownership.generation)
+        members = GaugeMetricFamily(
+            "purgatory_ownership_members", "Members of the group at the last describe."
+        )
+        members.add_metric([], len(ownership.snapshot().members))
+        rebalances = CounterMetricFamily(
+            "purgatory_ownership_rebalances", "Rebalance events of this member.", labels=["kind"]
+        )
+        stats = ownership.stats
+        for kind, value in (("assigned", stats.assigned), ("revoked", stats.revoked), ("lost", stats.lost)):
+            rebalances.add_metric([kind], value)
+        moved = CounterMetricFamily(
+            "purgatory_ownership_moved_operations", "Operations answered MOVED when their partition moved."
+        )
+        moved.add_metric([], scaleout.guard.moved)
+        describes = CounterMetricFamily(
+            "purgatory_ownership_describes", "DescribeConsumerGroups requests sent."
+        )
+        describes.add_metric([], stats.describes)
+        misdirected = CounterMetricFamily(
+            "purgatory_service_misdirected_requests",
+            "Requests for partitions owned elsewhere, by answer.",
+            labels=["answer"],
+        )
+        for answer in ("redirect", "forward", "forward_failed", "unavailable", "span"):
+            misdirected.add_metric([answer], scaleout.misdirected[answer])
+        yield from (owned, generation, members, rebalances, moved, describes, misdirected)
+
+
+async def release_on_shutdown(scaleout: ScaleOut | None) -> None:
+    """Leave the group now (off the loop): called first thing when the server starts shutting down."""
+    if scaleout is not None:
+        await asyncio.to_thread(scaleout.close)

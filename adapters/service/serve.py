@@ -1,0 +1,67 @@
+"""``python -m purgatory.adapters.service.serve``: one instance of the service in the foreground.
+
+What ``uvicorn --factory purgatory.adapters.service:create_app`` does, plus the scale-out
+shutdown order (:class:`ReleasingServer`: leave the ownership group, then wait for open
+requests, then drain). Settings come from ``PURGATORY_*`` and ``PURGATORY_CONFIG_FILE``; with
+``scaleout.enabled`` and no ``scaleout.advertised_url``, the URL defaults to
+``http://<host>:<port>`` — right on one machine, wrong behind NAT or in a container network,
+where it must be set. SIGTERM or SIGINT stops it gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+import uvicorn
+
+from purgatory.settings import ConfigError, load_settings
+
+from ._app import create_app
+from ._server import ReleasingServer
+
+__all__ = ["main"]
+
+DEFAULT_PORT = 8080
+GRACEFUL_SHUTDOWN_S = 10  # open requests' bound once the group was left (docker stop grants 15 s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="purgatory-serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument(
+        "--fd", type=int, default=None, help="serve on this already-bound socket (its port wins over --port)"
+    )
+    parser.add_argument("--graceful-shutdown-s", type=int, default=GRACEFUL_SHUTDOWN_S)
+    args = parser.parse_args(argv)
+    if args.fd is not None:  # a parent bound the port (no race between choosing and binding it)
+        with socket.socket(fileno=os.dup(args.fd)) as bound:
+            args.host, args.port = bound.getsockname()[:2]
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if settings.scaleout.enabled and settings.scaleout.advertised_url is None:
+        url = f"http://{args.host}:{args.port}"
+        settings = settings.model_copy(
+            update={"scaleout": settings.scaleout.model_copy(update={"advertised_url": url})}
+        )
+    config = uvicorn.Config(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        fd=args.fd,
+        lifespan="on",
+        log_level="warning",
+        timeout_graceful_shutdown=args.graceful_shutdown_s,
+    )
+    ReleasingServer(config).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
