@@ -271,8 +271,8 @@ class PartitionOwnership:
                 consumer.close()  # runs on_revoke for what is owned, then LeaveGroup: others rebalance now
             except KafkaException as exc:
                 _log.warning("ownership_close_failed", group=self.group_id, error=str(exc))
-            if self._owned:  # close() could not run the callback (broker gone): revoke ourselves
-                self._revoke(self._owned, reason)
+        if self._owned:  # no callback ran (never joined, or the cluster is gone): revoke ourselves
+            self._revoke(self._owned, reason)
         _log.info("ownership_left", group=self.group_id, url=self.url)
 
     # -- answers (any thread) -------------------------------------------------------------------
