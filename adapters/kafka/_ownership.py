@@ -33,6 +33,7 @@ called from any thread: they read state swapped under a short lock.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -70,6 +71,7 @@ MIN_REFRESH_GAP_S = 0.1  # on-demand owner refreshes (unknown owner) at most thi
 UNSETTLED_REFRESH_S = 0.2
 JOIN_TIMEOUT_S = 30.0  # the thread finishes its poll (POLL_S) or one describe (request timeout)
 STABLE = "STABLE"
+STATS_INTERVAL_MS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +139,7 @@ class OwnershipStats:
     describes: int = 0  # DescribeConsumerGroups requests sent
     describe_failures: int = 0
     listener_errors: int = 0
+    consumer_requests: int = 0  # requests the group consumer sent (librdkafka statistics, every 1 s)
     events: list[str] = field(default_factory=list)  # last rebalance events, for /owners
 
 
@@ -245,6 +248,10 @@ class PartitionOwnership:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "latest",
             "log_level": "0",
+            # librdkafka's statistics count the requests this member sends (heartbeats, joins,
+            # metadata): the ownership's own load on the cluster, reported by the bench.
+            "statistics.interval.ms": str(STATS_INTERVAL_MS),
+            "stats_cb": self._on_stats,
         }
         self._consumer = Consumer(config)
         self._consumer.subscribe(
@@ -456,6 +463,13 @@ class PartitionOwnership:
             except Exception:
                 self.stats.listener_errors += 1
                 _log.exception("ownership_listener_failed", group=self.group_id, callback="on_revoked")
+
+    def _on_stats(self, document: str) -> None:
+        try:
+            brokers = json.loads(document).get("brokers", {})
+            self.stats.consumer_requests = sum(int(b.get("tx", 0)) for b in brokers.values())
+        except (ValueError, TypeError, AttributeError):
+            _log.warning("ownership_stats_unreadable", group=self.group_id)
 
     def _event(self, text: str) -> None:
         events = self.stats.events

@@ -5,7 +5,7 @@ span (``SharedReadReader``); ``purgatory_service_feed_polls_total`` and
 ``purgatory_service_feed_failures_total`` — the change feed's batched polls and failed ones;
 ``purgatory_service_kafka_unavailable`` — 1 while the last poll could not reach Kafka;
 ``purgatory_service_kafka_requests_total`` — requests the cluster view sent (what scale-out
-divides between instances).
+divides between instances); ``purgatory_service_watched_partitions`` — partitions each poll asks about.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..kafka import TopicPartitionKey
 from ._gateway import Gateway
 
 __all__ = ["ServiceCollector"]
@@ -49,4 +50,9 @@ class ServiceCollector(Collector):
             "Requests the cluster view sent to Kafka (the feed's batches).",
         )
         requests.add_metric([], gateway.view.requests_sent)
-        yield from (reads, polls, failures, unavailable, requests)
+        watched = GaugeMetricFamily(
+            "purgatory_service_watched_partitions",
+            "Partitions the change feed polls (each poll asks about all).",
+        )
+        watched.add_metric([], sum(isinstance(k, TopicPartitionKey) for k in gateway.feed.watched_keys()))
+        yield from (reads, polls, failures, unavailable, requests, watched)

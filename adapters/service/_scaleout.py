@@ -316,6 +316,11 @@ class ScaleOutCollector(Collector):
             "purgatory_ownership_describes", "DescribeConsumerGroups requests sent."
         )
         describes.add_metric([], stats.describes)
+        consumer = CounterMetricFamily(
+            "purgatory_ownership_consumer_requests",
+            "Requests of the group consumer (heartbeats, joins, metadata).",
+        )
+        consumer.add_metric([], stats.consumer_requests)
         misdirected = CounterMetricFamily(
             "purgatory_service_misdirected_requests",
             "Requests for partitions owned elsewhere, by answer.",
@@ -323,7 +328,7 @@ class ScaleOutCollector(Collector):
         )
         for answer in ("redirect", "forward", "forward_failed", "unavailable", "span"):
             misdirected.add_metric([answer], scaleout.misdirected[answer])
-        yield from (owned, generation, members, rebalances, moved, describes, misdirected)
+        yield from (owned, generation, members, rebalances, moved, describes, consumer, misdirected)
 
 
 async def release_on_shutdown(scaleout: ScaleOut | None) -> None:

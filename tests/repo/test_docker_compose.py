@@ -322,3 +322,38 @@ def test_dockerfile_command_names_an_importable_app_factory() -> None:
     module, _, attr = next(a for a in args if ":" in a and not a.startswith("-")).partition(":")
     assert callable(getattr(importlib.import_module(module), attr))
     assert args[args.index("--port") + 1] == str(SERVICE_PORT)
+
+
+def test_three_service_instances_share_one_ownership_group(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scale-out (DESIGN §9): one group, each instance advertising the URL its published port answers."""
+    services = _services(compose)
+    instances = [name for name in services if name == SERVICE or name.startswith(f"{SERVICE}-")]
+    assert len(instances) == 3, f"three instances of the service, got {instances}"
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
+    groups, urls = set(), set()
+    for name in instances:
+        env = _env(services[name])
+        with monkeypatch.context() as scoped:
+            for key, value in env.items():
+                if key != CONFIG_FILE_ENV:
+                    scoped.setenv(key, value)
+            settings = load_settings()
+        scaleout = settings.scaleout
+        assert scaleout.enabled and scaleout.topics == ("orders",), f"{name} splits the demo topic"
+        groups.add(scaleout.group_id)
+        urls.add(scaleout.advertised_url)
+        (host_port,) = [host for svc, _, host, _ in _published(compose) if svc == name]
+        assert scaleout.advertised_url == f"http://127.0.0.1:{host_port}", (
+            f"{name} advertises its published port"
+        )
+        assert "purgatory.adapters.service.serve" in services[name]["command"], (
+            "leaves the group before draining"
+        )
+    assert len(groups) == 1, "one ownership group"
+    assert len(urls) == 3, "distinct advertised URLs"
+    init = " ".join(services["kafka-init"]["command"])
+    assert "orders" in init, "the split topic is created by kafka-init"
