@@ -14,6 +14,9 @@ Routes:
   (the records *were* appended; they are not known to be safely replicated); 503
   ``NOT_LEADER_OR_FOLLOWER`` when the partition's leader changed while they waited (a record
   only the old leader had is lost: retry).
+* ``GET /topics/{topic}/replicated?offsets=p:o[,...]&timeout_ms=`` — a produce's replication
+  wait without producing (where a produce answered MOVED continues); answers as the produce does.
+* ``GET /owners`` — the scale-out ownership group: members, their URLs and partitions.
 * ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
   (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations) and
   the service's own (shared reads, change feed polls, Kafka reachability).
@@ -22,6 +25,11 @@ Routes:
 Errors are JSON ``{"error": CODE, "field": name, "message": why}`` with a 4xx status for the
 client's mistakes (400 bad parameter or body, 404 unknown topic/partition, 413 body too large,
 415 not JSON, 416 offset out of range) and 503 when Kafka or the purgatory cannot take it.
+
+Scale-out (``scaleout.enabled``, :mod:`._scaleout`): a request for a partition owned by another
+instance is answered 307 to it (or forwarded), 503 + Retry-After while it has no owner; an
+operation whose partition moves while it waits is answered MOVED (307/303 to the new owner, or
+503 + Retry-After and a relative Location).
 
 A client that disconnects while waiting cancels its operation (finished CANCELLED, out of the
 timer): abandoned long polls do not fill the purgatory.
