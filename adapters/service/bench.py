@@ -96,8 +96,10 @@ async def _hold(
         ends[p] = probe.json()["next_offset"] if probe.status_code == 200 else 0
     tasks: list[asyncio.Task[Any]] = []
     for i in range(partitions * per_partition):
-        p = i % partitions
-        url = f"{instances[i % len(instances)].url}/topics/{topic}/partitions/{p}/records"
+        # Round i of the partitions goes to instance i // partitions: each partition is asked of
+        # every instance in turn (a load balancer knows nothing of partitions).
+        p, instance = i % partitions, instances[(i // partitions) % len(instances)]
+        url = f"{instance.url}/topics/{topic}/partitions/{p}/records"
         tasks.append(
             asyncio.ensure_future(client.get(url, params={"offset": ends[p], "max_wait_ms": WAIT_MS}))
         )
