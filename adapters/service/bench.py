@@ -189,7 +189,7 @@ def scaleout(
             f"{duration:.0f} s windows; {repeats} repeats"
         )
         topic = f"bench-scaleout-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
         for future in admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=30).values():
             future.result(timeout=30)
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import signal
 import time
 import uuid
@@ -30,7 +31,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import httpx
 import pytest
 from purgatory.adapters.kafka import LocalKafkaCluster
+from purgatory.adapters.kafka.cli import app as kafka_cli
 from purgatory.adapters.service.instances import Instance, LocalInstances
+from typer.testing import CliRunner
 
 from tests.kafka.kafka_fixtures import create_topic, wait_until
 
@@ -234,6 +237,17 @@ async def test_requests_to_the_wrong_instance_reach_the_owner(
         metrics = (await http.get(f"{wrong.url}/metrics")).text
         assert "purgatory_ownership_partitions_owned 2.0" in metrics
         assert 'purgatory_service_misdirected_requests_total{answer="redirect"}' in metrics
+    # The same assignment from outside the service: `purgatory kafka owners` asks Kafka itself.
+    shown = CliRunner().invoke(
+        kafka_cli,
+        ["owners", "--group", f"g-{topic}", "--bootstrap", kafka_cluster3.bootstrap_servers, "--json"],
+    )
+    assert shown.exit_code == 0, shown.output
+    described = json.loads(shown.output)
+    assert described["state"] == "STABLE"
+    assert {
+        m["url"]: sorted(int(p.rsplit("-", 1)[1]) for p in m["partitions"]) for m in described["members"]
+    } == view
 
 
 async def test_forward_mode_answers_from_the_owner_without_a_redirect(
