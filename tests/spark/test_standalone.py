@@ -21,7 +21,9 @@ pytestmark = pytest.mark.spark
 
 OPS = 2000
 TABLES = ("window_stats", "key_counts", "hot_keys", "summary", "bad_records")
-ANALYZE_TIMEOUT_S = 240.0
+# Two Spark applications and five JVMs; measured 3.5 min for the local run alone with the shared
+# 2-core machine at load average 20. Bounded all the same.
+ANALYZE_TIMEOUT_S = 420.0
 
 
 def _analyze(journal: Path, out: Path, master: str) -> None:
@@ -44,6 +46,7 @@ def _rows(out: Path, table: str) -> list[tuple[object, ...]]:
     return sorted((tuple(sorted(row.items())) for row in data), key=repr)
 
 
+@pytest.mark.timeout(1200)
 def test_analyze_on_a_standalone_cluster_gives_the_local_tables(tmp_path: Path) -> None:
     journal = tmp_path / "journal"
     journal.mkdir()
