@@ -22,6 +22,7 @@ import json
 import signal
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,6 +238,29 @@ async def test_requests_to_the_wrong_instance_reach_the_owner(
         metrics = (await http.get(f"{wrong.url}/metrics")).text
         assert "purgatory_ownership_partitions_owned 2.0" in metrics
         assert 'purgatory_service_misdirected_requests_total{answer="redirect"}' in metrics
+    # A keyed record lands where librdkafka's default partitioner would put it (the service
+    # decides partitions itself in scale-out mode, to know the owner before appending).
+    from confluent_kafka import Producer
+
+    keys = ("alpha", "beta", "gamma", "delta")
+    landed: dict[str, int] = {}  # delivery reports of different partitions come in any order
+    producer = Producer({"bootstrap.servers": kafka_cluster3.bootstrap_servers})
+    for key in keys:
+        producer.produce(
+            topic,
+            b"k",
+            key.encode(),
+            on_delivery=lambda e, m: landed.update({m.key().decode(): m.partition()}),
+        )
+    assert producer.flush(30) == 0
+    assert landed == {k: zlib.crc32(k.encode()) % PARTITIONS for k in keys}, "librdkafka: CRC32(key) % count"
+    async with httpx.AsyncClient(timeout=20.0, follow_redirects=True) as http:
+        for key in keys:
+            keyed = {"records": [{"value": "k", "key": key}], "timeout_ms": 10_000}
+            answer = await http.post(f"{instances[0].url}/topics/{topic}/records", json=keyed)
+            assert answer.status_code == 200 and list(answer.json()["offsets"]) == [str(landed[key])], (
+                answer.text
+            )
     # The same assignment from outside the service: `purgatory kafka owners` asks Kafka itself.
     shown = CliRunner().invoke(
         kafka_cli,
