@@ -313,3 +313,52 @@ def test_moved_answer_points_at_the_new_owner_or_asks_to_retry() -> None:
     assert known.body["outcome"] == "MOVED" and known.body["generation"] == 7
     unknown = moved_answer(Moved("shutdown"), "/x")
     assert unknown.status == 503 and unknown.headers == {"Retry-After": "1", "Location": "/x"}
+
+
+def test_a_lost_session_moves_operations_with_reason_lost(
+    ownership: PartitionOwnership, purgatory: DelayedOperationPurgatory[DelayedOperation]
+) -> None:
+    OwnershipGuard(ownership, [purgatory])
+    assign(ownership, 3)
+    op = DelayedProduce(FakeFacts(), {tp(3): 1}, delay_ms=30_000)
+    purgatory.try_complete_else_watch(op, op.watch_keys())
+    ownership._on_lost(FakeConsumer(), [TopicPartition(TOPIC, 3)])  # type: ignore[arg-type]
+    assert op.moved is not None and op.moved.reason == "lost"
+    assert ownership.stats.lost == 1 and ownership.owned() == frozenset()
+
+
+def test_unkeyed_records_go_to_owned_partitions_and_keyed_ones_where_librdkafka_puts_them(
+    purgatory: DelayedOperationPurgatory[DelayedOperation],
+) -> None:
+    import zlib
+
+    from purgatory.adapters.service import ProduceRequest
+    from purgatory.adapters.service._scaleout import ScaleOut
+
+    from purgatory.settings import Settings
+
+    settings = Settings(
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
+        scaleout=ScaleOutSettings(enabled=True, topics=(TOPIC,), advertised_url=ME),
+    )
+
+    class NoKeys:
+        def watched_keys(self) -> frozenset[TopicPartitionKey]:
+            return frozenset()
+
+    scaleout = ScaleOut(settings, "127.0.0.1:1", [purgatory], NoKeys())
+    assign(scaleout.ownership, 2, 5)
+    request = ProduceRequest.model_validate(
+        {
+            "records": [
+                {"value": "a"},
+                {"value": "b"},
+                {"value": "c", "key": "alpha"},
+                {"value": "d", "partition": 1},
+            ]
+        }
+    )
+    decided = [r.partition for r in scaleout.assign_partitions(TOPIC, 6, request).records]
+    assert decided[:2] in ([2, 5], [5, 2]), "unkeyed: round robin over the owned partitions"
+    assert decided[2] == zlib.crc32(b"alpha") % 6, "keyed: librdkafka's consistent partitioner"
+    assert decided[3] == 1, "explicit: kept"
