@@ -45,7 +45,7 @@ import base64
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Any, TypeVar
@@ -66,7 +66,7 @@ from ._errors import RequestError, from_validation_error
 from ._gateway import Gateway
 from ._metrics import ServiceCollector
 from ._requests import MAX_PRODUCE_BODY_BYTES, TOPIC_PATTERN, FetchParams, ProduceRequest
-from ._scaleout import ScaleOutCollector, parse_offsets, release_on_shutdown
+from ._scaleout import ScaleOut, ScaleOutCollector, parse_offsets, release_on_shutdown
 
 __all__ = ["create_app"]
 
@@ -187,6 +187,21 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
     return task.result()  # its result, or its RequestError
 
 
+async def _routed(
+    request: Request, scaleout: ScaleOut, topic: str, partitions: Iterable[int], body: bytes | None = None
+) -> Response | None:
+    """None to serve here; else the answer for another owner's partitions (307, 503, forwarded).
+
+    A forwarded long poll is abandoned (499) when its client leaves, like one served here.
+    """
+
+    async def boxed() -> tuple[Response | None]:  # a 1-tuple: None inside means "serve here"
+        return (await scaleout.elsewhere(request, topic, partitions, body),)
+
+    routed = await _unless_disconnected(request, boxed())
+    return Response(status_code=CLIENT_CLOSED_REQUEST) if routed is None else routed[0]
+
+
 async def fetch_records(request: Request) -> Response:
     gateway = _gateway(request)
     topic, partition = _topic(request), _partition(request)
@@ -198,7 +213,7 @@ async def fetch_records(request: Request) -> Response:
     scaleout = gateway.scaleout
     if scaleout is not None:  # owned elsewhere: 307 / forwarded / 503 (see _scaleout)
         await gateway.partitions(topic)  # an unknown topic is a 404 here, not a wait for an owner
-        elsewhere = await scaleout.elsewhere(request, topic, [partition])
+        elsewhere = await _routed(request, scaleout, topic, [partition])
         if elsewhere is not None:
             return elsewhere
     op = await _unless_disconnected(request, gateway.fetch(topic, partition, params))
@@ -243,7 +258,7 @@ async def produce_records(request: Request) -> Response:
     if scaleout is not None:  # every record's partition decided here, then: is it ours?
         produce = scaleout.assign_partitions(topic, await gateway.partitions(topic), produce)
         partitions = {r.partition for r in produce.records if r.partition is not None}
-        elsewhere = await scaleout.elsewhere(request, topic, partitions, bytes(body))
+        elsewhere = await _routed(request, scaleout, topic, partitions, bytes(body))
         if elsewhere is not None:
             return elsewhere
     op = await _unless_disconnected(request, gateway.produce(topic, produce))
@@ -274,7 +289,7 @@ async def await_replicated(request: Request) -> Response:
     started = time.monotonic()
     scaleout = gateway.scaleout
     if scaleout is not None:
-        elsewhere = await scaleout.elsewhere(request, topic, offsets)
+        elsewhere = await _routed(request, scaleout, topic, offsets)
         if elsewhere is not None:
             return elsewhere
     op = await _unless_disconnected(request, gateway.await_replicated(topic, offsets, timeout_ms))
