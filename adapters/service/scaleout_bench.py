@@ -38,7 +38,7 @@ from purgatory.settings import load_settings
 from ..kafka import provide_cluster
 from .instances import Instance, LocalInstances
 
-__all__ = ["scaleout"]
+__all__ = ["Sample", "measure_side", "scaleout"]
 
 WAIT_MS = 60_000  # the long polls outlive the measured window: nothing completes, nothing re-polls
 SETTLE_S = 60.0
@@ -166,6 +166,26 @@ def _measure(
     return asyncio.run(run())
 
 
+def measure_side(
+    bootstrap: str,
+    topic: str,
+    side: str,
+    instances: int,
+    partitions: int,
+    per_partition: int,
+    duration_s: float,
+) -> Sample:
+    """One run: ``instances`` instances (``side``: "scaleout" or "alone") holding long polls on ``topic``."""
+    env = {} if side == "scaleout" else {"PURGATORY_SCALEOUT__ENABLED": "false"}
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    with LocalInstances(bootstrap, topics=[topic], group_id=group, env=env) as fleet:
+        for _ in range(instances):
+            fleet.start()
+        if side == "scaleout":
+            _settle(fleet, instances, partitions)
+        return _measure(fleet, side, topic, partitions, per_partition, duration_s)
+
+
 def scaleout(
     partitions: Annotated[int, typer.Option(help="Partitions of the watched topic.")] = 12,
     per_partition: Annotated[int, typer.Option(help="Long polls held per partition.")] = 6,
@@ -198,14 +218,7 @@ def scaleout(
                     # Alternate which side runs first: drift on a shared machine hits both alike.
                     sides = ("scaleout", "alone") if (repeat + n) % 2 == 0 else ("alone", "scaleout")
                     for side in sides:
-                        env = {} if side == "scaleout" else {"PURGATORY_SCALEOUT__ENABLED": "false"}
-                        group = f"bench-{uuid.uuid4().hex[:8]}"
-                        with LocalInstances(bootstrap, topics=[topic], group_id=group, env=env) as fleet:
-                            for _ in range(n):
-                                fleet.start()
-                            if side == "scaleout":
-                                _settle(fleet, n, partitions)
-                            sample = _measure(fleet, side, topic, partitions, per_partition, duration)
+                        sample = measure_side(bootstrap, topic, side, n, partitions, per_partition, duration)
                         samples.append(sample)
                         typer.echo(
                             f"  run {repeat + 1} {side:>8} x{n}: {sample.requests_per_s:7.1f} req/s, "

@@ -411,3 +411,21 @@ async def test_a_joining_instance_takes_over_partitions_without_dropping_request
     _check(answers, base, values)
     moved = {int(a.name.rsplit("-", 1)[1]) for a in answers if any("MOVED" in h for h in a.hops)}
     assert moved == set(view[joined.url]), "exactly the requests of the partitions that moved were MOVED"
+
+
+# -- cluster load ------------------------------------------------------------------------------
+
+
+def test_the_cluster_is_asked_about_each_partition_once_not_once_per_instance(
+    kafka_bootstrap: str, kafka_topic_factory: Any
+) -> None:
+    """The bench's measurement on a small run: with scale-out two instances split the partitions
+    they poll; without, each polls every partition it was asked about (figures: purgatory bench scaleout)."""
+    from purgatory.adapters.service.scaleout_bench import measure_side
+
+    topic = kafka_topic_factory(4, prefix="load")
+    split = measure_side(kafka_bootstrap, topic, "scaleout", 2, 4, 2, 3.0)  # > 1 s: librdkafka stats
+    assert sorted(split.watched_partitions) == [2, 2], "each partition polled by its owner only"
+    assert split.ownership_requests_per_s > 0, "the group's own requests are counted"
+    alone = measure_side(kafka_bootstrap, topic, "alone", 2, 4, 2, 1.0)
+    assert alone.watched_partitions == [4, 4], "without scale-out every instance polls every partition"
