@@ -187,7 +187,7 @@ class ScaleOutSettings(_Section):
 
     Each instance joins the consumer group ``group_id`` (subscribed to ``topics``) and owns the
     partitions the group assigns it; its ``advertised_url`` travels as the member's ``client.id``
-    so that every instance can tell a client where a partition's owner is (DESIGN §9).
+    so that every instance can tell a client where a partition's owner is (docs/design.md §7).
     """
 
     enabled: bool = Field(False, description="Join the ownership group; serve only owned partitions.")

@@ -139,7 +139,7 @@ class Gateway:
         # The view gives up on an admin request after its request timeout (plus its own margin).
         self._metadata_timeout_s = self.view.request_timeout_s + 1.0
         self.serving = False
-        # Scale-out (DESIGN §9): this instance serves only the partitions its group assigns it.
+        # Scale-out (docs/design.md §7): this instance serves only the partitions its group assigns it.
         self.scaleout: ScaleOut | None = (
             ScaleOut(settings, self.bootstrap_servers, self.purgatories, self.feed)
             if settings.scaleout.enabled

@@ -1,7 +1,7 @@
 """Scale-out of the example service: which instance serves a partition, and what the others answer.
 
 With ``scaleout.enabled`` every instance joins the ownership group (:class:`PartitionOwnership`)
-and serves only the partitions it owns (DESIGN §9). A request for a partition owned elsewhere is
+and serves only the partitions it owns (docs/design.md §7). A request for a partition owned elsewhere is
 answered ``307`` to the owner (``scaleout.mode = "redirect"``, with ``Retry-After`` while the
 assignment moves) or forwarded to it (``"forward"``: a bounded connection pool, its own
 timeouts; a forwarded request is never forwarded again). No owner yet: ``503`` + ``Retry-After``.

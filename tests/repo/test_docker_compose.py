@@ -327,7 +327,7 @@ def test_dockerfile_command_names_an_importable_app_factory() -> None:
 def test_three_service_instances_share_one_ownership_group(
     compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Scale-out (DESIGN §9): one group, each instance advertising the URL its published port answers."""
+    """Scale-out (docs/design.md §7): one group; each instance advertises the URL of its published port."""
     services = _services(compose)
     instances = [name for name in services if name == SERVICE or name.startswith(f"{SERVICE}-")]
     assert len(instances) == 3, f"three instances of the service, got {instances}"
