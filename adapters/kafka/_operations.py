@@ -53,8 +53,6 @@ class ErrorCode(StrEnum):
     REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"
     UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
     OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"
-    # The partition moved to another instance of the service (Kafka: leadership moved away).
-    NOT_LEADER_OR_FOLLOWER = "NOT_LEADER_OR_FOLLOWER"
 
 
 def _require_offsets(what: str, offsets: Mapping[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:

@@ -14,7 +14,7 @@ Routes:
   (the records *were* appended; they are not known to be safely replicated); 503
   ``NOT_LEADER_OR_FOLLOWER`` when the partition's leader changed while they waited (a record
   only the old leader had is lost: retry).
-* ``GET /topics/{topic}/replicated?offsets=p:o[,...]&timeout_ms=`` — a produce's replication
+* ``GET /topics/{topic}/replicated?offsets=p:o[,...]&epochs=p:e[,...]&timeout_ms=`` — a produce's replication
   wait without producing (where a produce answered MOVED continues); answers as the produce does.
 * ``GET /owners`` — the scale-out ownership group: members, their URLs and partitions.
 * ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
@@ -280,6 +280,10 @@ async def await_replicated(request: Request) -> Response:
     gateway = _gateway(request)
     topic = _topic(request)
     offsets = parse_offsets(request.query_params.get("offsets"))
+    raw_epochs = request.query_params.get("epochs")
+    epochs = parse_offsets(raw_epochs, "epochs") if raw_epochs is not None else None
+    if epochs is not None and set(epochs) != set(offsets):
+        raise RequestError(400, "INVALID_REQUEST", "epochs", "epochs must name the partitions of offsets")
     raw_timeout = request.query_params.get("timeout_ms")
     if raw_timeout is not None and not raw_timeout.isdigit():
         raise RequestError(
@@ -292,7 +296,7 @@ async def await_replicated(request: Request) -> Response:
         elsewhere = await _routed(request, scaleout, topic, offsets)
         if elsewhere is not None:
             return elsewhere
-    op = await _unless_disconnected(request, gateway.await_replicated(topic, offsets, timeout_ms))
+    op = await _unless_disconnected(request, gateway.await_replicated(topic, offsets, timeout_ms, epochs))
     if op is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if op.moved is not None and scaleout is not None:

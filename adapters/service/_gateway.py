@@ -46,6 +46,7 @@ from purgatory.settings import ConfigError, Settings
 
 from ..kafka import (
     BOOTSTRAP_ENV,
+    Appended,
     ChangeFeed,
     ClusterView,
     DelayedFetch,
@@ -311,12 +312,18 @@ class Gateway:
         return await self._wait_replicated(appended, request.timeout_ms)
 
     async def await_replicated(
-        self, topic: str, offsets: dict[int, int], timeout_ms: int | None
+        self,
+        topic: str,
+        offsets: dict[int, int],
+        timeout_ms: int | None,
+        leader_epochs: dict[int, int] | None = None,
     ) -> DelayedProduce:
         """Wait until every in-sync replica holds ``offsets`` (partition → last offset appended).
 
         A produce answered MOVED continues here, at its partitions' new owner: the records were
-        appended already, only the replication wait moved.
+        appended already, only the replication wait moved. ``leader_epochs`` (partition → the
+        leader epoch before the append, carried by the MOVED answer) keeps the produce's fence: a
+        leader change since the append is still answered NOT_LEADER_OR_FOLLOWER here.
         """
         count = await self.partitions(topic)
         for partition in offsets:
@@ -328,11 +335,14 @@ class Gateway:
                     f"topic {topic!r} has {count} partition(s): partition {partition} does not exist",
                     value=partition,
                 )
-        appended = {TopicPartitionKey(topic, p): o for p, o in offsets.items()}
-        return await self._wait_replicated(appended, timeout_ms)
+        targets = {TopicPartitionKey(topic, p): o for p, o in offsets.items()}
+        if leader_epochs is None:
+            return await self._wait_replicated(targets, timeout_ms)
+        epochs = {TopicPartitionKey(topic, p): e for p, e in leader_epochs.items()}
+        return await self._wait_replicated(Appended(targets, epochs), timeout_ms)
 
     async def _wait_replicated(
-        self, appended: dict[TopicPartitionKey, int], timeout_ms: int | None
+        self, appended: Appended | dict[TopicPartitionKey, int], timeout_ms: int | None
     ) -> DelayedProduce:
         op = (DelayedProduce if self.scaleout is None else OwnedProduce)(
             self.feed, appended, delay_ms=timeout_ms

@@ -227,10 +227,14 @@ class ScaleOut:
     def moved_produce(self, topic: str, op: DelayedProduce, started: float, timeout_ms: int) -> Response:
         """303 to the new owner's replication wait for the offsets already appended."""
         remaining = max(0, timeout_ms - int((time.monotonic() - started) * 1000))
-        offsets = ",".join(
-            f"{k.partition}:{o}" for k, o in sorted(op.appended.items(), key=lambda i: i[0].partition)
-        )
-        path = f"/topics/{topic}/replicated?{urlencode({'offsets': offsets, 'timeout_ms': remaining})}"
+        ordered = sorted(op.appended.items(), key=lambda item: item[0].partition)
+        query = {"offsets": ",".join(f"{k.partition}:{o}" for k, o in ordered), "timeout_ms": str(remaining)}
+        epochs = {k: op.leader_epochs.get(k) for k, _ in ordered}
+        if all(e is not None for e in epochs.values()):
+            # The leader epochs before the append travel along: the new owner keeps the fence
+            # (a leader change since the append is still NOT_LEADER_OR_FOLLOWER there).
+            query["epochs"] = ",".join(f"{k.partition}:{e}" for k, e in epochs.items())
+        path = f"/topics/{topic}/replicated?{urlencode(query)}"
         assert op.moved is not None
         return self._moved(next(iter(op.appended)), op.moved.owner_url, path, status=303)
 
@@ -265,16 +269,16 @@ class ScaleOut:
         return {"enabled": True, "mode": self.settings.mode, **described}
 
 
-def parse_offsets(raw: str | None) -> dict[int, int]:
+def parse_offsets(raw: str | None, field: str = "offsets") -> dict[int, int]:
     """``"0:41,3:17"`` → ``{0: 41, 3: 17}``, or a 400 naming the field."""
     if not raw:
-        raise RequestError(400, "INVALID_REQUEST", "offsets", "offsets is required: partition:offset[,...]")
+        raise RequestError(400, "INVALID_REQUEST", field, f"{field} is required: partition:number[,...]")
     out: dict[int, int] = {}
     for item in raw.split(","):
         partition, sep, offset = item.partition(":")
         if not sep or not partition.isdigit() or not offset.isdigit():
             raise RequestError(
-                400, "INVALID_REQUEST", "offsets", f"offsets must be partition:offset[,...], got {item!r}"
+                400, "INVALID_REQUEST", field, f"{field} must be partition:number[,...], got {item!r}"
             )
         out[int(partition)] = int(offset)
     return out

@@ -46,7 +46,7 @@ class FakeFacts:
         self.high: dict[TopicPartitionKey, int] = {}
 
     def partition(self, key: TopicPartitionKey) -> PartitionFacts | None:
-        return PartitionFacts(high_watermark=self.high[key]) if key in self.high else None
+        return PartitionFacts(high_watermark=self.high[key], leader_epoch=0) if key in self.high else None
 
     def topic(self, key: object) -> None:
         return None
@@ -362,3 +362,37 @@ def test_unkeyed_records_go_to_owned_partitions_and_keyed_ones_where_librdkafka_
     assert decided[:2] in ([2, 5], [5, 2]), "unkeyed: round robin over the owned partitions"
     assert decided[2] == zlib.crc32(b"alpha") % 6, "keyed: librdkafka's consistent partitioner"
     assert decided[3] == 1, "explicit: kept"
+
+
+def test_a_moved_produce_carries_its_offsets_and_leader_epochs_to_the_new_owner(
+    purgatory: DelayedOperationPurgatory[DelayedOperation],
+) -> None:
+    """The continuation keeps the produce's fence: the new owner checks the same leader epoch."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from purgatory.adapters.kafka import Appended
+    from purgatory.adapters.service._scaleout import ScaleOut
+
+    from purgatory.settings import Settings
+
+    settings = Settings(
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
+        scaleout=ScaleOutSettings(enabled=True, topics=(TOPIC,), advertised_url=ME),
+    )
+
+    class NoKeys:
+        def watched_keys(self) -> frozenset[TopicPartitionKey]:
+            return frozenset()
+
+    scaleout = ScaleOut(settings, "127.0.0.1:1", [purgatory], NoKeys())
+    op = DelayedProduce(FakeFacts(), Appended({tp(1): 41, tp(0): 7}, {tp(1): 5, tp(0): 3}), delay_ms=30_000)
+    assert op.move(Moved("revoked", OTHER, 4))
+    answer = scaleout.moved_produce(TOPIC, op, time.monotonic(), 30_000)
+    assert answer.status_code == 303, "a GET of the replication wait: the records are not appended again"
+    location = urlsplit(answer.headers["location"])
+    assert (
+        f"{location.scheme}://{location.netloc}" == OTHER and location.path == f"/topics/{TOPIC}/replicated"
+    )
+    query = parse_qs(location.query)
+    assert query["offsets"] == ["0:7,1:41"] and query["epochs"] == ["0:3,1:5"]
+    assert 29_000 <= int(query["timeout_ms"][0]) <= 30_000, "what remains of the produce's timeout"
