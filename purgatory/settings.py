@@ -2,14 +2,27 @@
 
 Precedence, highest first: keyword arguments, environment variables, the TOML file named by
 ``PURGATORY_CONFIG_FILE`` (or passed as ``config_file``), defaults. Invalid values fail at start
-with :class:`ConfigError`, which names the field, the value given, and why it was refused.
-Credentials are ``SecretStr``: they never appear in reprs, dumps or logs.
+with :class:`ConfigError`, which names the field, the value given, where it came from (which
+variable, which file) and why it was refused. Credentials are ``SecretStr``: they never appear in
+reprs, dumps or logs.
+
+One bootstrap setting: ``kafka.bootstrap_servers`` (``PURGATORY_KAFKA__BOOTSTRAP_SERVERS``) also
+reads ``PURGATORY_KAFKA_BOOTSTRAP``, the variable ``purgatory kafka up`` prints; when both are set
+they must agree. A ``PURGATORY_*`` variable that names no setting (``PURGATORY_MAX_PENDNG``) is
+reported with an :class:`UnknownSettingWarning` naming the closest setting.
+:func:`setting_origins` says where each effective value came from (``purgatory config show``).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import tomllib
+import types
+import typing
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -33,6 +46,8 @@ from pydantic_settings import (
 from ._errors import PurgatoryError
 
 __all__ = [
+    "BOOTSTRAP_ENV",
+    "CONFIG_FILE_ENV",
     "ConfigError",
     "JournalSettings",
     "KafkaSettings",
@@ -41,11 +56,33 @@ __all__ = [
     "ScaleOutSettings",
     "Settings",
     "TimerSettings",
+    "UnknownSettingWarning",
     "is_secret_name",
     "load_settings",
+    "setting_origins",
+    "unknown_environment_variables",
 ]
 
+ENV_PREFIX = "PURGATORY_"
+ENV_NESTING = "__"
 CONFIG_FILE_ENV = "PURGATORY_CONFIG_FILE"
+# What `purgatory kafka up` prints and the Kafka provider reads: an alias of
+# PURGATORY_KAFKA__BOOTSTRAP_SERVERS, so one exported line configures every entry point.
+BOOTSTRAP_ENV = "PURGATORY_KAFKA_BOOTSTRAP"
+# Variables with the prefix that are not settings fields but are read by the project itself
+# (launchers, the build, the import switch). Known, so they are never reported as misspellings;
+# add a name here when code starts reading a new one.
+OTHER_ENV_VARIABLES = frozenset(
+    {
+        CONFIG_FILE_ENV,
+        BOOTSTRAP_ENV,
+        "PURGATORY_PURE",  # purgatory._accel: run the pure-Python modules
+        "PURGATORY_PURE_BUILD",  # setup.py: skip mypyc
+        "PURGATORY_KAFKA_CACHE",  # the local Kafka launcher's jar cache
+        "PURGATORY_KAFKA_VERSION",  # the local Kafka launcher's Kafka version
+        "PURGATORY_SPARK_JARS_DIR",  # Spark's Kafka connector jars
+    }
+)
 
 # Parts of a setting or librdkafka property name that mark its value as a credential.
 _SECRET_NAME_PARTS = (
@@ -80,7 +117,11 @@ NonNegativeInt = Annotated[int, annotated_types.Ge(0), BeforeValidator(_no_bool)
 
 
 class ConfigError(PurgatoryError, ValueError):
-    """Settings were refused: the message lists each field, the value given and why."""
+    """Settings were refused: the message lists each field, the value given, its source and why."""
+
+
+class UnknownSettingWarning(UserWarning):
+    """A ``PURGATORY_*`` environment variable names no setting (probably a misspelling)."""
 
 
 class _Section(BaseModel):
@@ -262,7 +303,11 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [
+            init_settings,
+            env_settings,
+            _BootstrapAliasSource(settings_cls),
+        ]
         toml_file = _TOML_FILE.get("path") or os.environ.get(CONFIG_FILE_ENV)
         if toml_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml_file)))
@@ -283,35 +328,207 @@ class Settings(BaseSettings):
         }
 
 
+class _BootstrapAliasSource(PydanticBaseSettingsSource):
+    """``PURGATORY_KAFKA_BOOTSTRAP`` as ``kafka.bootstrap_servers`` (below the canonical variable).
+
+    Placed after the environment source and before the TOML file: the exported line of
+    ``purgatory kafka up`` beats a file, and ``load_settings`` refuses the two variables disagreeing.
+    """
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ builds the whole (nested) value
+
+    def __call__(self) -> dict[str, Any]:
+        value = _environ().get(BOOTSTRAP_ENV)
+        return {"kafka": {"bootstrap_servers": value}} if value else {}
+
+
 # load_settings hands the TOML path to settings_customise_sources (a classmethod) through here.
 _TOML_FILE: dict[str, str] = {}
 
+Path_ = tuple[str, ...]
 
-def _explain(error: ValidationError, origin: str) -> str:
-    lines = [f"invalid settings ({origin}):"]
+
+def _environ() -> dict[str, str]:
+    # pydantic-settings matches names case-insensitively (case_sensitive=False); so do we.
+    return {name.upper(): value for name, value in os.environ.items()}
+
+
+def _unwrap(annotation: Any) -> Any:
+    """``X | None`` → ``X``; ``Annotated[X, ...]`` → ``X``."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                return annotation
+            annotation = args[0]
+        else:
+            return annotation
+
+
+def _names_a_setting(parts: Path_, model: type[BaseModel] | None = None) -> bool:
+    """True when the lower-case path ``parts`` names a field (or a value inside a dict field)."""
+    model = model or Settings
+    if not parts:
+        return True
+    field = model.model_fields.get(parts[0])
+    if field is None:
+        return False
+    annotation = _unwrap(field.annotation)
+    rest = parts[1:]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _names_a_setting(rest, annotation)
+    if typing.get_origin(annotation) is dict:
+        if len(rest) <= 1:
+            return True  # the whole dict (JSON), or one entry by its key
+        value = _unwrap(typing.get_args(annotation)[1])
+        return isinstance(value, type) and issubclass(value, BaseModel) and _names_a_setting(rest[1:], value)
+    return not rest
+
+
+def _setting_variables(model: type[BaseModel], prefix: str = ENV_PREFIX) -> Iterator[str]:
+    """Every variable naming a leaf setting (``PURGATORY_KAFKA__BOOTSTRAP_SERVERS``, ...)."""
+    for name, field in model.model_fields.items():
+        annotation = _unwrap(field.annotation)
+        variable = prefix + name.upper()
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from _setting_variables(annotation, variable + ENV_NESTING)
+        else:
+            yield variable
+
+
+def _env_path(variable: str) -> Path_:
+    return tuple(variable[len(ENV_PREFIX) :].lower().split(ENV_NESTING))
+
+
+def unknown_environment_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """``PURGATORY_*`` variables that name no setting, each with the closest known name (or None)."""
+    names = {name.upper() for name in (environ if environ is not None else os.environ)}
+    known = sorted({*_setting_variables(Settings), *OTHER_ENV_VARIABLES})
+    unknown: dict[str, str | None] = {}
+    for name in sorted(names):
+        if not name.startswith(ENV_PREFIX) or name in OTHER_ENV_VARIABLES:
+            continue
+        if _names_a_setting(_env_path(name)):
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        unknown[name] = close[0] if close else None
+    return unknown
+
+
+def _warn_unknown_variables() -> None:
+    for name, suggestion in unknown_environment_variables().items():
+        hint = f"; did you mean {suggestion}?" if suggestion else ""
+        warnings.warn(
+            f"environment variable {name} is not a setting and is ignored{hint}",
+            UnknownSettingWarning,
+            # Attributed to this line, not the caller's: Python's default filter then shows each
+            # message once per process, however many entry points load the settings.
+            stacklevel=1,
+        )
+
+
+def _flatten(value: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
+    if isinstance(value, Mapping) and value:
+        for key, item in value.items():
+            yield from _flatten(item, (*path, str(key)))
+    else:
+        yield path, value
+
+
+class _Origins:
+    """Which source gave a setting: an environment variable, the TOML file, or the default.
+
+    Mirrors the sources' precedence (environment, the bootstrap alias, the file): a variable
+    holding JSON (``PURGATORY_KAFKA='{...}'``) is the origin of every value beneath it.
+    """
+
+    def __init__(self, config_file: str | None) -> None:
+        env = _environ()
+        self.variables: dict[Path_, str] = {}
+        for name in env:
+            if name.startswith(ENV_PREFIX) and name not in OTHER_ENV_VARIABLES:
+                path = _env_path(name)
+                if _names_a_setting(path):
+                    self.variables[path] = name
+        if env.get(BOOTSTRAP_ENV) and ("kafka", "bootstrap_servers") not in self.variables:
+            self.variables.setdefault(("kafka", "bootstrap_servers"), BOOTSTRAP_ENV)
+        self.config_file = config_file
+        self.file_paths: set[Path_] = set()
+        if config_file:
+            try:
+                with open(config_file, "rb") as handle:
+                    self.file_paths = {path for path, _ in _flatten(tomllib.load(handle))}
+            except (OSError, tomllib.TOMLDecodeError):
+                pass  # the settings source reports the file's own error
+
+    def of(self, path: Path_) -> str:
+        lowered = tuple(part.lower() for part in path)
+        for end in range(len(lowered), 0, -1):
+            variable = self.variables.get(lowered[:end])
+            if variable is not None:
+                return f"env {variable}"
+        if any(path[:end] in self.file_paths for end in range(len(path), 0, -1)):
+            return f"file {self.config_file}"
+        return "default"
+
+
+def setting_origins(settings: Settings, config_file: str | Path | None = None) -> dict[str, str]:
+    """Where each effective value came from: ``env NAME``, ``file PATH`` or ``default``.
+
+    Keys are dotted paths of the leaf values (``kafka.bootstrap_servers``), as ``config show``
+    prints them. ``config_file`` defaults to ``PURGATORY_CONFIG_FILE``, as in :func:`load_settings`.
+    """
+    path = str(config_file) if config_file is not None else os.environ.get(CONFIG_FILE_ENV)
+    origins = _Origins(path)
+    return {".".join(leaf): origins.of(leaf) for leaf, _ in _flatten(settings.model_dump(mode="json"))}
+
+
+def _explain(error: ValidationError, origins: _Origins, overrides: Mapping[str, Any]) -> str:
+    lines = ["invalid settings:"]
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "<root>"
+        loc = tuple(str(part) for part in item["loc"])
+        field = ".".join(loc) or "<root>"
+        source = "argument" if loc and loc[0] in overrides else origins.of(loc)
         if item["type"] == "extra_forbidden":
             # An unknown name may be a misspelt credential ('sasl_pasword'): never echo its value.
-            lines.append(f"  {field}: unknown setting (value not shown); check the spelling")
+            lines.append(f"  {field} (from {source}): unknown setting (value not shown); check the spelling")
             continue
         shown = "<secret>" if is_secret_name(field) or field.endswith("_key") else repr(item.get("input"))
-        lines.append(f"  {field} = {shown}: {item['msg']}")
+        lines.append(f"  {field} = {shown} (from {source}): {item['msg']}")
     return "\n".join(lines)
 
 
+def _check_bootstrap_alias() -> None:
+    env = _environ()
+    alias, canonical = env.get(BOOTSTRAP_ENV), env.get("PURGATORY_KAFKA__BOOTSTRAP_SERVERS")
+    if alias and canonical and alias != canonical:
+        raise ConfigError(
+            f"invalid settings: {BOOTSTRAP_ENV}={alias!r} and "
+            f"PURGATORY_KAFKA__BOOTSTRAP_SERVERS={canonical!r} disagree; set one of them"
+        )
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
-    """Build the effective settings, or raise :class:`ConfigError` explaining every bad field."""
+    """Build the effective settings, or raise :class:`ConfigError` explaining every bad field.
+
+    Warns (:class:`UnknownSettingWarning`) about each ``PURGATORY_*`` variable naming no setting.
+    """
     path = str(config_file) if config_file is not None else os.environ.get(CONFIG_FILE_ENV)
     if path is not None and not Path(path).is_file():
         raise ConfigError(f"config file {path!r} does not exist or is not a file")
+    _warn_unknown_variables()
+    _check_bootstrap_alias()
     origin = f"environment PURGATORY_*, file {path}" if path else "environment PURGATORY_*"
     if path:
         _TOML_FILE["path"] = path
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        raise ConfigError(_explain(exc, origin)) from None
+        raise ConfigError(_explain(exc, _Origins(path), overrides)) from None
     except ValueError as exc:  # e.g. malformed TOML or JSON in a nested env variable
         raise ConfigError(f"invalid settings ({origin}): {exc}") from None
     finally:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..settings import ConfigError, Settings, load_settings
+from ..settings import ConfigError, Settings, load_settings, setting_origins
 
 app = typer.Typer(help="Inspect settings.", no_args_is_help=True)
 
@@ -18,15 +18,39 @@ def show(
     config_file: Annotated[
         Path | None, typer.Option("--config", "-c", help="TOML settings file (else PURGATORY_CONFIG_FILE).")
     ] = None,
+    sources: Annotated[
+        bool, typer.Option("--sources", help="One line per value: its name, value and origin.")
+    ] = False,
 ) -> None:
-    """Print the effective settings as JSON, secrets masked."""
+    """Print the effective settings as JSON, secrets masked; where each value came from on stderr.
+
+    Values not at their default are listed on stderr with their origin (``env NAME`` or
+    ``file PATH``), so stdout stays parseable JSON; ``--sources`` prints every value with its
+    origin instead.
+    """
     try:
         settings = load_settings(config_file)
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     # mode="json" renders SecretStr as "**********": secrets never reach the terminal.
-    typer.echo(json.dumps(settings.model_dump(mode="json"), indent=2))
+    shown = settings.model_dump(mode="json")
+    origins = setting_origins(settings, config_file)
+    if sources:
+        values = dict(_leaves(shown))
+        for name, origin in origins.items():
+            typer.echo(f"{name} = {json.dumps(values.get(name))}  # {origin}")
+        return
+    typer.echo(json.dumps(shown, indent=2))
+    for name, origin in origins.items():
+        if origin != "default":
+            typer.echo(f"# {name}: {origin}", err=True)
+
+
+def _leaves(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        return [leaf for key, item in value.items() for leaf in _leaves(item, f"{prefix}{key}.")]
+    return [(prefix.removesuffix("."), value)]
 
 
 # pydantic emits JSON Schema draft 2020-12; saying so lets editors (taplo, VS Code) validate TOML.

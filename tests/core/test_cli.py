@@ -36,3 +36,16 @@ def test_config_show_explains_invalid_settings(monkeypatch: pytest.MonkeyPatch) 
     result = runner.invoke(app, ["config", "show"])
     assert result.exit_code == 2
     assert "timer.tick_ms" in result.output
+
+
+def test_config_show_says_where_each_value_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PURGATORY_TIMER__WHEEL_SIZE", "32")
+    monkeypatch.setenv("PURGATORY_KAFKA_BOOTSTRAP", "127.0.0.1:39092")
+    monkeypatch.delenv("PURGATORY_KAFKA__BOOTSTRAP_SERVERS", raising=False)
+    result = runner.invoke(app, ["config", "show"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["kafka"]["bootstrap_servers"] == "127.0.0.1:39092"
+    assert "# kafka.bootstrap_servers: env PURGATORY_KAFKA_BOOTSTRAP" in result.stderr
+    listed = runner.invoke(app, ["config", "show", "--sources"]).stdout.splitlines()
+    assert "timer.wheel_size = 32  # env PURGATORY_TIMER__WHEEL_SIZE" in listed
+    assert "timer.tick_ms = 1  # default" in listed

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from purgatory.settings import ConfigError, load_settings
+from purgatory.settings import (
+    ConfigError,
+    UnknownSettingWarning,
+    load_settings,
+    setting_origins,
+    unknown_environment_variables,
+)
 
 
 def test_defaults_match_kafka() -> None:
@@ -110,3 +116,86 @@ def test_purgatory_from_settings_applies_per_name_overrides(tmp_path: Path) -> N
     finally:
         p.shutdown()
     assert not any(t.name == "executor-Fetch" for t in threading.enumerate()), "its own timer is closed"
+
+
+# -- one bootstrap setting, origins, unknown variables (issue 13) ------------------------------
+
+
+def test_the_variable_kafka_up_prints_sets_bootstrap_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PURGATORY_KAFKA__BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.setenv("PURGATORY_KAFKA_BOOTSTRAP", "127.0.0.1:39092")
+    assert load_settings().kafka.bootstrap_servers == "127.0.0.1:39092"
+
+
+def test_the_canonical_bootstrap_variable_still_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PURGATORY_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.setenv("PURGATORY_KAFKA__BOOTSTRAP_SERVERS", "broker:9092")
+    assert load_settings().kafka.bootstrap_servers == "broker:9092"
+
+
+def test_bootstrap_alias_beats_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "p.toml"
+    config.write_text('[kafka]\nbootstrap_servers = "from-file:9092"\n')
+    monkeypatch.setenv("PURGATORY_KAFKA_BOOTSTRAP", "from-env:9092")
+    assert load_settings(config).kafka.bootstrap_servers == "from-env:9092"
+
+
+def test_bootstrap_variables_that_disagree_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PURGATORY_KAFKA_BOOTSTRAP", "a:9092")
+    monkeypatch.setenv("PURGATORY_KAFKA__BOOTSTRAP_SERVERS", "b:9092")
+    with pytest.raises(ConfigError, match=r"PURGATORY_KAFKA_BOOTSTRAP='a:9092'.*disagree"):
+        load_settings()
+
+
+def test_a_misspelt_variable_is_reported_with_the_closest_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PURGATORY_MAX_PENDNG", "10")
+    suggestion = r"PURGATORY_MAX_PENDNG .*did you mean PURGATORY_MAX_PENDING"
+    with pytest.warns(UnknownSettingWarning, match=suggestion):
+        settings = load_settings()
+    assert settings.max_pending is None, "the misspelt variable set nothing"
+
+
+def test_a_misspelt_nested_variable_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PURGATORY_KAFKA__BOOTSTRAP_SERVER", "x:1")
+    unknown = unknown_environment_variables()
+    assert unknown == {"PURGATORY_KAFKA__BOOTSTRAP_SERVER": "PURGATORY_KAFKA__BOOTSTRAP_SERVERS"}
+
+
+def test_variables_the_project_reads_are_not_reported() -> None:
+    environ = {
+        "PURGATORY_PURE": "1",
+        "PURGATORY_CONFIG_FILE": "x.toml",
+        "PURGATORY_KAFKA_BOOTSTRAP": "h:1",
+        "PURGATORY_PURGATORIES__FETCH__MAX_PENDING": "5",
+        "PURGATORY_KAFKA__CLIENT_CONFIG": "{}",
+        "PURGATORY_KAFKA": "{}",
+        "OTHER_VARIABLE": "x",
+    }
+    assert unknown_environment_variables(environ) == {}
+
+
+def test_invalid_values_name_the_variable_that_gave_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PURGATORY_TIMER__TICK_MS", "0")
+    with pytest.raises(ConfigError, match=r"timer.tick_ms = '0' \(from env PURGATORY_TIMER__TICK_MS\)"):
+        load_settings()
+
+
+def test_invalid_values_name_the_file_that_gave_them(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[timer]\nwheel_size = -3\n")
+    with pytest.raises(ConfigError, match=rf"timer.wheel_size = -3 \(from file {config}\)"):
+        load_settings(config)
+
+
+def test_setting_origins_say_env_file_or_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "p.toml"
+    config.write_text("purge_interval = 5\n[timer]\ntick_ms = 2\n[purgatories.produce]\nmax_pending = 3\n")
+    monkeypatch.setenv("PURGATORY_TIMER__TICK_MS", "4")
+    monkeypatch.setenv("PURGATORY_KAFKA_BOOTSTRAP", "h:1")
+    monkeypatch.delenv("PURGATORY_KAFKA__BOOTSTRAP_SERVERS", raising=False)
+    origins = setting_origins(load_settings(config), config)
+    assert origins["timer.tick_ms"] == "env PURGATORY_TIMER__TICK_MS", "the environment wins"
+    assert origins["purge_interval"] == f"file {config}"
+    assert origins["purgatories.produce.max_pending"] == f"file {config}"
+    assert origins["kafka.bootstrap_servers"] == "env PURGATORY_KAFKA_BOOTSTRAP"
+    assert origins["timer.wheel_size"] == "default"
