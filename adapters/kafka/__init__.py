@@ -1,19 +1,23 @@
 """Kafka adapters: a local Apache Kafka, a batched cluster view, a change feed, and Kafka-backed operations.
 
-Quick start (a service)::
+Quick start (a service; settings from ``PURGATORY_*`` / ``PURGATORY_CONFIG_FILE``)::
 
     from purgatory.adapters.kafka import KafkaPurgatory, ProducerRecord, TopicPartitionKey
 
-    with KafkaPurgatory.connect(bootstrap_servers="127.0.0.1:9092") as kp:
-        produce = kp.produce([ProducerRecord("orders", b"hello", partition=0)])
-        produce.wait(30)                      # replicated to every in-sync replica
-        fetch = kp.fetch({TopicPartitionKey("orders", 0): 0}, max_wait_ms=500)
-        fetch.wait(5)                         # fetch.records[TopicPartitionKey("orders", 0)]
+    async with KafkaPurgatory.connect() as kp:
+        produced = await kp.produce([ProducerRecord("orders", b"hello", partition=0)])
+        produced.succeeded                    # replicated to every in-sync replica
+        fetched = await kp.fetch({TopicPartitionKey("orders", 0): 0}, max_wait_ms=500)
+        fetched.records[TopicPartitionKey("orders", 0)]
+
+From threads, ``with KafkaPurgatory.connect() as kp:`` returns submitted operations
+(``kp.produce(...).wait(30)``, then ``op.result()``).
 
 Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap_servers``, or
 ``provide_cluster(settings)`` for the provider order of docs/design.md §5.
 """
 
+from ._admin import create_topic, delete_records
 from ._append import Appended, FencedAppender
 from ._calls import KafkaCalls
 from ._clients import FetchedRecord, ProducerRecord, RecordProducer, RecordReader
@@ -37,7 +41,6 @@ from ._operations import (
     DelayedFetch,
     DelayedProduce,
     DelayedTopicReady,
-    ErrorCode,
     KafkaOperation,
 )
 from ._ownership import (
@@ -53,27 +56,40 @@ from ._ownership import (
 from ._ownership_guard import OwnedOperation, OwnershipGuard, WatchedKeys
 from ._provider import BOOTSTRAP_ENV, KafkaClusterHandle, docker_available, provide_cluster
 from ._redirect import Redirect, moved_answer, redirect_for
-from ._service import KafkaPurgatory
+from ._results import (
+    CommitResult,
+    DeleteRecordsResult,
+    ErrorCode,
+    FetchResult,
+    ProduceResult,
+    TopicReadyResult,
+)
+from ._service import PURGATORY_NAMES, AsyncKafkaPurgatory, KafkaPurgatory
 from ._view import ClusterView
 from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster, resolve_kafka
 
 __all__ = [
     "BOOTSTRAP_ENV",
     "DEFAULT_KAFKA_VERSION",
+    "PURGATORY_NAMES",
     "Appended",
+    "AsyncKafkaPurgatory",
     "ChangeFeed",
     "ClusterFacts",
     "ClusterView",
+    "CommitResult",
     "DelayedConsumerCommit",
     "DelayedDeleteRecords",
     "DelayedFetch",
     "DelayedProduce",
     "DelayedTopicReady",
+    "DeleteRecordsResult",
     "ErrorCode",
     "ErrorFact",
     "FactSource",
     "FeedStats",
     "FencedAppender",
+    "FetchResult",
     "FetchedRecord",
     "GroupFacts",
     "GroupPartitionKey",
@@ -100,6 +116,7 @@ __all__ = [
     "OwnershipStats",
     "PartitionFacts",
     "PartitionOwnership",
+    "ProduceResult",
     "ProducerRecord",
     "RecordProducer",
     "RecordReader",
@@ -107,10 +124,13 @@ __all__ = [
     "TopicFacts",
     "TopicKey",
     "TopicPartitionKey",
+    "TopicReadyResult",
     "UnknownGroupError",
     "UnknownTopicError",
     "WatchedKeys",
     "client_config",
+    "create_topic",
+    "delete_records",
     "describe_owners",
     "docker_available",
     "moved_answer",

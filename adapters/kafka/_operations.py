@@ -5,10 +5,13 @@ Each operation reads facts from a :class:`FactSource` (the change feed's snapsho
 ``watch_keys()``. Submit with ``purgatory.try_complete_else_watch(op, op.watch_keys())`` (or
 ``await purgatory.watch(op, op.watch_keys())``) on a purgatory the feed is attached to.
 
-Results: ``op.error`` is the typed error that ended it early (unknown topic, bad offset), or,
-for an operation that expired while the cluster was unreachable, a :class:`KafkaUnavailableError`
-saying so. ``op.done`` is set after ``on_complete``; ``op.wait(timeout)`` blocks on it.
-Per-partition ``ErrorCode`` values use Kafka's error names.
+Results: ``op.result()`` returns a frozen snapshot (:class:`ProduceResult`, :class:`FetchResult`,
+:class:`CommitResult`, :class:`TopicReadyResult`, :class:`DeleteRecordsResult`; each documents its
+fields) once the operation finished. The same fields live on the operation while it runs.
+``op.error`` is the typed error that ended it early (unknown topic, bad offset), or, for an
+operation that expired while the cluster was unreachable, a :class:`KafkaUnavailableError` saying
+so. ``op.done`` is set after ``on_complete``; ``op.wait(timeout)`` blocks on it. Per-partition
+``ErrorCode`` values use Kafka's error names.
 
 Concurrency contract: as :class:`purgatory.DelayedOperation` — ``try_complete`` runs under
 ``op.lock`` on the submitting thread or the feed thread; ``on_complete`` runs once, on whichever
@@ -20,7 +23,6 @@ from __future__ import annotations
 import threading
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
-from enum import StrEnum
 
 from purgatory import DelayedOperation, Outcome
 
@@ -30,6 +32,14 @@ from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableErro
 from ._facts import FactSource, PartitionFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
 from ._moved import Moved
+from ._results import (
+    CommitResult,
+    DeleteRecordsResult,
+    ErrorCode,
+    FetchResult,
+    ProduceResult,
+    TopicReadyResult,
+)
 
 __all__ = [
     "DelayedConsumerCommit",
@@ -42,17 +52,6 @@ __all__ = [
 ]
 
 DEFAULT_FETCH_MAX_BYTES = 1 << 20  # Kafka's fetch.max.bytes per partition default is 1 MiB
-
-
-class ErrorCode(StrEnum):
-    """Per-partition result codes, named as Kafka's ``Errors``."""
-
-    NONE = "NONE"
-    NOT_ENOUGH_REPLICAS = "NOT_ENOUGH_REPLICAS"
-    NOT_LEADER_OR_FOLLOWER = "NOT_LEADER_OR_FOLLOWER"
-    REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"
-    UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
-    OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"
 
 
 def _require_offsets(what: str, offsets: Mapping[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
@@ -69,7 +68,15 @@ def _require_offsets(what: str, offsets: Mapping[TopicPartitionKey, int]) -> dic
 
 
 class KafkaOperation(DelayedOperation):
-    """Base of the Kafka operations: facts source, error, completion event, response callback."""
+    """Base of the Kafka operations: facts source, error, completion event, response callback.
+
+    Attributes:
+        facts: the :class:`FactSource` completion is decided from (a :class:`ChangeFeed`).
+        error: the typed error that ended the operation early, or ``None``.
+        done: a ``threading.Event`` set once ``on_complete`` has run.
+        on_response: called once with the operation, on the finishing thread, after its fields
+            are final (a response callback; exceptions are logged and counted).
+    """
 
     # Whether try_complete reads log start offsets: the feed polls ListOffsets(earliest) only
     # for partitions some watcher needs it for.
@@ -150,6 +157,12 @@ class KafkaOperation(DelayedOperation):
         """Block until finished (bounded); True iff it finished."""
         return self.done.wait(timeout_s)
 
+    def _finished_outcome(self) -> Outcome:
+        outcome = self.outcome
+        if outcome is None or not self.done.is_set():
+            raise RuntimeError(f"{type(self).__name__}.result(): the operation has not finished yet")
+        return outcome
+
     def _fail(self, error: KafkaAdapterError) -> bool:
         self.error = error
         return self.force_complete()
@@ -173,6 +186,14 @@ class DelayedProduce(KafkaOperation):
     reaches a position, whoever writes there): the epoch is then the one the facts show at
     construction, or the first one they show. That cannot see a leader change between an append
     and the construction — records you appended yourself go through :class:`FencedAppender`.
+
+    Attributes:
+        appended: last offset the leader appended per partition.
+        leader_epochs: the leader epoch each partition's offset belongs to (None: not known yet).
+        statuses: per partition, ``None`` while waiting, then the final :class:`ErrorCode`.
+        succeeded: True iff every partition ended ``NONE``.
+
+    ``result()`` returns these as a :class:`ProduceResult` once finished.
     """
 
     def __init__(
@@ -273,7 +294,14 @@ class DelayedProduce(KafkaOperation):
 
     @property
     def succeeded(self) -> bool:
+        """True iff every partition ended ``NONE`` (replicated to every in-sync replica)."""
         return all(status is ErrorCode.NONE for status in self.statuses.values())
+
+    def result(self) -> ProduceResult:
+        """The finished operation's answer (raises ``RuntimeError`` before it finished)."""
+        outcome = self._finished_outcome()
+        statuses = {key: status or ErrorCode.REQUEST_TIMED_OUT for key, status in self.statuses.items()}
+        return ProduceResult(outcome, dict(self.appended), statuses, self.error)
 
 
 def _epoch_of(facts: PartitionFacts | None) -> int | None:
@@ -290,6 +318,13 @@ class DelayedFetch(KafkaOperation):
     with ``OFFSET_OUT_OF_RANGE`` and an :class:`InvalidOffsetError` (Kafka's behaviour); an
     unknown partition with ``UNKNOWN_TOPIC_OR_PARTITION``. ``records`` holds what was read per
     partition (on expiry: whatever had arrived), at most ``max_bytes`` per partition.
+
+    Attributes:
+        fetch_offsets: the offset each partition is read from.
+        records: records read per partition.
+        statuses: per partition: ``NONE``, ``OFFSET_OUT_OF_RANGE`` or ``UNKNOWN_TOPIC_OR_PARTITION``.
+
+    ``result()`` returns these as a :class:`FetchResult` once finished.
     """
 
     needs_log_start = True  # a fetch offset below the log start is out of range
@@ -391,6 +426,12 @@ class DelayedFetch(KafkaOperation):
         except KafkaAdapterError as exc:
             self.error = exc
 
+    def result(self) -> FetchResult:
+        """The finished operation's answer (raises ``RuntimeError`` before it finished)."""
+        outcome = self._finished_outcome()
+        records = {key: list(batch) for key, batch in self.records.items()}
+        return FetchResult(outcome, records, dict(self.statuses), self.error)
+
 
 class DelayedConsumerCommit(KafkaOperation):
     """Completes when a consumer group has committed at least ``targets[partition]`` on every partition.
@@ -399,6 +440,14 @@ class DelayedConsumerCommit(KafkaOperation):
     committed offset passes the record (target = record offset + 1). ``committed`` holds the
     last committed offsets seen; on expiry ``statuses`` shows ``REQUEST_TIMED_OUT`` where the
     group had not caught up.
+
+    Attributes:
+        group: the consumer group.
+        targets: the committed offset waited for per partition.
+        committed: the group's last committed offset seen per partition (``None``: none yet).
+        statuses: filled when finished: ``NONE`` or ``REQUEST_TIMED_OUT`` per partition.
+
+    ``result()`` returns these as a :class:`CommitResult` once finished.
     """
 
     def __init__(
@@ -444,12 +493,26 @@ class DelayedConsumerCommit(KafkaOperation):
             done = (self.committed[tp] or -1) >= target
             self.statuses[tp] = ErrorCode.NONE if done else ErrorCode.REQUEST_TIMED_OUT
 
+    def result(self) -> CommitResult:
+        """The finished operation's answer (raises ``RuntimeError`` before it finished)."""
+        outcome = self._finished_outcome()
+        return CommitResult(
+            outcome, self.group, dict(self.targets), dict(self.committed), dict(self.statuses), self.error
+        )
+
 
 class DelayedTopicReady(KafkaOperation):
     """Completes when ``topic`` exists and every one of its partitions has a leader.
 
     A topic that does not exist yet is waited for (it may be being created); on expiry
     ``ready`` is False and ``leaders`` shows the last leaders seen.
+
+    Attributes:
+        key: the :class:`TopicKey` watched.
+        ready: True once the topic exists and every partition has a leader.
+        leaders: the leader per partition, as last seen.
+
+    ``result()`` returns these as a :class:`TopicReadyResult` once finished.
     """
 
     def __init__(
@@ -482,12 +545,26 @@ class DelayedTopicReady(KafkaOperation):
     def _respond(self) -> None:
         self.ready = self.outcome is Outcome.COMPLETED
 
+    def result(self) -> TopicReadyResult:
+        """The finished operation's answer (raises ``RuntimeError`` before it finished)."""
+        outcome = self._finished_outcome()
+        return TopicReadyResult(outcome, self.key.topic, self.ready, self.leaders, self.error)
+
 
 class DelayedDeleteRecords(KafkaOperation):
     """Completes when every partition's log start offset has reached its target (Kafka's low watermark).
 
-    Issue the DeleteRecords request yourself (``AdminClient.delete_records``); this holds the
-    response until the deletion is visible. ``log_start_offsets`` holds the last values seen.
+    Issue the DeleteRecords request yourself (``AdminClient.delete_records``, or use
+    ``KafkaPurgatory.delete_records`` which does both); this holds the response until the
+    deletion is visible. ``log_start_offsets`` holds the last values seen.
+
+    Attributes:
+        targets: the log start offset waited for per partition.
+        log_start_offsets: the log start offset last seen per partition.
+        statuses: filled when finished: ``NONE``, ``UNKNOWN_TOPIC_OR_PARTITION`` or
+            ``REQUEST_TIMED_OUT`` per partition.
+
+    ``result()`` returns these as a :class:`DeleteRecordsResult` once finished.
     """
 
     needs_log_start = True
@@ -529,3 +606,10 @@ class DelayedDeleteRecords(KafkaOperation):
             if key not in self.statuses:
                 done = (self.log_start_offsets[key] or -1) >= target
                 self.statuses[key] = ErrorCode.NONE if done else ErrorCode.REQUEST_TIMED_OUT
+
+    def result(self) -> DeleteRecordsResult:
+        """The finished operation's answer (raises ``RuntimeError`` before it finished)."""
+        outcome = self._finished_outcome()
+        return DeleteRecordsResult(
+            outcome, dict(self.targets), dict(self.log_start_offsets), dict(self.statuses), self.error
+        )

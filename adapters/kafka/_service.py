@@ -1,72 +1,163 @@
-"""KafkaPurgatory: a purgatory, its change feed, and the clients, wired for a service.
+"""KafkaPurgatory: purgatories, their change feed, and the clients, wired for a service.
 
-``with KafkaPurgatory.connect(settings) as kp:`` builds a :class:`DelayedOperationPurgatory`,
-a :class:`ClusterView`, a :class:`ChangeFeed` attached to the purgatory, a
-:class:`RecordProducer` and a :class:`RecordReader`, and starts the feed. Then:
+``KafkaPurgatory.connect(settings)`` builds a :class:`ClusterView`, a :class:`ChangeFeed`, a
+:class:`RecordProducer` and a :class:`RecordReader`, and starts the feed (no Kafka request until
+work arrives). Each kind of operation gets its own purgatory, named as the broker names its
+purgatories (``produce``, ``fetch``, ``commit``, ``topic_ready``, ``delete_records``: the
+``delayedOperation`` label of the metrics), created on first use.
 
-* ``op = kp.produce([ProducerRecord("orders", b"...")])`` appends with ``acks=1`` and returns the
-  submitted :class:`DelayedProduce` (``op.wait(s)`` or ``await kp.produce_async(...)``);
-  ``kp.append(records)`` appends only (:class:`FencedAppender`: offsets and leader epochs).
-* ``op = kp.fetch({TopicPartitionKey("orders", 0): 42}, max_wait_ms=500)`` submits a long poll.
-* ``kp.submit(op)`` submits any :class:`KafkaOperation`; ``await kp.watch(op)`` from asyncio.
+asyncio (never blocks the event loop; results are frozen dataclasses)::
 
-Submission validates topics first (one DescribeTopics for the operation's topics):
-an unknown topic raises :class:`UnknownTopicError` before anything is watched — except for
+    async with KafkaPurgatory.connect(settings) as kp:          # an AsyncKafkaPurgatory
+        await kp.create_topic("orders", partitions=3)
+        produced = await kp.produce([ProducerRecord("orders", b"...")])   # ProduceResult
+        fetched = await kp.fetch({TopicPartitionKey("orders", 0): 0})     # FetchResult
+        done = await kp.wait_committed("billing", {TopicPartitionKey("orders", 0): 42}, 30_000)
+
+Threads (each call returns the submitted operation; ``op.wait(s)``, then ``op.result()``)::
+
+    with KafkaPurgatory.connect(settings) as kp:
+        op = kp.produce([ProducerRecord("orders", b"...")])
+        op.wait(30) and op.result().succeeded
+
+Submission validates topics first (one DescribeTopics for the operation's topics): an unknown
+topic raises :class:`UnknownTopicError` before anything is watched — except for
 ``DelayedTopicReady``, whose point is to wait for a topic to appear.
 
+``connect`` also applies the settings a process-wide library would otherwise leave to the
+caller: logging (``log.level``, ``log.format``; unless structlog is already configured), the
+Prometheus collector (when ``prometheus-client`` is installed; ``purgatory.metrics``), and the
+journal (``journal.enabled``).
+
+``kp.append(records)`` appends only (:class:`FencedAppender`: offsets and leader epochs).
+
 Concurrency contract: all methods are thread-safe; the async ones never block the event loop:
-their blocking Kafka calls (validation, the append) run on the purgatory's own bounded pool
-(:class:`KafkaCalls`), never the loop's default executor, each awaited with its deadline.
+their blocking Kafka calls (validation, the append, admin requests) run on the purgatory's own
+bounded pool (:class:`KafkaCalls`), never the loop's default executor, each awaited with its
+deadline; ``aclose`` (which closes that pool) drains on the default executor.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from purgatory import DelayedOperationPurgatory, Outcome
-from purgatory.settings import KafkaSettings, Settings
+import structlog
 
+from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError
+from purgatory.journal import Journal
+from purgatory.settings import ConfigError, KafkaSettings, Settings, load_settings
+
+from ._admin import BROKER_DEFAULT, create_topic, delete_records
 from ._append import Appended, FencedAppender
 from ._calls import KafkaCalls
 from ._clients import ProducerRecord, RecordProducer, RecordReader
 from ._errors import UnknownTopicError
 from ._feed import ChangeFeed
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
-from ._operations import DelayedFetch, DelayedProduce, DelayedTopicReady, KafkaOperation
+from ._operations import (
+    DEFAULT_FETCH_MAX_BYTES,
+    DelayedConsumerCommit,
+    DelayedDeleteRecords,
+    DelayedFetch,
+    DelayedProduce,
+    DelayedTopicReady,
+    KafkaOperation,
+)
+from ._results import CommitResult, DeleteRecordsResult, FetchResult, ProduceResult, TopicReadyResult
 from ._view import ClusterView
 
-__all__ = ["KafkaPurgatory"]
+__all__ = ["PURGATORY_NAMES", "AsyncKafkaPurgatory", "KafkaPurgatory"]
 
 Op = TypeVar("Op", bound=KafkaOperation)
 
+# One purgatory per kind of operation, as the broker keeps one per request type ("Produce",
+# "Fetch", "DeleteRecords"...): each gets its own delayedOperation label, timer and limits
+# (settings [purgatories.<name>]). Any other KafkaOperation goes to the purgatory named by
+# connect(name=...).
+PURGATORY_NAMES: dict[type[KafkaOperation], str] = {
+    DelayedProduce: "produce",
+    DelayedFetch: "fetch",
+    DelayedConsumerCommit: "commit",
+    DelayedTopicReady: "topic_ready",
+    DelayedDeleteRecords: "delete_records",
+}
+PRODUCE_APPEND_TIMEOUT_S = 10.0  # the leader's acks=1 append; replication is the purgatory's job
+ADMIN_TIMEOUT_S = 30.0  # CreateTopics / DeleteRecords: a metadata round trip and the controller's work
 # The async methods' pool: threads blocked at most a client timeout each, and the calls admitted.
 ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG = 4, 1024
 
 
+def _configure_logging(settings: Settings) -> None:
+    # A library must not override logging its host configured; it applies log.* only when nobody did.
+    if not structlog.is_configured():
+        from purgatory import configure_logging
+
+        # force: configure_logging's own once-flag may be set by an earlier configuration that
+        # was reset since (structlog.reset_defaults); unconfigured structlog is what counts.
+        configure_logging(settings.log.level, settings.log.format, force=True)
+
+
+def _register_metrics() -> None:
+    try:
+        from purgatory.metrics import register_metrics
+    except ImportError:  # the metrics extra is not installed: nothing to export to
+        return
+    register_metrics()
+
+
 class KafkaPurgatory:
-    """A purgatory whose Kafka operations are completed by a change feed (see the module docstring)."""
+    """Kafka-backed purgatories completed by one change feed (see the module docstring).
+
+    Build with :meth:`connect`. ``with`` closes it; ``async with`` yields its
+    :class:`AsyncKafkaPurgatory` face and closes it without blocking the loop.
+
+    Attributes:
+        settings: the :class:`KafkaSettings` in use.
+        feed: the :class:`ChangeFeed` (a :class:`FactSource`): operations read their facts from
+            it; build your own ``KafkaOperation(kp.feed, ...)`` and :meth:`submit` it.
+        view: the :class:`ClusterView` the feed polls (batched admin requests).
+        producer: the :class:`RecordProducer` behind :meth:`produce` (``acks=1`` appends).
+        appender: the :class:`FencedAppender` that notes leader epochs before each append.
+        calls: the bounded :class:`KafkaCalls` pool the async methods run blocking calls on.
+        reader: the :class:`RecordReader` behind :meth:`fetch`.
+        journal: the operation :class:`Journal` when ``journal.enabled``, else ``None``.
+        purgatories: the purgatories created so far, by name (one per kind of operation).
+        purgatory: the purgatory of operations of any other kind (named by ``connect(name=)``).
+        aio: the :class:`AsyncKafkaPurgatory` face of this object.
+    """
 
     def __init__(
         self,
-        purgatory: DelayedOperationPurgatory[Any],
         feed: ChangeFeed,
         producer: RecordProducer,
         reader: RecordReader,
         *,
-        owns_purgatory: bool = True,
+        settings: Settings | None = None,
+        name: str = "kafka",
+        purgatory: DelayedOperationPurgatory[Any] | None = None,
+        journal: Journal | None = None,
     ) -> None:
-        self.purgatory = purgatory
         self.feed = feed
         self.view = feed.view
         self.producer = producer
         self.appender = FencedAppender(producer, feed, feed.view)
         self.reader = reader
+        self.calls = KafkaCalls(f"purgatory-{name}", ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG)
         self.settings = feed.settings
-        self._owns_purgatory = owns_purgatory
-        self.calls = KafkaCalls(f"purgatory-{purgatory.name}", ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG)
-        feed.attach(purgatory)
+        self.journal = journal
+        self.name = name
+        self._full_settings = settings
+        self._shared = purgatory  # given by the caller: every kind uses it, and it stays theirs
+        self._purgatories: dict[str, DelayedOperationPurgatory[Any]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        if purgatory is not None:
+            self._adopt(purgatory)
+        self.aio = AsyncKafkaPurgatory(self)
 
     @classmethod
     def connect(
@@ -76,30 +167,89 @@ class KafkaPurgatory:
         bootstrap_servers: str | None = None,
         name: str = "kafka",
         purgatory: DelayedOperationPurgatory[Any] | None = None,
+        configure_logging: bool = True,
+        metrics: bool = True,
     ) -> KafkaPurgatory:
-        """Build everything from settings and start the feed (no Kafka request until work arrives)."""
-        full = settings if isinstance(settings, Settings) else None
-        kafka = settings.kafka if isinstance(settings, Settings) else (settings or KafkaSettings())
-        owns = purgatory is None
-        if purgatory is None:
-            options = full.for_purgatory(name) if full is not None else {}
-            purgatory = DelayedOperationPurgatory(
-                name,
-                purge_interval=options.get("purge_interval", 1000),
-                max_pending=options.get("max_pending"),
-                reaper_poll_ms=options.get("reaper_poll_ms", 200),
+        """Build everything and start the feed; cheap (clients connect on first use).
+
+        ``settings``: full :class:`Settings` (default: :func:`load_settings`, i.e. environment
+        and ``PURGATORY_CONFIG_FILE``) or just :class:`KafkaSettings`. ``purgatory``: use this
+        one purgatory for every kind of operation (it is not shut down by :meth:`close`).
+        ``configure_logging``: apply ``log.*`` unless structlog is configured already.
+        ``metrics``: register the Prometheus collector (``prometheus-client`` installed).
+        """
+        full = load_settings() if settings is None else settings if isinstance(settings, Settings) else None
+        kafka = full.kafka if full is not None else settings
+        assert isinstance(kafka, KafkaSettings)
+        if not (bootstrap_servers or kafka.bootstrap_servers):
+            raise ConfigError(
+                "KafkaPurgatory needs a Kafka cluster: set PURGATORY_KAFKA_BOOTSTRAP (what `purgatory "
+                "kafka up` prints) or kafka.bootstrap_servers, or pass bootstrap_servers="
             )
+        if full is not None and configure_logging:
+            _configure_logging(full)
+        if metrics:
+            _register_metrics()
         view = ClusterView(kafka, bootstrap_servers=bootstrap_servers)
         feed = ChangeFeed(view, settings=kafka, name=name)
+        journal = None
+        if full is not None and full.journal.enabled:
+            from .journal_sink import build_journal
+
+            journal = build_journal(full, bootstrap_servers or kafka.bootstrap_servers)
         service = cls(
-            purgatory,
             feed,
             RecordProducer(kafka, bootstrap_servers=bootstrap_servers),
             RecordReader(kafka, bootstrap_servers=bootstrap_servers),
-            owns_purgatory=owns,
+            settings=full,
+            name=name,
+            purgatory=purgatory,
+            journal=journal,
         )
         feed.start()
         return service
+
+    # -- purgatories ----------------------------------------------------------------------------
+
+    def _adopt(self, purgatory: DelayedOperationPurgatory[Any]) -> None:
+        self._purgatories[purgatory.name] = purgatory
+        self.feed.attach(purgatory)
+        if self.journal is not None:
+            self.journal.attach(purgatory)
+
+    def _named(self, name: str) -> DelayedOperationPurgatory[Any]:
+        if self._shared is not None:
+            return self._shared
+        with self._lock:
+            purgatory = self._purgatories.get(name)
+            if purgatory is None:
+                if self._closed:
+                    raise PurgatoryClosedError(f"KafkaPurgatory is closed: no purgatory {name!r}")
+                if self._full_settings is not None:
+                    purgatory = DelayedOperationPurgatory.from_settings(name, self._full_settings)
+                else:
+                    purgatory = DelayedOperationPurgatory(name)
+                self._adopt(purgatory)
+            return purgatory
+
+    def purgatory_for(self, op: KafkaOperation) -> DelayedOperationPurgatory[Any]:
+        """The purgatory ``op`` is held in: the one of its kind (:data:`PURGATORY_NAMES`)."""
+        for kind in type(op).__mro__:
+            name = PURGATORY_NAMES.get(kind)
+            if name is not None:
+                return self._named(name)
+        return self.purgatory
+
+    @property
+    def purgatory(self) -> DelayedOperationPurgatory[Any]:
+        """The purgatory of operations of other kinds (named by ``connect(name=...)``)."""
+        return self._named(self.name)
+
+    @property
+    def purgatories(self) -> dict[str, DelayedOperationPurgatory[Any]]:
+        """The purgatories created so far, by name."""
+        with self._lock:
+            return dict(self._purgatories)
 
     # -- submission -----------------------------------------------------------------------------
 
@@ -115,15 +265,16 @@ class KafkaPurgatory:
             raise UnknownTopicError(missing[0], detail=f"{type(op).__name__} was not submitted")
 
     def submit(self, op: Op, *, validate: bool = True) -> Op:
-        """Validate, then ``try_complete_else_watch(op, op.watch_keys())``; return ``op``."""
+        """Validate, then ``try_complete_else_watch(op, op.watch_keys())`` in its purgatory; return ``op``."""
         if validate:
             self._validate(op)
+        purgatory = self.purgatory_for(op)
         try:
-            self.purgatory.try_complete_else_watch(op, op.watch_keys())
+            purgatory.try_complete_else_watch(op, op.watch_keys())
         except BaseException:
-            # Refused (PurgatoryFullError, closed, try_complete raised): the feed counted the op's
-            # keys when it was offered; release them or they would be polled forever.
-            self.feed.on_finished(self.purgatory.name, op)
+            # Refused (PurgatoryFullError, closed, try_complete raised): make sure the feed does
+            # not keep polling the op's keys (a no-op when the purgatory released them already).
+            self.feed.on_finished(purgatory.name, op)
             raise
         return op
 
@@ -133,32 +284,44 @@ class KafkaPurgatory:
             await self.calls.run(
                 self._validate, op, timeout_s=self.view.request_timeout_s + 1.0, what="DescribeTopics"
             )
+        purgatory = self.purgatory_for(op)
         try:
-            return await self.purgatory.watch(op, op.watch_keys())
+            return await purgatory.watch(op, op.watch_keys())
         except BaseException:
-            self.feed.on_finished(self.purgatory.name, op)  # as in submit(); a no-op once finished
+            self.feed.on_finished(purgatory.name, op)  # as in submit(); a no-op once finished
             raise
 
-    def append(self, records: Iterable[ProducerRecord], *, timeout_s: float = 10.0) -> Appended:
+    def append(
+        self, records: Iterable[ProducerRecord], *, timeout_s: float = PRODUCE_APPEND_TIMEOUT_S
+    ) -> Appended:
         """Append ``records`` (acks=1), noting the leader epochs first (what DelayedProduce needs)."""
         return self.appender.append(records, timeout_s=timeout_s)
 
     def produce(
-        self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None, timeout_s: float = 10.0
+        self,
+        records: Iterable[ProducerRecord],
+        *,
+        delay_ms: int | None = None,
+        timeout_s: float = PRODUCE_APPEND_TIMEOUT_S,
     ) -> DelayedProduce:
         """Append ``records`` (acks=1), then hold a :class:`DelayedProduce` until they are replicated."""
         appended = self.append(records, timeout_s=timeout_s)
         return self.submit(DelayedProduce(self.feed, appended, delay_ms=delay_ms), validate=False)
 
     async def produce_async(
-        self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None, timeout_s: float = 10.0
+        self,
+        records: Iterable[ProducerRecord],
+        *,
+        delay_ms: int | None = None,
+        timeout_s: float = PRODUCE_APPEND_TIMEOUT_S,
     ) -> DelayedProduce:
+        """asyncio: append on ``self.calls`` (bounded), then await replication; the finished op."""
         records = list(records)
         appended = await self.calls.run(
             self.appender.append, records, timeout_s, timeout_s=timeout_s, what="the append"
         )
         op = DelayedProduce(self.feed, appended, delay_ms=delay_ms)
-        await self.purgatory.watch(op, op.watch_keys())
+        await self.watch(op, validate=False)  # releases the feed's keys if the watch fails
         return op
 
     def fetch(self, fetch_offsets: Mapping[TopicPartitionKey, int], **options: Any) -> DelayedFetch:
@@ -168,27 +331,244 @@ class KafkaPurgatory:
     async def fetch_async(
         self, fetch_offsets: Mapping[TopicPartitionKey, int], **options: Any
     ) -> DelayedFetch:
+        """asyncio: submit a long poll and await it; the finished op."""
         op = DelayedFetch(self.feed, self.reader, fetch_offsets, **options)
         await self.watch(op)
         return op
 
+    def commit_barrier(
+        self, group: str, targets: Mapping[TopicPartitionKey, int], timeout_ms: int | None = None
+    ) -> DelayedConsumerCommit:
+        """Submit a :class:`DelayedConsumerCommit`: done once ``group`` committed at least ``targets``."""
+        return self.submit(DelayedConsumerCommit(self.feed, group, targets, delay_ms=timeout_ms))
+
+    def topic_ready(self, topic: str, timeout_ms: int | None = None) -> DelayedTopicReady:
+        """Submit a :class:`DelayedTopicReady`: done once ``topic`` exists with a leader per partition."""
+        return self.submit(DelayedTopicReady(self.feed, topic, delay_ms=timeout_ms))
+
+    def delete_records(
+        self, before: Mapping[TopicPartitionKey, int], timeout_ms: int | None = None
+    ) -> DelayedDeleteRecords:
+        """Issue DeleteRecords (everything before ``before[partition]``), then hold a
+        :class:`DelayedDeleteRecords` until the log start offsets show it."""
+        op = DelayedDeleteRecords(self.feed, before, delay_ms=timeout_ms)
+        self._issue_delete(op)
+        return self.submit(op, validate=False)
+
+    def _issue_delete(self, op: DelayedDeleteRecords) -> None:
+        self._validate(op)  # an unknown topic is refused before anything is deleted
+        delete_records(self.view.admin, op.targets, timeout_s=ADMIN_TIMEOUT_S)
+
+    def create_topic(
+        self,
+        topic: str,
+        *,
+        partitions: int = BROKER_DEFAULT,
+        replication_factor: int = BROKER_DEFAULT,
+        config: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Create ``topic`` (broker defaults for what is not given); False if it already existed.
+
+        Returns when the controller accepted it; wait for leaders with :meth:`topic_ready`
+        (``AsyncKafkaPurgatory.create_topic`` does both).
+        """
+        return create_topic(
+            self.view.admin,
+            topic,
+            partitions=partitions,
+            replication_factor=replication_factor,
+            config=config,
+            timeout_s=ADMIN_TIMEOUT_S,
+        )
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the feed, drain the purgatory (if ours), close the clients."""
+        """Stop the feed, drain the purgatories (ours), flush the journal, close the clients.
+
+        Blocks while operations drain (they expire, none is lost); from asyncio use :meth:`aclose`.
+        Idempotent.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            purgatories = list(self._purgatories.values())
         self.feed.stop()
-        self.feed.detach(self.purgatory)
-        if self._owns_purgatory:
-            self.purgatory.shutdown()
+        for purgatory in purgatories:
+            self.feed.detach(purgatory)
+            if purgatory is not self._shared:
+                purgatory.shutdown()
+        if self.journal is not None:
+            self.journal.close()
         self.calls.close()
         self.producer.close()
         self.reader.close()
         self.view.close()
 
+    async def aclose(self) -> None:
+        """:meth:`close` in the default executor: the event loop keeps serving while it drains."""
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    def _prepare_journal(self) -> None:
+        if self.journal is None:
+            return
+        try:
+            self.journal.prepare()  # a journal that cannot write fails here, not once per event
+        except BaseException:
+            self.close()  # the feed thread and clients must not outlive the failed start
+            raise
+
     def __enter__(self) -> Self:
+        self._prepare_journal()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    async def __aenter__(self) -> AsyncKafkaPurgatory:
+        # Checking (or creating) the journal topic is a Kafka round trip: off the loop.
+        await asyncio.get_running_loop().run_in_executor(None, self._prepare_journal)
+        return self.aio
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class AsyncKafkaPurgatory:
+    """The asyncio face of a :class:`KafkaPurgatory`: every call is awaited, none blocks the loop.
+
+    Got from ``async with KafkaPurgatory.connect(settings) as kp`` or ``KafkaPurgatory.aio``.
+    Each awaitable submits one delayed operation and returns its frozen result when it finished
+    (completed, or expired at its timeout: a result, not an exception). Cancelling the awaiting
+    task cancels the operation (``Outcome.CANCELLED``; it is never left watched).
+
+    Attributes:
+        sync: the :class:`KafkaPurgatory` behind it (feed, view, purgatories, clients).
+    """
+
+    def __init__(self, sync: KafkaPurgatory) -> None:
+        self.sync = sync
+
+    @property
+    def feed(self) -> ChangeFeed:
+        """The change feed (a :class:`FactSource` for operations you build yourself)."""
+        return self.sync.feed
+
+    @property
+    def purgatories(self) -> dict[str, DelayedOperationPurgatory[Any]]:
+        """The purgatories created so far, by name."""
+        return self.sync.purgatories
+
+    @property
+    def settings(self) -> KafkaSettings:
+        """The Kafka settings in use (timeouts default from here)."""
+        return self.sync.settings
+
+    async def _admin(self, call: Any, *args: Any, what: str) -> Any:
+        # Admin requests block up to ADMIN_TIMEOUT_S: on the bounded pool, with a deadline.
+        return await self.sync.calls.run(call, *args, timeout_s=ADMIN_TIMEOUT_S + 1.0, what=what)
+
+    async def watch(self, op: Op, *, validate: bool = True) -> Outcome:
+        """Submit any :class:`KafkaOperation` and await its outcome."""
+        return await self.sync.watch(op, validate=validate)
+
+    async def produce(
+        self,
+        records: Iterable[ProducerRecord],
+        *,
+        timeout_ms: int | None = None,
+        append_timeout_s: float = PRODUCE_APPEND_TIMEOUT_S,
+    ) -> ProduceResult:
+        """Append ``records`` (acks=1) and answer once every in-sync replica has them.
+
+        ``timeout_ms`` (default ``kafka.produce_timeout_ms``) bounds the wait for replication;
+        partitions not replicated by then answer ``REQUEST_TIMED_OUT``. A failed append raises
+        its typed error (:class:`UnknownTopicError`, :class:`KafkaUnavailableError`).
+        """
+        op = await self.sync.produce_async(records, delay_ms=timeout_ms, timeout_s=append_timeout_s)
+        return op.result()
+
+    async def fetch(
+        self,
+        fetch_offsets: Mapping[TopicPartitionKey, int],
+        *,
+        min_records: int = 1,
+        min_bytes: int | None = None,
+        max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        max_wait_ms: int | None = None,
+    ) -> FetchResult:
+        """Long poll: answer once ``min_records`` (or ``min_bytes``) arrived past the offsets, or at
+        ``max_wait_ms`` (default ``kafka.fetch_max_wait_ms``) with whatever arrived."""
+        op = DelayedFetch(
+            self.sync.feed,
+            self.sync.reader,
+            fetch_offsets,
+            min_records=min_records,
+            min_bytes=min_bytes,
+            max_bytes=max_bytes,
+            max_wait_ms=max_wait_ms,
+        )
+        await self.sync.watch(op)
+        return op.result()
+
+    async def wait_committed(
+        self, group: str, targets: Mapping[TopicPartitionKey, int], timeout_ms: int | None = None
+    ) -> CommitResult:
+        """Answer once consumer group ``group`` committed at least ``targets[partition]`` everywhere.
+
+        The "my record was processed" barrier: after producing offset ``n``, wait for ``n + 1``.
+        ``timeout_ms`` defaults to ``kafka.commit_timeout_ms``.
+        """
+        op = DelayedConsumerCommit(self.sync.feed, group, targets, delay_ms=timeout_ms)
+        await self.sync.watch(op)
+        return op.result()
+
+    async def wait_topic_ready(self, topic: str, timeout_ms: int | None = None) -> TopicReadyResult:
+        """Answer once ``topic`` exists and every partition has a leader (it may not exist yet)."""
+        op = DelayedTopicReady(self.sync.feed, topic, delay_ms=timeout_ms)
+        await self.sync.watch(op)
+        return op.result()
+
+    async def delete_records(
+        self, before: Mapping[TopicPartitionKey, int], timeout_ms: int | None = None
+    ) -> DeleteRecordsResult:
+        """Delete every record before ``before[partition]``; answer once the log start offsets moved."""
+        op = DelayedDeleteRecords(self.sync.feed, before, delay_ms=timeout_ms)
+        await self._admin(self.sync._issue_delete, op, what="DeleteRecords")
+        await self.sync.watch(op, validate=False)
+        return op.result()
+
+    async def create_topic(
+        self,
+        topic: str,
+        *,
+        partitions: int = BROKER_DEFAULT,
+        replication_factor: int = BROKER_DEFAULT,
+        config: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+    ) -> TopicReadyResult:
+        """Create ``topic`` unless it exists, then answer once every partition has a leader."""
+        await self._admin(
+            lambda: self.sync.create_topic(
+                topic, partitions=partitions, replication_factor=replication_factor, config=config
+            ),
+            what="CreateTopics",
+        )
+        return await self.wait_topic_ready(topic, timeout_ms)
+
+    async def aclose(self) -> None:
+        """Close the :class:`KafkaPurgatory` without blocking the loop (operations drain)."""
+        await self.sync.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

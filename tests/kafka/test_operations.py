@@ -76,7 +76,7 @@ def test_produce_expires_with_request_timed_out_when_the_high_watermark_never_pa
 def test_produce_to_an_unknown_topic_raises_unknown_topic_error(kp: KafkaPurgatory) -> None:
     with pytest.raises(UnknownTopicError, match="no-such-topic-p"):
         kp.submit(DelayedProduce(kp.feed, {TopicPartitionKey("no-such-topic-p", 0): 0}))
-    assert kp.purgatory.watched() == 0, "nothing was watched"
+    assert all(p.watched() == 0 for p in kp.purgatories.values()), "nothing was watched"
 
 
 # -- DelayedFetch --------------------------------------------------------------------------------

@@ -222,8 +222,9 @@ def broker_fault(cluster: LocalKafkaCluster, mode: str, *, with_groups: bool = T
                 )
             )
             result.check(kp.feed.is_alive(), "the change feed thread died")
-            reaper = kp.purgatory._reaper
-            result.check(reaper is not None and reaper.is_alive(), "the reaper thread died")
+            for purgatory in kp.purgatories.values():  # one per kind of operation
+                reaper = purgatory._reaper
+                result.check(reaper is not None and reaper.is_alive(), f"{purgatory.name}: reaper died")
 
             # Recovery: the broker returns, the feed reconnects, new operations complete.
             # Something must stay watched for the feed to keep probing (it polls watched keys only).
@@ -254,8 +255,7 @@ def broker_fault(cluster: LocalKafkaCluster, mode: str, *, with_groups: bool = T
             elif faulted:
                 cluster.start_broker(NODE, timeout_s=WAIT_S)
             kp.close()
-        stats = kp.purgatory.stats.as_dict()
-        result.user_code_errors = stats["user_code_errors"]
+        result.user_code_errors = sum(p.stats.as_dict()["user_code_errors"] for p in kp.purgatories.values())
         kinds = 4 if with_groups else 3
         result.check(result.user_code_errors >= kinds, "the raising on_response callbacks were not counted")
     result.logged_errors = sum(1 for log in logs if log.get("log_level") in ("error", "warning", "exception"))

@@ -1,0 +1,177 @@
+"""What each Kafka operation answered: frozen, public dataclasses with documented fields.
+
+``await kp.produce(...)`` (and the other awaitables of :class:`AsyncKafkaPurgatory`) return one
+of these; ``op.result()`` builds the same snapshot from a finished operation. They hold plain
+values (no clients, no locks), so a web handler can turn them into a response directly.
+
+Per-partition ``statuses`` use Kafka's error names (:class:`ErrorCode`): ``NONE`` is success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from purgatory import Outcome
+
+from ._clients import FetchedRecord
+from ._errors import KafkaAdapterError
+from ._keys import TopicPartitionKey
+
+__all__ = [
+    "CommitResult",
+    "DeleteRecordsResult",
+    "ErrorCode",
+    "FetchResult",
+    "ProduceResult",
+    "TopicReadyResult",
+]
+
+
+class ErrorCode(StrEnum):
+    """Per-partition result codes, named as Kafka's ``Errors``."""
+
+    NONE = "NONE"
+    NOT_ENOUGH_REPLICAS = "NOT_ENOUGH_REPLICAS"
+    NOT_LEADER_OR_FOLLOWER = "NOT_LEADER_OR_FOLLOWER"
+    REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"
+    UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
+    OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"
+
+
+def _all_none(statuses: Mapping[TopicPartitionKey, ErrorCode | None]) -> bool:
+    return bool(statuses) and all(status is ErrorCode.NONE for status in statuses.values())
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    """The answer to a produce held until replicated (:class:`DelayedProduce`).
+
+    Attributes:
+        outcome: ``COMPLETED`` once every partition has a final status, ``EXPIRED`` at the
+            timeout, ``CANCELLED`` if the awaiting task was cancelled.
+        appended: last offset the leader appended per partition (the ``acks=1`` write).
+        statuses: per partition: ``NONE`` (every in-sync replica has the records),
+            ``NOT_ENOUGH_REPLICAS`` (ISR below ``min.insync.replicas``), ``NOT_LEADER_OR_FOLLOWER``
+            (the leader changed after the append: the record may be lost, retry),
+            ``UNKNOWN_TOPIC_OR_PARTITION``, or ``REQUEST_TIMED_OUT`` (not replicated in time).
+        error: the typed error that ended it early, or a ``KafkaUnavailableError`` when it
+            expired while Kafka was unreachable; ``None`` otherwise.
+        succeeded: True iff every partition's status is ``NONE``.
+    """
+
+    outcome: Outcome
+    appended: Mapping[TopicPartitionKey, int]
+    statuses: Mapping[TopicPartitionKey, ErrorCode]
+    error: KafkaAdapterError | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        """True iff every partition's status is ``NONE`` (replicated)."""
+        return _all_none(self.statuses)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """The answer to a long poll (:class:`DelayedFetch`).
+
+    Attributes:
+        outcome: ``COMPLETED`` (enough data, or an error ended it), ``EXPIRED`` (``max_wait_ms``
+            passed: ``records`` holds whatever had arrived), ``CANCELLED``.
+        records: records read per partition from the fetch offsets, at most ``max_bytes`` each.
+        statuses: per partition: ``NONE``, ``OFFSET_OUT_OF_RANGE`` or ``UNKNOWN_TOPIC_OR_PARTITION``.
+        error: the typed error behind a non-``NONE`` status (``InvalidOffsetError``,
+            ``UnknownTopicError``), or ``KafkaUnavailableError``; ``None`` otherwise.
+        succeeded: True iff every status is ``NONE`` and there is no error.
+    """
+
+    outcome: Outcome
+    records: Mapping[TopicPartitionKey, list[FetchedRecord]]
+    statuses: Mapping[TopicPartitionKey, ErrorCode]
+    error: KafkaAdapterError | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        """True iff every partition's status is ``NONE`` and no error ended the fetch."""
+        return self.error is None and _all_none(self.statuses)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """The answer to "has group G processed up to these offsets?" (:class:`DelayedConsumerCommit`).
+
+    Attributes:
+        outcome: ``COMPLETED`` once the group committed at least every target, ``EXPIRED``,
+            ``CANCELLED``.
+        group: the consumer group.
+        targets: the offsets waited for per partition (a record at offset ``n`` is processed
+            once the group's committed offset is ``n + 1``).
+        committed: the group's last committed offset seen per partition (``None``: none seen).
+        statuses: per partition: ``NONE`` (committed >= target) or ``REQUEST_TIMED_OUT``.
+        error: ``KafkaUnavailableError`` when it expired while Kafka was unreachable, else ``None``.
+        succeeded: True iff every partition's status is ``NONE``.
+    """
+
+    outcome: Outcome
+    group: str
+    targets: Mapping[TopicPartitionKey, int]
+    committed: Mapping[TopicPartitionKey, int | None]
+    statuses: Mapping[TopicPartitionKey, ErrorCode]
+    error: KafkaAdapterError | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        """True iff the group committed at least the target on every partition."""
+        return _all_none(self.statuses)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicReadyResult:
+    """The answer to "wait until the topic exists and every partition has a leader".
+
+    Attributes:
+        outcome: ``COMPLETED`` when ready, ``EXPIRED``, ``CANCELLED``.
+        topic: the topic.
+        ready: True iff the topic exists and every partition has a leader.
+        leaders: the leader broker id per partition, as last seen (empty: not seen yet).
+        error: ``KafkaUnavailableError`` when it expired while Kafka was unreachable, else ``None``.
+        succeeded: same as ``ready``.
+    """
+
+    outcome: Outcome
+    topic: str
+    ready: bool
+    leaders: tuple[int, ...]
+    error: KafkaAdapterError | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        """Same as ``ready``."""
+        return self.ready
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsResult:
+    """The answer to a DeleteRecords held until the log start offsets moved (:class:`DelayedDeleteRecords`).
+
+    Attributes:
+        outcome: ``COMPLETED`` when every log start offset reached its target, ``EXPIRED``,
+            ``CANCELLED``.
+        targets: the offsets records were deleted before, per partition.
+        log_start_offsets: the log start offset last seen per partition.
+        statuses: per partition: ``NONE``, ``UNKNOWN_TOPIC_OR_PARTITION`` or ``REQUEST_TIMED_OUT``.
+        error: the typed error that ended it early, or ``KafkaUnavailableError``; else ``None``.
+        succeeded: True iff every partition's status is ``NONE``.
+    """
+
+    outcome: Outcome
+    targets: Mapping[TopicPartitionKey, int]
+    log_start_offsets: Mapping[TopicPartitionKey, int | None]
+    statuses: Mapping[TopicPartitionKey, ErrorCode]
+    error: KafkaAdapterError | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        """True iff every partition's log start offset reached its target."""
+        return _all_none(self.statuses)

@@ -1,0 +1,96 @@
+"""The embedding API's public face: documented result dataclasses and attributes (issue 13)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pydoc
+
+import pytest
+from purgatory.adapters.kafka import (
+    PURGATORY_NAMES,
+    AsyncKafkaPurgatory,
+    CommitResult,
+    DelayedConsumerCommit,
+    DelayedDeleteRecords,
+    DelayedFetch,
+    DelayedProduce,
+    DelayedTopicReady,
+    DeleteRecordsResult,
+    ErrorCode,
+    FetchResult,
+    KafkaPurgatory,
+    ProduceResult,
+    TopicPartitionKey,
+    TopicReadyResult,
+)
+
+from purgatory import DelayedOperationPurgatory, Outcome
+from purgatory.settings import KafkaSettings
+from purgatory.testing import MockTimer
+
+RESULTS = (ProduceResult, FetchResult, CommitResult, TopicReadyResult, DeleteRecordsResult)
+
+
+class NoFacts:
+    """A FactSource that has seen nothing yet (the feed before its first poll)."""
+
+    settings = KafkaSettings()
+    unavailable = None
+
+    def partition(self, key: object) -> None:
+        return None
+
+    def topic(self, key: object) -> None:
+        return None
+
+    def group(self, key: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("result_type", RESULTS, ids=lambda t: t.__name__)
+def test_result_types_are_frozen_dataclasses_documenting_every_field(result_type: type) -> None:
+    assert dataclasses.is_dataclass(result_type)
+    doc = result_type.__doc__ or ""
+    for field in dataclasses.fields(result_type):
+        assert f"{field.name}:" in doc, f"{result_type.__name__} does not document {field.name}"
+    assert "succeeded:" in doc and isinstance(result_type.succeeded, property)
+    assert result_type.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def test_help_shows_the_public_attributes_of_kafka_purgatory() -> None:
+    text = pydoc.render_doc(KafkaPurgatory, renderer=pydoc.plaintext)
+    for attribute in ("feed:", "view:", "producer:", "reader:", "purgatory:", "purgatories:", "aio:"):
+        assert attribute in text, f"help(KafkaPurgatory) does not explain {attribute}"
+    for method in ("wait_committed", "wait_topic_ready", "delete_records", "create_topic", "aclose"):
+        assert method in pydoc.render_doc(AsyncKafkaPurgatory, renderer=pydoc.plaintext)
+
+
+def test_each_operation_kind_has_its_own_purgatory_name() -> None:
+    names = [PURGATORY_NAMES[kind] for kind in (DelayedProduce, DelayedFetch, DelayedConsumerCommit)]
+    names += [PURGATORY_NAMES[kind] for kind in (DelayedTopicReady, DelayedDeleteRecords)]
+    assert names == ["produce", "fetch", "commit", "topic_ready", "delete_records"]
+
+
+def test_result_before_the_operation_finished_is_refused() -> None:
+    op = DelayedTopicReady(NoFacts(), "orders", delay_ms=1000)
+    with pytest.raises(RuntimeError, match="has not finished"):
+        op.result()
+
+
+def test_an_expired_commit_barrier_answers_a_timed_out_commit_result() -> None:
+    timer = MockTimer()
+    purgatory = DelayedOperationPurgatory[DelayedConsumerCommit]("commit", timer=timer, reaper_enabled=False)
+    key = TopicPartitionKey("orders", 0)
+    op = DelayedConsumerCommit(NoFacts(), "billing", {key: 5}, delay_ms=100)
+    try:
+        purgatory.try_complete_else_watch(op, op.watch_keys())
+        timer.advance_clock(100)
+        result = op.result()
+    finally:
+        purgatory.shutdown()
+    assert result == CommitResult(
+        Outcome.EXPIRED, "billing", {key: 5}, {key: None}, {key: ErrorCode.REQUEST_TIMED_OUT}
+    )
+    assert not result.succeeded
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.group = "other"  # type: ignore[misc]
