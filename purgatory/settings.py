@@ -215,6 +215,9 @@ class JournalSettings(_Section):
     max_file_bytes: PositiveInt = Field(64 * 1024 * 1024, description="Rotate a segment past this size.")
     max_files: PositiveInt = Field(20, description="Keep at most this many segments (oldest deleted).")
     topic: str = Field("purgatory-journal", min_length=1, description="Topic of the Kafka sink.")
+    create_topic: bool = Field(
+        False, description="Kafka sink: create the topic at start when missing (else refuse to start)."
+    )
     queue_capacity: PositiveInt = Field(100_000, description="Events queued before new ones are dropped.")
     batch_size: PositiveInt = Field(1000, description="Events handed to the sinks per call.")
     flush_interval_ms: PositiveInt = Field(100, description="Longest time an event waits in the queue.")

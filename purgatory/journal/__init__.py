@@ -7,7 +7,7 @@
 
 from ._event import EventType, JournalEvent, JournalFormatError, event_type_for
 from ._file_sink import FileJournalSink
-from ._journal import Journal, JournalStats
+from ._journal import Journal, JournalStats, SinkStats
 from ._sink import JournalSink
 
 __all__ = [
@@ -18,5 +18,6 @@ __all__ = [
     "JournalFormatError",
     "JournalSink",
     "JournalStats",
+    "SinkStats",
     "event_type_for",
 ]

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .._operation import DelayedOperation
     from .._purgatory import DelayedOperationPurgatory
 
-__all__ = ["Journal", "JournalStats"]
+__all__ = ["Journal", "JournalStats", "SinkStats"]
 
 _log = structlog.get_logger("purgatory.journal")
 
@@ -31,14 +31,27 @@ CLOSE_TIMEOUT_S = 30.0  # close() waits this long for the writer to drain, then 
 
 
 @dataclass(frozen=True, slots=True)
+class SinkStats:
+    """One sink's counts. ``written``: events the sink has made durable — for a sink that confirms
+    delivery later (``delivery_counts()``, the Kafka sink), only acknowledged events. ``failed``:
+    events whose write raised, plus those whose delivery failed."""
+
+    sink: str
+    written: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True)
 class JournalStats:
-    """Counters: events accepted into the queue, written per sink, dropped, failed per sink."""
+    """Counters: events accepted into the queue, written and failed (summed over the sinks, so an
+    event written by two sinks counts twice; ``sinks`` has each one's counts), dropped, queued."""
 
     accepted: int
     written: int
     dropped: int
     failed: int
     queued: int
+    sinks: tuple[SinkStats, ...] = ()
 
 
 class Journal:
@@ -111,9 +124,13 @@ class Journal:
         # Only the overload path takes this lock; accepted events are counted by the writer.
         self._drop_lock = threading.Lock()
         self._dropped = 0
-        self._written = 0  # writer thread only
-        self._failed = 0  # writer thread only
+        # Per sink, by position in self._sinks (writer thread only): events write() accepted,
+        # events in batches whose write() raised.
+        self._written = [0] * len(self._sinks)
+        self._failed = [0] * len(self._sinks)
         self._taken = 0  # writer thread only
+        self._prepared = False
+        self._prepare_lock = threading.Lock()
         self._writer = threading.Thread(target=self._run, name=f"purgatory-journal-{name}", daemon=True)
         self._writer.start()
 
@@ -136,8 +153,25 @@ class Journal:
         queue.append((op.outcome, purgatory, op, None, op.submitted_ns, time.time_ns(), time.monotonic_ns()))
 
     def attach(self, purgatory: DelayedOperationPurgatory[Any]) -> Journal:
+        """Journal ``purgatory``'s operations; the first attach prepares the sinks (see :meth:`prepare`)."""
+        self.prepare()
         purgatory.add_listener(self)
         return self
+
+    def prepare(self) -> None:
+        """Let each sink check its destination once (a sink's optional ``prepare()``); errors raise.
+
+        The Kafka sink checks (or creates) its topic here: a journal that could write nothing
+        fails when the service starts, not once per event afterwards. Idempotent.
+        """
+        with self._prepare_lock:
+            if self._prepared:
+                return
+            for sink in self._sinks:
+                prepare = getattr(sink, "prepare", None)
+                if prepare is not None:
+                    prepare()
+            self._prepared = True
 
     def _drop(self) -> None:
         with self._drop_lock:
@@ -149,13 +183,23 @@ class Journal:
         with self._drop_lock:
             dropped = self._dropped
         queued = len(self._queue)  # may include a flush marker or two: close enough for a gauge
+        sinks = tuple(self._sink_stats(index, sink) for index, sink in enumerate(self._sinks))
         return JournalStats(
             accepted=self._taken + queued,
-            written=self._written,
+            written=sum(s.written for s in sinks),
             dropped=dropped,
-            failed=self._failed,
+            failed=sum(s.failed for s in sinks),
             queued=queued,
+            sinks=sinks,
         )
+
+    def _sink_stats(self, index: int, sink: JournalSink) -> SinkStats:
+        counts = getattr(sink, "delivery_counts", None)
+        if counts is None:
+            return SinkStats(repr(sink), self._written[index], self._failed[index])
+        # Handing events to a client's queue is not writing them: count acknowledgements.
+        delivered, undelivered = counts()
+        return SinkStats(repr(sink), delivered, self._failed[index] + undelivered)
 
     def flush(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
         """Wait until every event queued before this call reached the sinks and they flushed.
@@ -246,13 +290,13 @@ class Journal:
         )
 
     def _write(self, batch: list[JournalEvent]) -> None:
-        for sink in self._sinks:
+        for index, sink in enumerate(self._sinks):
             try:
                 sink.write(batch)
-                self._written += len(batch)
+                self._written[index] += len(batch)
             except Exception:
                 # A failing sink must not kill the writer (every later event would be lost).
-                self._failed += len(batch)
+                self._failed[index] += len(batch)
                 _log.exception(
                     "journal_sink_write_failed", journal=self.name, sink=repr(sink), events=len(batch)
                 )

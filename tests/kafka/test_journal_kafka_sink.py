@@ -5,17 +5,22 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from purgatory.adapters.kafka.journal_sink import KafkaJournalSink, build_journal
+from purgatory.adapters.kafka.journal_sink import JournalTopicError, KafkaJournalSink, build_journal
+from structlog.testing import capture_logs
 
-from purgatory.journal import FileJournalSink
+from purgatory import DelayedOperationPurgatory
+from purgatory.journal import FileJournalSink, Journal
 from purgatory.journal.synthetic import synthetic_events
 from purgatory.settings import load_settings
+from purgatory.testing import MockTimer
 
 
 class FakeMessage:
@@ -55,14 +60,35 @@ class FakeProducer:
         return self.unacknowledged_after_flush
 
 
-def _sink(**producer_args: Any) -> tuple[KafkaJournalSink, list[FakeProducer]]:
+class FakeAdmin:
+    """Answers list_topics with the topics it holds; create_topics is not faked (real Kafka tests)."""
+
+    def __init__(self, topics: set[str]) -> None:
+        self.topics = topics
+
+    def list_topics(self, timeout: float) -> Any:
+        return SimpleNamespace(topics={t: SimpleNamespace(error=None) for t in self.topics})
+
+
+def _sink(
+    topics: frozenset[str] = frozenset({"journal"}),
+    clock: Callable[[], float] = time.monotonic,
+    **producer_args: Any,
+) -> tuple[KafkaJournalSink, list[FakeProducer]]:
     made: list[FakeProducer] = []
 
     def factory(config: dict[str, Any]) -> FakeProducer:
         made.append(FakeProducer(config, **producer_args))
         return made[-1]
 
-    return KafkaJournalSink({"bootstrap.servers": "x:1"}, "journal", producer_factory=factory), made  # type: ignore[arg-type]
+    sink = KafkaJournalSink(
+        {"bootstrap.servers": "x:1"},
+        "journal",
+        producer_factory=factory,  # type: ignore[arg-type]
+        admin_factory=lambda _config: FakeAdmin(set(topics)),  # type: ignore[arg-type,return-value]
+        clock=clock,
+    )
+    return sink, made
 
 
 def test_records_are_keyed_by_operation_id_through_an_idempotent_acks_all_producer() -> None:
@@ -121,3 +147,63 @@ def test_build_journal_follows_the_settings(tmp_path: Path) -> None:
         build_journal(
             load_settings(journal={"enabled": True, "sinks": ["kafka"]}, kafka={"bootstrap_servers": None})
         )
+
+
+# -- loud failures, honest counts (issue 13) ---------------------------------------------------
+
+
+def test_attaching_a_journal_whose_topic_is_missing_fails_at_once() -> None:
+    sink, made = _sink(topics=frozenset({"other"}))
+    journal = Journal([sink])
+    purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory(
+        "p", timer=MockTimer(), reaper_enabled=False
+    )
+    try:
+        with pytest.raises(JournalTopicError, match=r"journal topic 'journal' does not exist.*create_topic"):
+            journal.attach(purgatory)
+        assert made == [], "nothing was produced to a topic that is not there"
+    finally:
+        purgatory.shutdown()
+        journal.close()
+
+
+def _journal_events(sink: KafkaJournalSink, operations: int) -> Journal:
+    from tests.core.ops import MockDelayedOperation
+
+    timer = MockTimer()
+    purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory(
+        "p", timer=timer, reaper_enabled=False
+    )
+    journal = Journal([sink]).attach(purgatory)
+    for i in range(operations):
+        purgatory.try_complete_else_watch(MockDelayedOperation(10), [i])
+    timer.advance_clock(10)
+    purgatory.shutdown()
+    assert journal.flush()
+    return journal
+
+
+def test_journal_counts_kafka_events_written_only_once_acknowledged() -> None:
+    sink, _ = _sink(fail=True)
+    journal = _journal_events(sink, 5)
+    try:
+        stats = journal.stats()
+        assert stats.written == 0, "no event reached Kafka: none counts as written"
+        assert stats.failed == 10 and stats.sinks[0].failed == 10
+    finally:
+        journal.close()
+
+
+def test_delivery_errors_are_logged_once_per_interval_with_a_count() -> None:
+    now = [0.0]
+    sink, _ = _sink(fail=True, clock=lambda: now[0])
+    with capture_logs() as logs:
+        sink.write(list(synthetic_events(50)))  # 100 events, all failing
+        sink.flush()
+        now[0] += 11.0  # past DELIVERY_ERROR_LOG_INTERVAL_S
+        sink.write(list(synthetic_events(1)))
+        sink.flush()
+    failures = [log for log in logs if log["event"] == "journal_delivery_failed"]
+    # The first failure is logged; the next 99 only counted, and reported with the next line.
+    assert [log["failed_since_last_report"] for log in failures] == [0, 99]
+    assert sink.delivery_errors == 102
