@@ -5,7 +5,8 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import TYPE_CHECKING
 
-from ._operation_core import LockLike, OperationCore, OperationOwner, Waiter
+from ._operation_core import LockLike, OperationCore, OperationOwner, Waiter, finish, is_finished
+from ._outcome import Outcome
 
 __all__ = ["DelayedOperation", "LockLike", "OperationOwner", "Waiter"]
 
@@ -30,8 +31,16 @@ class DelayedOperation(OperationCore):
     Concurrency contract: ``safe_try_complete*`` may run on many threads at once (they serialise
     on ``op.lock``); ``force_complete`` and ``run`` may race each other and those freely.
 
+    Attributes:
+        outcome: ``None`` until the operation finished, then how: ``Outcome.COMPLETED``,
+            ``Outcome.EXPIRED`` or ``Outcome.CANCELLED``. Set before ``on_complete`` runs.
+        delay_ms: the timeout given to the constructor.
+        lock: the lock ``safe_try_complete*`` hold while ``try_complete`` runs.
+
     The machinery lives in :class:`~purgatory._operation_core.OperationCore`, compiled with the
-    timer, the checked constructor included; this class adds the contract.
+    timer, the checked constructor included; this class adds the contract. mypyc drops the
+    docstrings of compiled methods, so the public ones are declared again here, documented, as
+    one-line calls into the compiled functions (the purgatory's own calls bypass them).
     """
 
     # OperationCore (compiled: a native class) has no weakref slot of its own.
@@ -52,3 +61,25 @@ class DelayedOperation(OperationCore):
     def on_complete(self) -> None:
         """Produce the response. Runs exactly once, whichever way the operation finished."""
         raise NotImplementedError
+
+    def on_expiration(self) -> None:
+        """Extra work when the operation timed out; runs after ``on_complete``, for expiry only.
+
+        The default does nothing. Exceptions are logged and counted; the operation stays finished.
+        """
+
+    def force_complete(self) -> bool:
+        """Finish as ``COMPLETED`` unless already finished; True iff this call finished it.
+
+        Claims the operation atomically (not under ``op.lock``), cancels its timer entry, sets
+        ``outcome`` and runs ``on_complete``. Safe from inside ``try_complete`` and any thread.
+        """
+        return finish(self, Outcome.COMPLETED)
+
+    def is_completed(self) -> bool:
+        """True once the operation was claimed: by completion, expiry or cancellation."""
+        return is_finished(self)
+
+    def safe_try_complete(self) -> bool:
+        """Under ``op.lock``: False if already finished, else ``try_complete()``."""
+        return OperationCore.safe_try_complete(self)

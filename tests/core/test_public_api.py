@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_public_names_import_from_the_package() -> None:
     from purgatory import (  # noqa: F401
@@ -50,3 +52,23 @@ def test_every_package_in_the_tree_is_listed_for_the_wheel() -> None:
             rel = init.parent.relative_to(root / top).parts
             present.add(".".join((name, *rel)))
     assert present - listed == set(), "packages missing from [tool.setuptools] packages"
+
+
+@pytest.mark.parametrize("method", ["force_complete", "is_completed", "on_expiration", "safe_try_complete"])
+def test_help_shows_operation_method_docstrings_in_the_compiled_build_too(method: str) -> None:
+    """mypyc drops compiled methods' docstrings; DelayedOperation declares the public ones again."""
+    import inspect
+
+    from purgatory import DelayedOperation, _accel
+
+    doc = inspect.getdoc(getattr(DelayedOperation, method))
+    assert doc, f"help(DelayedOperation.{method}) is empty ({_accel.status()})"
+
+
+def test_help_of_delayed_operation_documents_outcome() -> None:
+    import pydoc
+
+    from purgatory import DelayedOperation
+
+    text = pydoc.render_doc(DelayedOperation, renderer=pydoc.plaintext)
+    assert "outcome: ``None`` until the operation finished" in text
