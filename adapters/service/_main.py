@@ -170,7 +170,7 @@ def _report(console: Console, rows: list[Expectation], metrics: str) -> None:
             "[green]yes[/green]" if row.ok else "[red]NO[/red]",
         )
     console.print(table)
-    wanted = ("Finished_total", "ExpiresPerSec_total", "NumDelayedOperations", "PurgatorySize")
+    wanted = ("Finished_total", "Expires_total", "NumDelayedOperations", "PurgatorySize")
     lines = [
         line.removeprefix("kafka_server_DelayedOperationPurgatory_")
         for line in metrics.splitlines()

@@ -94,3 +94,40 @@ def test_an_expired_commit_barrier_answers_a_timed_out_commit_result() -> None:
     assert not result.succeeded
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.group = "other"  # type: ignore[misc]
+
+
+def test_connect_applies_log_format_json_from_the_settings() -> None:
+    """Embedded, ``log.format = "json"`` holds without a configure_logging call of the user's."""
+    import structlog
+
+    from purgatory.settings import LogSettings, Settings
+
+    previous = structlog.get_config()
+    structlog.reset_defaults()
+    settings = Settings(
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:9"), log=LogSettings(level="WARNING", format="json")
+    )
+    try:
+        KafkaPurgatory.connect(settings, metrics=False).close()  # no Kafka request: clients are lazy
+        processors = structlog.get_config()["processors"]
+        assert isinstance(processors[-1], structlog.processors.JSONRenderer)
+    finally:
+        structlog.configure(**previous)
+
+
+def test_connect_leaves_logging_its_host_configured_alone() -> None:
+    import structlog
+
+    from purgatory.settings import LogSettings, Settings
+
+    previous = structlog.get_config()
+    mine = [structlog.processors.KeyValueRenderer()]
+    structlog.configure(processors=mine)
+    try:
+        settings = Settings(
+            kafka=KafkaSettings(bootstrap_servers="127.0.0.1:9"), log=LogSettings(format="json")
+        )
+        KafkaPurgatory.connect(settings, metrics=False).close()
+        assert structlog.get_config()["processors"] == mine
+    finally:
+        structlog.configure(**previous)
