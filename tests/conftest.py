@@ -35,9 +35,14 @@ def _no_leaked_purgatory_threads() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _structlog_config_restored() -> Iterator[None]:
-    """A test that runs a CLI command configures logging for the process (its level filter
-    included); restore the configuration so a later test's ``capture_logs`` still sees info lines,
-    whatever the order the directories run in."""
+    """A test that runs a CLI command or ``KafkaPurgatory.connect()`` configures logging for the
+    process (its level filter included); restore the configuration so a later test's
+    ``capture_logs`` still sees info lines, whatever the order the directories run in. An
+    unconfigured structlog is restored as unconfigured (connect() only configures that one)."""
     saved = structlog.get_config()
+    was_configured = structlog.is_configured()
     yield
-    structlog.configure(**saved)
+    if was_configured:
+        structlog.configure(**saved)
+    else:
+        structlog.reset_defaults()

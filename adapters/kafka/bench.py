@@ -113,7 +113,7 @@ class _Workload:
         ((key, offset),) = op.appended.items()
         if self.measuring:
             self.done.append((key.partition, offset, now))
-        if not self.kp.purgatory.closed:
+        if not self.kp.purgatory_for(op).closed:
             self.submit(key.partition)  # keep the pending count constant
 
     def lags_ms(self, since: dict[tuple[int, int], int]) -> list[float]:
@@ -212,7 +212,7 @@ def run_once(
             gc.unfreeze()
             stop.set()
             thread.join(30)
-        pending_at_end = kp.purgatory.num_delayed()
+        pending_at_end = sum(p.num_delayed() for p in kp.purgatories.values())
     for future in admin.delete_topics([topic], request_timeout=30).values():
         future.result(timeout=30)
     if errors:
