@@ -20,6 +20,7 @@ DEFAULT_DRIVER_MEMORY = "2g"  # local mode runs everything in the driver JVM; 1g
 # Input split size: a 64 MiB journal segment becomes two tasks, so a few segments keep every core
 # busy to the end instead of one core finishing a lone 128 MiB split (Spark's default) alone.
 DEFAULT_MAX_PARTITION_BYTES = "32m"
+QUIET_LOG4J2 = Path(__file__).with_name("log4j2.properties")  # errors only, to stderr
 
 
 class SparkEnvironmentError(PurgatoryError):
@@ -48,6 +49,7 @@ def spark_session(
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     driver_memory: str = DEFAULT_DRIVER_MEMORY,
     conf: Mapping[str, str] | None = None,
+    log_level: str = "ERROR",
 ) -> SparkSession:
     """Get or create the session. Settings that need a fresh JVM (jars, driver memory) only apply
     to the first session of the process (Spark's rule); later calls return that session."""
@@ -67,6 +69,12 @@ def spark_session(
         builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
+    if not any(key == "spark.driver.extraJavaOptions" for key in (conf or {})):
+        # Spark's startup WARN lines (native Hadoop, loopback address...) are printed before any
+        # setLogLevel could run: the driver JVM starts with our quiet log4j2 configuration.
+        builder = builder.config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J2}"
+        )
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
+    session.sparkContext.setLogLevel(log_level)
     return session

@@ -1,7 +1,10 @@
 """``purgatory analyze``: the journal pipeline from the command line.
 
 Imports PySpark only when the command runs, so ``purgatory --help`` stays fast and works without
-the ``spark`` extra.
+the ``spark`` extra. Failures are one line naming the cause (exit code 2): the journal topic is
+checked before Spark starts, and a failing Spark job is reported by its innermost Java cause,
+not a Py4J stack. Spark's own log is quiet below ERROR; on a terminal a progress line shows the
+running stages.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from purgatory.settings import ConfigError, load_settings
 __all__ = ["analyze"]
 
 BOOTSTRAP_ENV = "PURGATORY_KAFKA_BOOTSTRAP"
+TOPIC_CHECK_TIMEOUT_S = 10.0  # one metadata request; a cluster that does not answer in 10 s is down
 
 
 class Source(enum.Enum):
@@ -29,6 +33,39 @@ class Source(enum.Enum):
 def _fail(message: str) -> typer.Exit:
     typer.echo(message, err=True)
     return typer.Exit(code=2)
+
+
+def failure_cause(exc: BaseException) -> str:
+    """One line for a failed Spark job: the innermost ``Caused by:`` of a Java stack, else the
+    first line of the message (Py4J errors carry the whole JVM stack in their text)."""
+    text = str(exc).strip()
+    causes = [line.strip().removeprefix("Caused by: ") for line in text.splitlines() if "Caused by: " in line]
+    line = causes[-1] if causes else (text.splitlines()[0] if text else type(exc).__name__)
+    return line.strip()
+
+
+def _check_topic(bootstrap: str, topic: str, kafka: object, extra: dict[str, str]) -> None:
+    """Refuse, in one line, a topic that does not exist or a cluster that does not answer."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from purgatory.settings import KafkaSettings
+
+    from ..kafka import client_config
+
+    assert isinstance(kafka, KafkaSettings)
+    config: dict[str, str | int | float | bool] = {**client_config(kafka, bootstrap), "log_level": "0"}
+    config.update({key.removeprefix("kafka."): value for key, value in extra.items()})
+    try:
+        # All topics, not list_topics(topic): that could auto-create it on some brokers.
+        topics = AdminClient(config).list_topics(timeout=TOPIC_CHECK_TIMEOUT_S).topics
+    except KafkaException as exc:
+        raise _fail(f"Kafka at {bootstrap} did not answer: {failure_cause(exc)}") from None
+    if topic not in topics:
+        raise _fail(
+            f"journal topic {topic!r} does not exist on {bootstrap} "
+            "(set --topic or journal.topic; the journal's Kafka sink writes it)"
+        )
 
 
 def _kafka_extra(pairs: list[str]) -> dict[str, str]:
@@ -116,6 +153,7 @@ def analyze(
             jars = connector_jars()
         except ConnectorJarsMissingError as exc:
             raise _fail(str(exc)) from None
+        _check_topic(bootstrap_servers, journal_topic, settings.kafka, extra)  # before Spark starts
     journal_path = path or Path(js.directory)
     if source is Source.files and not journal_path.exists():
         raise _fail(f"journal path {str(journal_path)!r} does not exist (set --path or journal.directory)")
@@ -124,9 +162,11 @@ def analyze(
     except SparkEnvironmentError as exc:
         raise _fail(str(exc)) from None
 
-    from pyspark.errors import StreamingQueryException
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException, StreamingQueryException
 
     from ._job import run_batch, start_streaming
+    from ._progress import SparkProgress
     from ._report import write_report
     from ._sources import file_lines, kafka_lines, kafka_options
 
@@ -137,9 +177,10 @@ def analyze(
             else:
                 label = f"kafka topic {journal_topic}"
                 lines = kafka_lines(spark, kafka_options(bootstrap_servers, journal_topic, extra))
-            run = run_batch(
-                lines, out, source=label, window=window or js.window, accuracy=accuracy, top_keys=top_keys
-            )
+            with SparkProgress(spark.sparkContext.statusTracker(), label):
+                run = run_batch(
+                    lines, out, source=label, window=window or js.window, accuracy=accuracy, top_keys=top_keys
+                )
         else:
             label = f"kafka topic {journal_topic} (streaming)"
             streaming = start_streaming(
@@ -170,6 +211,11 @@ def analyze(
                     raise _fail(f"streaming query {query.name} failed: {error}")
             run = streaming.run
         report = write_report(out)
+    except (PySparkException, Py4JError) as exc:
+        raise _fail(
+            f"analysis of {journal_topic if source is Source.kafka else journal_path} failed: "
+            f"{failure_cause(exc)}"
+        ) from None
     finally:
         spark.stop()
     typer.echo(

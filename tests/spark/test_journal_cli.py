@@ -63,3 +63,36 @@ def test_analyze_refuses_a_missing_journal_path(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["analyze", "--path", str(missing), "--master", "local[1]"])
     assert result.exit_code == 2
     assert f"journal path {str(missing)!r} does not exist" in result.output
+
+
+def test_a_failed_spark_job_is_reported_by_its_innermost_java_cause() -> None:
+    from purgatory.adapters.spark.cli import failure_cause
+
+    py4j_text = (
+        "An error occurred while calling o42.load.\n"
+        ": org.apache.spark.SparkException: Job aborted.\n"
+        "\tat org.apache.spark.sql.Dataset.collect(Dataset.scala:3)\n"
+        "Caused by: org.apache.kafka.common.errors.TimeoutException: Timed out waiting for a node\n"
+        "\tat org.apache.kafka.clients.admin.KafkaAdminClient.call(KafkaAdminClient.java:1)\n"
+    )
+    assert failure_cause(RuntimeError(py4j_text)) == (
+        "org.apache.kafka.common.errors.TimeoutException: Timed out waiting for a node"
+    )
+    assert failure_cause(ValueError("first line\nsecond")) == "first line"
+
+
+def test_the_progress_line_sums_the_active_stages_tasks() -> None:
+    from types import SimpleNamespace
+
+    from purgatory.adapters.spark._progress import stage_summary
+
+    stages = {3: SimpleNamespace(numTasks=8, numCompletedTasks=5), 4: None}
+
+    class Tracker:
+        def getActiveStageIds(self) -> list[int]:
+            return [4, 3]
+
+        def getStageInfo(self, stage_id: int) -> object:
+            return stages[stage_id]
+
+    assert stage_summary(Tracker()) == ("stage 3", 5, 8)
