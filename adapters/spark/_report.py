@@ -18,6 +18,8 @@ matplotlib.use("Agg")  # no display: render to memory only
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib import ticker
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ._job import RunSummary
@@ -33,6 +35,10 @@ PERCENTILE_STYLES = {
     "latency_p95_ms": "--",
     "latency_p99_ms": ":",
 }
+# Fewer windows than this are drawn as points only: a line through two windows reads as a trend
+# (a 30 s run spans two 1-minute windows) that the data does not show.
+MIN_WINDOWS_FOR_LINES = 3
+LOG_SCALE_SPREAD = 100  # switch an axis to log scale when its largest value is 100x its smallest
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -82,7 +88,23 @@ def _table(frame: pd.DataFrame, float_format: str = "{:,.3f}") -> str:
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
-def _latency_plot(stats: pd.DataFrame) -> str:
+def _plain_log_scale(axis: Axes) -> None:
+    """Log y axis labelled 5, 20, 300: not matplotlib's default scientific 5x10^0 labels."""
+    axis.set_yscale("log")
+    plain = ticker.FuncFormatter(lambda value, _pos: f"{value:g}")
+    axis.yaxis.set_major_formatter(plain)
+    low, high = axis.get_ylim()
+    # Within one decade there may be no major tick in view: label the minor ones (2..9 x 10^k)
+    # then; across decades they would crowd the axis.
+    axis.yaxis.set_minor_formatter(plain if high < 10 * low else ticker.NullFormatter())
+
+
+def _linestyle(style: str, windows: int) -> str:
+    return style if windows >= MIN_WINDOWS_FOR_LINES else "none"
+
+
+def latency_figure(stats: pd.DataFrame) -> Figure:
+    """One panel per operation type: p50/p95/p99 completion latency per window (completed only)."""
     types = sorted(stats["op_type"].unique())
     figure, axes = plt.subplots(len(types), 1, figsize=(10, 2.6 * len(types)), sharex=True, squeeze=False)
     for axis, op_type in zip(axes[:, 0], types, strict=True):
@@ -91,40 +113,56 @@ def _latency_plot(stats: pd.DataFrame) -> str:
             axis.plot(
                 rows["window_start"],
                 rows[column],
-                style,
-                marker=".",
+                linestyle=_linestyle(style, len(rows)),
+                marker="o" if len(rows) < MIN_WINDOWS_FOR_LINES else ".",
                 label=column.split("_")[1],
             )
-        axis.set_title(f"{op_type}: completion latency per window", fontsize=10)
+        # Expired and cancelled operations have no completion latency: say so on the plot.
+        axis.set_title(f"{op_type}: completion latency per window (completed operations only)", fontsize=10)
         axis.set_ylabel("ms")
         if (rows[list(PERCENTILE_STYLES)] > 0).any().any():
-            axis.set_yscale("log")
+            _plain_log_scale(axis)
         axis.grid(alpha=0.3)
         axis.legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("window start (UTC)")
     figure.autofmt_xdate()
-    return _png(figure)
+    return figure
 
 
-def _outcome_plot(stats: pd.DataFrame) -> str:
+def outcome_figure(stats: pd.DataFrame) -> Figure:
+    """Outcome counts per type (grouped bars, each labelled) and the expiry ratio per window."""
     totals = stats.groupby("op_type")[list(OUTCOME_COLOURS)].sum().sort_index()
     figure, (bars, ratio) = plt.subplots(1, 2, figsize=(11, 3.6))
-    bottom = pd.Series(0, index=totals.index, dtype="float64")
-    for outcome, colour in OUTCOME_COLOURS.items():
-        bars.bar(totals.index, totals[outcome], bottom=bottom, color=colour, label=outcome)
-        bottom += totals[outcome]
+    # Grouped, not stacked: 3 expired next to 20,000 completed would be a sliver on a stack.
+    width = 0.8 / len(OUTCOME_COLOURS)
+    positions = range(len(totals.index))
+    for index, (outcome, colour) in enumerate(OUTCOME_COLOURS.items()):
+        offsets = [p - 0.4 + width * (index + 0.5) for p in positions]
+        drawn = bars.bar(offsets, totals[outcome], width=width, color=colour, label=outcome)
+        bars.bar_label(drawn, labels=[f"{int(v):,}" if v else "" for v in totals[outcome]], fontsize=7)
+    bars.set_xticks(list(positions), list(totals.index))
+    counts = totals.to_numpy().ravel()
+    positive = counts[counts > 0]
+    if len(positive) and positive.max() >= LOG_SCALE_SPREAD * positive.min():
+        _plain_log_scale(bars)  # small counts stay visible next to large ones
     bars.set_title("outcomes per operation type", fontsize=10)
     bars.legend(fontsize=8)
     bars.tick_params(axis="x", labelrotation=15)
     for op_type in sorted(stats["op_type"].unique()):
         rows = stats[stats["op_type"] == op_type].sort_values("window_start")
-        ratio.plot(rows["window_start"], rows["expiry_ratio"], marker=".", label=op_type)
+        ratio.plot(
+            rows["window_start"],
+            rows["expiry_ratio"],
+            linestyle=_linestyle("-", len(rows)),
+            marker="o" if len(rows) < MIN_WINDOWS_FOR_LINES else ".",
+            label=op_type,
+        )
     ratio.set_title("expiry ratio per window", fontsize=10)
     ratio.set_ylim(bottom=0)
     ratio.grid(alpha=0.3)
     ratio.legend(fontsize=8)
     figure.autofmt_xdate()
-    return _png(figure)
+    return figure
 
 
 def _summary_from_windows(stats: pd.DataFrame) -> pd.DataFrame:
@@ -179,9 +217,13 @@ def write_report(out_dir: str | Path, *, title: str = "Delayed operations: journ
 
     if not stats.empty:
         parts.append("<h2>Completion latency over time</h2>")
-        parts.append(_latency_plot(stats))
+        parts.append(
+            '<p class="note">Completed operations only: expired and cancelled ones have no '
+            "completion latency (their counts are under Outcomes).</p>"
+        )
+        parts.append(_png(latency_figure(stats)))
         parts.append("<h2>Outcomes</h2>")
-        parts.append(_outcome_plot(stats))
+        parts.append(_png(outcome_figure(stats)))
 
     parts.append("<h2>Hottest watch keys</h2>")
     if key_counts.empty:
