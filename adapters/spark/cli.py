@@ -123,8 +123,23 @@ def analyze(
         list[str] | None,
         typer.Option(help="Extra Kafka client setting key=value (repeatable)."),
     ] = None,
+    resolve_jars: Annotated[
+        bool,
+        typer.Option(
+            "--resolve-jars", help="Fetch Spark's Kafka connector jars with Maven (once), then exit."
+        ),
+    ] = False,
 ) -> None:
     """Analyse the operation journal with Spark: counts, expiry ratio, latency percentiles, hot keys."""
+    if resolve_jars:  # image builds and offline preparation: no Spark started, no journal read
+        from ._jars import ConnectorJarsMissingError, connector_jars
+
+        try:
+            jars = connector_jars(resolve=True)
+        except ConnectorJarsMissingError as exc:
+            raise _fail(str(exc)) from None
+        typer.echo(f"{len(jars)} connector jars in {jars[0].parent if jars else '?'}")
+        return
     try:
         settings = load_settings()
     except ConfigError as exc:

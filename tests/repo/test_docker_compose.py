@@ -357,3 +357,39 @@ def test_three_service_instances_share_one_ownership_group(
     assert len(urls) == 3, "distinct advertised URLs"
     init = " ".join(services["kafka-init"]["command"])
     assert "orders" in init, "the split topic is created by kafka-init"
+
+
+# -- issue 13: one Kafka version, Spark healthchecks, no private module in the Dockerfile -------
+
+
+def test_compose_kafka_is_the_version_kafka_up_starts(compose: dict[str, Any]) -> None:
+    from purgatory.adapters.kafka import DEFAULT_KAFKA_VERSION
+
+    for node in KAFKA_NODES:
+        assert _services(compose)[node]["image"] == f"apache/kafka:{DEFAULT_KAFKA_VERSION}"
+
+
+def test_spark_services_have_healthchecks_and_the_pipeline_waits_for_them(compose: dict[str, Any]) -> None:
+    services = _services(compose)
+    for name in ("spark-master", "spark-worker"):
+        test = services[name].get("healthcheck", {}).get("test")
+        assert test, f"{name} has a healthcheck"
+    for name in ("spark-master", "spark-worker"):
+        assert services["pipeline"]["depends_on"][name] == {"condition": "service_healthy"}
+    assert services["spark-worker"]["depends_on"]["spark-master"] == {"condition": "service_healthy"}
+
+
+def test_dockerfile_calls_only_public_commands_and_modules() -> None:
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    private = re.findall(r"purgatory(?:\.\w+)*\._\w+", text)
+    assert private == [], f"the Dockerfile reaches into private modules: {private}"
+    assert "purgatory analyze --resolve-jars" in text
+
+
+def test_analyze_offers_the_jar_resolution_the_dockerfile_runs() -> None:
+    from typer.testing import CliRunner
+
+    from purgatory.cli import app
+
+    result = CliRunner().invoke(app, ["analyze", "--help"])
+    assert "--resolve-jars" in result.output
