@@ -1,0 +1,86 @@
+"""An orders service on FastAPI that answers when Kafka has done its part — the README's example.
+
+* ``POST /orders`` appends the order to the ``orders`` topic and answers once every in-sync
+  replica has it (a :class:`ProduceResult`), or 503 with the per-partition status.
+* ``GET /orders/wait?offset=N`` answers once the ``billing`` consumer group has committed past
+  offset ``N`` ("the order was processed"), or 504 when ``timeout_ms`` passed first.
+
+Run it against any Kafka (``purgatory kafka up`` prints the ``export PURGATORY_KAFKA_BOOTSTRAP``
+line)::
+
+    uvicorn --factory examples.orders_service:create_app
+
+Settings come from ``PURGATORY_*`` variables and ``PURGATORY_CONFIG_FILE`` (``log.format``,
+timeouts, per-purgatory limits); ``/metrics`` is left to ``prometheus_client.make_asgi_app()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import FastAPI, HTTPException, Query, Request
+from purgatory.adapters.kafka import AsyncKafkaPurgatory, KafkaPurgatory, ProducerRecord, TopicPartitionKey
+from pydantic import BaseModel, Field
+
+from purgatory.settings import Settings
+
+MAX_WAIT_MS = 60_000  # a client may not hold a request open longer than this
+
+
+class Order(BaseModel):
+    item: str = Field(min_length=1)
+    quantity: int = Field(gt=0)
+
+
+class Placed(BaseModel):
+    partition: int
+    offset: int
+
+
+class Processed(BaseModel):
+    offset: int
+    committed: int | None
+
+
+def create_app(topic: str = "orders", group: str = "billing", settings: Settings | None = None) -> FastAPI:
+    """The service for ``topic``, waiting on consumer group ``group`` (settings: environment)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # connect() is cheap; leaving the block drains pending waits off the event loop.
+        async with KafkaPurgatory.connect(settings) as kp:
+            await kp.create_topic(topic, partitions=1)  # no-op when it exists; waits for a leader
+            app.state.kp = kp
+            yield
+
+    app = FastAPI(title="orders", lifespan=lifespan)
+
+    def purgatory(request: Request) -> AsyncKafkaPurgatory:
+        kp: AsyncKafkaPurgatory = request.app.state.kp
+        return kp
+
+    @app.post("/orders", status_code=201)
+    async def place_order(order: Order, request: Request) -> Placed:
+        record = ProducerRecord(topic, order.model_dump_json().encode(), partition=0)
+        result = await purgatory(request).produce([record])  # appended, then replicated
+        ((key, offset),) = result.appended.items()
+        if not result.succeeded:
+            raise HTTPException(503, detail={key.label: result.statuses[key]})
+        return Placed(partition=key.partition, offset=offset)
+
+    @app.get("/orders/wait")
+    async def wait_until_processed(
+        request: Request,
+        offset: Annotated[int, Query(ge=0)],
+        timeout_ms: Annotated[int, Query(gt=0, le=MAX_WAIT_MS)] = 10_000,
+    ) -> Processed:
+        key = TopicPartitionKey(topic, 0)
+        # Processed means committed past it: the group's next record is offset + 1.
+        result = await purgatory(request).wait_committed(group, {key: offset + 1}, timeout_ms)
+        if not result.succeeded:
+            raise HTTPException(504, detail=f"{group} has not processed offset {offset} yet")
+        return Processed(offset=offset, committed=result.committed[key])
+
+    return app
