@@ -38,6 +38,24 @@ class DelayedOperationPurgatory(PurgatoryCore[T]):
     are removed from all their watch lists as they finish (beyond Kafka, see KAFKA-19389), and a
     watch that races a finish is undone by the watcher; so ``watched()`` counts a finished
     operation only while its finish is under way. The reaper's purge stays as a safety net.
+
+    Methods (compiled with mypyc, which drops method docstrings: they are summarised here):
+        try_complete_else_watch(op, keys) -> bool: try to complete ``op``; if not, watch it on
+            every key and time it. True iff completed by this call. Raises
+            ``PurgatoryClosedError`` after shutdown, ``PurgatoryFullError`` past ``max_pending``,
+            ``ValueError`` for no keys, ``TypeError`` for an unhashable key.
+        await watch(op, keys) -> Outcome: the same from asyncio, returning how it finished;
+            cancelling the awaiting task cancels the operation.
+        check_and_complete(key) -> int: re-check the operations watched on ``key``; how many
+            this call finished.
+        cancel_for_key(key) -> list: unwatch and untime the key's operations, unfinished: they
+            are the caller's to finish.
+        watched() -> int: watcher entries (Kafka's PurgatorySize).
+        num_delayed() -> int: operations in the timer (Kafka's NumDelayedOperations).
+        shutdown(drain=True): stop the reaper; with ``drain`` expire every operation still held.
+        add_listener(listener) / remove_listener(listener): lifecycle observers (the journal).
+        stats: finished operations by outcome, and user-code errors.
+        closed: True once shut down.
     """
 
     def __init__(

@@ -72,3 +72,13 @@ def test_help_of_delayed_operation_documents_outcome() -> None:
 
     text = pydoc.render_doc(DelayedOperation, renderer=pydoc.plaintext)
     assert "outcome: ``None`` until the operation finished" in text
+
+
+def test_help_of_the_purgatory_summarises_its_compiled_methods() -> None:
+    import pydoc
+
+    from purgatory import DelayedOperationPurgatory
+
+    text = pydoc.render_doc(DelayedOperationPurgatory, renderer=pydoc.plaintext)
+    for method in ("try_complete_else_watch(op, keys)", "check_and_complete(key)", "cancel_for_key(key)"):
+        assert method in text, f"help(DelayedOperationPurgatory) does not describe {method}"
