@@ -48,3 +48,18 @@ def test_create_topic_makes_the_journal_topic_and_counts_acknowledged_events(kaf
         journal.close()
     stats = journal.stats()
     assert stats.failed == 0 and stats.written == 8 == sink.delivered, "4 created + 4 expired, acknowledged"
+
+
+async def test_connect_with_a_journal_topic_missing_fails_on_entering(kafka_settings: object) -> None:
+    from purgatory.adapters.kafka import KafkaPurgatory
+
+    from purgatory.settings import JournalSettings, KafkaSettings, Settings
+
+    assert isinstance(kafka_settings, KafkaSettings)
+    topic = f"journal-absent-{uuid.uuid4().hex[:8]}"
+    journal = JournalSettings(enabled=True, sinks=("kafka",), topic=topic)
+    kp = KafkaPurgatory.connect(Settings(kafka=kafka_settings, journal=journal))
+    with pytest.raises(JournalTopicError, match=topic):
+        async with kp:
+            pass
+    assert not kp.feed.is_alive(), "the failed start closed what connect() started"
