@@ -131,3 +131,12 @@ def test_connect_leaves_logging_its_host_configured_alone() -> None:
         assert structlog.get_config()["processors"] == mine
     finally:
         structlog.configure(**previous)
+
+
+def test_connect_without_a_cluster_says_which_variable_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from purgatory.settings import ConfigError
+
+    for name in ("PURGATORY_KAFKA_BOOTSTRAP", "PURGATORY_KAFKA__BOOTSTRAP_SERVERS", "PURGATORY_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="PURGATORY_KAFKA_BOOTSTRAP"):
+        KafkaPurgatory.connect(metrics=False)
