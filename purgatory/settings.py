@@ -349,7 +349,7 @@ class _BootstrapAliasSource(PydanticBaseSettingsSource):
 # load_settings hands the TOML path to settings_customise_sources (a classmethod) through here.
 _TOML_FILE: dict[str, str] = {}
 
-Path_ = tuple[str, ...]
+SettingPath = tuple[str, ...]
 
 
 def _environ() -> dict[str, str]:
@@ -372,7 +372,7 @@ def _unwrap(annotation: Any) -> Any:
             return annotation
 
 
-def _names_a_setting(parts: Path_, model: type[BaseModel] | None = None) -> bool:
+def _names_a_setting(parts: SettingPath, model: type[BaseModel] | None = None) -> bool:
     """True when the lower-case path ``parts`` names a field (or a value inside a dict field)."""
     model = model or Settings
     if not parts:
@@ -403,7 +403,7 @@ def _setting_variables(model: type[BaseModel], prefix: str = ENV_PREFIX) -> Iter
             yield variable
 
 
-def _env_path(variable: str) -> Path_:
+def _env_path(variable: str) -> SettingPath:
     return tuple(variable[len(ENV_PREFIX) :].lower().split(ENV_NESTING))
 
 
@@ -434,7 +434,7 @@ def _warn_unknown_variables() -> None:
         )
 
 
-def _flatten(value: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
+def _flatten(value: Any, path: SettingPath = ()) -> Iterator[tuple[SettingPath, Any]]:
     if isinstance(value, Mapping) and value:
         for key, item in value.items():
             yield from _flatten(item, (*path, str(key)))
@@ -451,7 +451,7 @@ class _Origins:
 
     def __init__(self, config_file: str | None) -> None:
         env = _environ()
-        self.variables: dict[Path_, str] = {}
+        self.variables: dict[SettingPath, str] = {}
         for name in env:
             if name.startswith(ENV_PREFIX) and name not in OTHER_ENV_VARIABLES:
                 path = _env_path(name)
@@ -460,7 +460,7 @@ class _Origins:
         if env.get(BOOTSTRAP_ENV) and ("kafka", "bootstrap_servers") not in self.variables:
             self.variables.setdefault(("kafka", "bootstrap_servers"), BOOTSTRAP_ENV)
         self.config_file = config_file
-        self.file_paths: set[Path_] = set()
+        self.file_paths: set[SettingPath] = set()
         if config_file:
             try:
                 with open(config_file, "rb") as handle:
@@ -468,7 +468,7 @@ class _Origins:
             except (OSError, tomllib.TOMLDecodeError):
                 pass  # the settings source reports the file's own error
 
-    def of(self, path: Path_) -> str:
+    def of(self, path: SettingPath) -> str:
         lowered = tuple(part.lower() for part in path)
         for end in range(len(lowered), 0, -1):
             variable = self.variables.get(lowered[:end])
