@@ -81,6 +81,8 @@ OTHER_ENV_VARIABLES = frozenset(
         "PURGATORY_KAFKA_CACHE",  # the local Kafka launcher's jar cache
         "PURGATORY_KAFKA_VERSION",  # the local Kafka launcher's Kafka version
         "PURGATORY_SPARK_JARS_DIR",  # Spark's Kafka connector jars
+        "PURGATORY_CACHE_DIR",  # the shared Maven resolver's cache (adapters/_maven.py)
+        "PURGATORY_BENCH_KAFKA_VERSION",  # the JVM side of `purgatory bench purgatory --jvm`
     }
 )
 

@@ -199,3 +199,18 @@ def test_setting_origins_say_env_file_or_default(tmp_path: Path, monkeypatch: py
     assert origins["purgatories.produce.max_pending"] == f"file {config}"
     assert origins["kafka.bootstrap_servers"] == "env PURGATORY_KAFKA_BOOTSTRAP"
     assert origins["timer.wheel_size"] == "default"
+
+
+def test_every_variable_the_code_reads_is_known_to_the_settings() -> None:
+    """A variable some module reads must not be reported as a misspelt setting."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    read: set[str] = set()
+    for folder in ("purgatory", "adapters", "tools"):
+        for source in (root / folder).rglob("*.py"):
+            read |= set(re.findall(r"environ(?:\.get)?\(\s*\"(PURGATORY_[A-Z_]+)\"", source.read_text()))
+            read |= set(re.findall(r"^[A-Z_]+_ENV = \"(PURGATORY_[A-Z_]+)\"", source.read_text(), re.M))
+    assert read, "the scan found the variables the code reads"
+    assert unknown_environment_variables(dict.fromkeys(read, "x")) == {}
