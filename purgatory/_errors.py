@@ -10,16 +10,23 @@ class PurgatoryError(Exception):
 
 
 class PurgatoryFullError(PurgatoryError):
-    """``max_pending`` operations are already timed: the new one was neither watched nor timed."""
+    """A waiter limit is reached: the new operation was neither watched nor timed.
 
-    def __init__(self, name: str, pending: int, max_pending: int) -> None:
-        super().__init__(
-            f"purgatory {name!r} is full: {pending} delayed operations pending, max_pending={max_pending}; "
-            "the operation was not watched"
-        )
+    ``key`` is None when ``max_pending`` operations are already timed (the whole purgatory, or
+    the whole process for a caller enforcing a process-wide limit), else the watch key that
+    already has ``max_pending`` (= ``max_pending_per_key``) operations watching it.
+    """
+
+    def __init__(self, name: str, pending: int, max_pending: int, key: object = None) -> None:
+        if key is None:
+            what = f"{pending} delayed operations pending, max_pending={max_pending}"
+        else:
+            what = f"{pending} operations watch key {key!r}, max_pending_per_key={max_pending}"
+        super().__init__(f"purgatory {name!r} is full: {what}; the operation was not watched")
         self.name = name
         self.pending = pending
         self.max_pending = max_pending
+        self.key = key
 
 
 class PurgatoryClosedError(PurgatoryError):

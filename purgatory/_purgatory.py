@@ -69,6 +69,7 @@ class DelayedOperationPurgatory(PurgatoryCore[T]):
         max_pending: int | None = None,
         *,
         reaper_poll_ms: int = REAPER_POLL_MS,
+        max_pending_per_key: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
@@ -78,6 +79,14 @@ class DelayedOperationPurgatory(PurgatoryCore[T]):
             isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending <= 0
         ):
             raise ValueError(f"max_pending must be a positive int or None, got {max_pending!r}")
+        if max_pending_per_key is not None and (
+            isinstance(max_pending_per_key, bool)
+            or not isinstance(max_pending_per_key, int)
+            or max_pending_per_key <= 0
+        ):
+            raise ValueError(
+                f"max_pending_per_key must be a positive int or None, got {max_pending_per_key!r}"
+            )
         if isinstance(reaper_poll_ms, bool) or not isinstance(reaper_poll_ms, int) or reaper_poll_ms <= 0:
             raise ValueError(f"reaper_poll_ms must be a positive int, got {reaper_poll_ms!r}")
         if isinstance(broker_id, bool) or not isinstance(broker_id, int):
@@ -92,6 +101,7 @@ class DelayedOperationPurgatory(PurgatoryCore[T]):
             bool(timer_enabled),
             max_pending,
             reaper_poll_ms,
+            max_pending_per_key,
         )
 
     @classmethod
@@ -113,6 +123,7 @@ class DelayedOperationPurgatory(PurgatoryCore[T]):
             purge_interval=options["purge_interval"],
             max_pending=options["max_pending"],
             reaper_poll_ms=options["reaper_poll_ms"],
+            max_pending_per_key=options["max_pending_per_key"],
             **kwargs,
         )
         purgatory._owns_timer = given_timer is None  # a timer built here closes with the purgatory

@@ -102,12 +102,14 @@ class PurgatoryCore(Generic[T]):
         timer_enabled: bool,
         max_pending: int | None,
         reaper_poll_ms: int,
+        max_pending_per_key: int | None = None,
     ) -> None:
         # Arguments arrive checked (DelayedOperationPurgatory.__init__).
         self.name = name
         self.broker_id = broker_id
         self.purge_interval = purge_interval
         self.max_pending = max_pending
+        self.max_pending_per_key = max_pending_per_key
         self.reaper_enabled = reaper_enabled
         self.timer_enabled = timer_enabled
         self._owns_timer = timer is None
@@ -203,6 +205,14 @@ class PurgatoryCore(Generic[T]):
                     pending = self._timer.size()
                     if pending >= max_pending:
                         raise PurgatoryFullError(self.name, pending, max_pending)
+                max_per_key = self.max_pending_per_key
+                if max_per_key is not None:
+                    # O(keys): one dict lookup and len() per key. Best effort like max_pending:
+                    # concurrent submitters on one key may overshoot by at most their number.
+                    for key in watch_keys:
+                        on_key = self._shards[hash(key) % SHARDS].watchers_by_key.get(key)
+                        if on_key is not None and len(on_key.ops) >= max_per_key:
+                            raise PurgatoryFullError(self.name, len(on_key.ops), max_per_key, key)
                 # Set before the first insert: whoever finishes the op from now on unwatches it
                 # from every one of these keys (operation_finished).
                 core._watch_keys = watch_keys

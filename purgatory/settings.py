@@ -46,6 +46,7 @@ from pydantic_settings import (
 from ._errors import PurgatoryError
 
 __all__ = [
+    "AdmissionSettings",
     "BOOTSTRAP_ENV",
     "CONFIG_FILE_ENV",
     "ConfigError",
@@ -140,6 +141,7 @@ class PurgatoryOverrides(_Section):
 
     purge_interval: NonNegativeInt | None = None
     max_pending: PositiveInt | None = None
+    max_pending_per_key: PositiveInt | None = None
     reaper_poll_ms: PositiveInt | None = None
     timer: TimerSettings | None = None
 
@@ -204,6 +206,26 @@ class KafkaSettings(_Section):
     delete_records_timeout_ms: PositiveInt = Field(
         30000, description="Default delay_ms of DelayedDeleteRecords."
     )
+
+
+class AdmissionSettings(_Section):
+    """How many waiters the example service holds (DESIGN §8): past a limit, 429 + Retry-After.
+
+    Memory is bounded by them: at most ``max_waiters`` operations (with their HTTP requests)
+    are held, at most ``max_waiters_per_key`` of them on one partition, none longer than
+    ``max_wait_ms``.
+    """
+
+    max_waiters: PositiveInt = Field(
+        60_000, description="Waiting requests (long polls and produces) one service process holds."
+    )
+    max_waiters_per_key: PositiveInt = Field(
+        50_000, description="Waiting requests on one partition (unless purgatories.<name> sets one)."
+    )
+    max_wait_ms: PositiveInt = Field(
+        30_000, description="Longer long polls (max_wait_ms) are clamped to this: answered by then."
+    )
+    retry_after_s: PositiveInt = Field(1, description="Retry-After of a 429 answer (service full).")
 
 
 class JournalSettings(_Section):
@@ -291,6 +313,9 @@ class Settings(BaseSettings):
         1000, description="Purge watch lists past this many completed ops."
     )
     max_pending: PositiveInt | None = Field(None, description="Refuse new operations past this many timed.")
+    max_pending_per_key: PositiveInt | None = Field(
+        None, description="Refuse new operations on a key already watched by this many."
+    )
     drain_on_shutdown: bool = True
     broker_id: Int = 0
     purgatories: dict[str, PurgatoryOverrides] = Field(default_factory=dict)
@@ -298,6 +323,7 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     journal: JournalSettings = JournalSettings()
     scaleout: ScaleOutSettings = ScaleOutSettings()
+    admission: AdmissionSettings = AdmissionSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -327,6 +353,11 @@ class Settings(BaseSettings):
                 self.purge_interval if override.purge_interval is None else override.purge_interval
             ),
             "max_pending": override.max_pending if override.max_pending is not None else self.max_pending,
+            "max_pending_per_key": (
+                self.max_pending_per_key
+                if override.max_pending_per_key is None
+                else override.max_pending_per_key
+            ),
             "reaper_poll_ms": override.reaper_poll_ms or self.reaper_poll_ms,
             "tick_ms": timer.tick_ms,
             "wheel_size": timer.wheel_size,

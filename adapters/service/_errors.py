@@ -16,13 +16,23 @@ class RequestError(Exception):
     offending value is safe and short to echo).
     """
 
-    def __init__(self, status: int, code: str, field: str | None, message: str, *, value: Any = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        field: str | None,
+        message: str,
+        *,
+        value: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.field = field
         self.message = message
         self.value = value
+        self.headers = headers  # e.g. Retry-After of a 429
 
     def body(self) -> dict[str, Any]:
         out: dict[str, Any] = {"error": self.code, "field": self.field, "message": self.message}

@@ -21,9 +21,10 @@ Concurrency contract: one gateway per event loop. ``fetch``/``produce`` may run 
 (any number of awaiting requests); blocking Kafka calls run on the gateway's own bounded pools
 (metadata, appends, reads: one stalled kind never delays another), never on the loop's default
 executor, and each is awaited with its deadline. The first completion attempt of an operation
-runs on the loop thread, inside ``purgatory.watch``; a fetch declines it there and is attempted
-at once from a worker thread instead (:class:`OffLoopFetch`), so reading records never blocks
-the loop. ``start()``
+runs on the loop thread, inside ``purgatory.watch``; a fetch declines it there and, only when its
+facts say it could complete now, is attempted at once on the gateway's small ``fetch-attempt``
+pool (:class:`OffLoopFetch`), so reading records never blocks the loop and a waiter costs O(1):
+no task, no executor hop, no re-check of the other waiters on its key. ``start()``
 and ``close()`` belong to the owner (the app's lifespan); ``close()`` drains: every waiting
 request is answered (EXPIRED, with the records that arrived) first.
 """
@@ -31,10 +32,11 @@ request is answered (EXPIRED, with the records that arrived) first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import gc
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +63,6 @@ from ..kafka import (
     TopicPartitionKey,
     UnknownTopicError,
 )
-from ..kafka._clients import READ_TIMEOUT_S
 from ..kafka.journal_sink import build_journal
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
@@ -84,6 +85,10 @@ METADATA_MAX_AGE_S = 5.0
 METADATA_THREADS, METADATA_BACKLOG = 4, 256
 APPEND_THREADS, APPEND_BACKLOG = 8, 1024
 READ_THREADS, READ_BACKLOG = 4, 1024
+# Threads attempting fetches whose records are already there (each attempt reads, within the
+# reader's READ_TIMEOUT_S when the record cache misses): a few, so a burst of catching-up
+# consumers cannot take every core. Queued attempts are bounded by admission.max_waiters.
+FETCH_ATTEMPT_THREADS = 4
 
 
 def resolve_bootstrap(settings: Settings, bootstrap_servers: str | None = None) -> str:
@@ -115,13 +120,14 @@ class Gateway:
         self.bootstrap_servers = resolve_bootstrap(settings, bootstrap_servers)
         kafka = settings.kafka
         self.view = ClusterView(kafka, bootstrap_servers=self.bootstrap_servers)
-        self.feed = ChangeFeed(self.view, settings=kafka, name="service")
+        # Long polls on one partition share their reads (one Kafka read answers them all), and
+        # in push mode the feed's tail fills it with every watched partition's new records.
+        self.reader = SharedReadReader(kafka, bootstrap_servers=self.bootstrap_servers)
+        self.feed = ChangeFeed(self.view, settings=kafka, name="service", records=self.reader)
         self.producer = RecordProducer(kafka, bootstrap_servers=self.bootstrap_servers)
         # Notes each partition's leader epoch before appending: DelayedProduce must not answer
         # NONE for a record a leader change discarded (see FencedAppender).
         self.appender = FencedAppender(self.producer, self.feed, self.view)
-        # Long polls on one partition share their reads (one Kafka read answers them all).
-        self.reader = SharedReadReader(kafka, bootstrap_servers=self.bootstrap_servers)
         self.fetch_purgatory: DelayedOperationPurgatory[DelayedFetch] = (
             DelayedOperationPurgatory.from_settings(FETCH_PURGATORY, settings)
         )
@@ -130,6 +136,8 @@ class Gateway:
         )
         self.journal: Journal | None = build_journal(settings, self.bootstrap_servers)
         for purgatory in self.purgatories:
+            if purgatory.max_pending_per_key is None:  # purgatories.<name>.max_pending_per_key wins
+                purgatory.max_pending_per_key = settings.admission.max_waiters_per_key
             self.feed.attach(purgatory)
             if self.journal is not None:
                 self.journal.attach(purgatory)
@@ -139,6 +147,11 @@ class Gateway:
         self.read_calls = KafkaCalls("read", READ_THREADS, READ_BACKLOG)
         # The view gives up on an admin request after its request timeout (plus its own margin).
         self._metadata_timeout_s = self.view.request_timeout_s + 1.0
+        self._describing: dict[str, asyncio.Future[dict[TopicKey, Any]]] = {}
+        self._hw_requests: dict[TopicPartitionKey, asyncio.Future[dict[TopicPartitionKey, int]]] = {}
+        # The one attempt of a fetch whose records are already there (OffLoopFetch).
+        self._attempts = ThreadPoolExecutor(FETCH_ATTEMPT_THREADS, thread_name_prefix="fetch-attempt")
+        self._gc_before: tuple[int, int, int] | None = None
         self.serving = False
         # Scale-out (docs/design.md §7): this instance serves only the partitions its group assigns it.
         self.scaleout: ScaleOut | None = (
@@ -158,6 +171,15 @@ class Gateway:
         self.feed.start()
         if self.scaleout is not None:
             self.scaleout.start()
+        thresholds = self.settings.admission.gc_thresholds
+        if thresholds is not None:
+            # Waiting requests are long-lived objects by the thousand: at the interpreter's
+            # default (700 allocations per young collection) the collector re-scans them so
+            # often that it bounds registration (purgatory bench fanout, 10,000 long polls:
+            # 1,008/s at the defaults, 2,873/s with 50,000/20/100 and the start-up objects frozen).
+            self._gc_before = gc.get_threshold()
+            gc.freeze()
+            gc.set_threshold(*thresholds)
         self.serving = True
         _log.info("service_started", bootstrap=self.bootstrap_servers)
 
@@ -171,6 +193,11 @@ class Gateway:
         for purgatory in self.purgatories:
             self.feed.detach(purgatory)
             purgatory.shutdown(drain=drain)  # drained waiters get EXPIRED: nobody hangs
+        self._attempts.shutdown(wait=True, cancel_futures=True)  # after the drain: nothing waits on them
+        if self._gc_before is not None:
+            gc.set_threshold(*self._gc_before)
+            gc.unfreeze()
+            self._gc_before = None
         if self.journal is not None:
             self.journal.close()
         for calls in (self.metadata_calls, self.append_calls, self.read_calls):
@@ -189,10 +216,21 @@ class Gateway:
         if meta is not None and now - meta.fetched_at < METADATA_MAX_AGE_S:
             return meta.partitions
         key = TopicKey(topic)
-        try:
-            facts = await self.metadata_calls.run(
-                self.view.topics, [key], timeout_s=self._metadata_timeout_s, what=f"DescribeTopics({topic!r})"
+        # One DescribeTopics per topic however many requests arrive while it is in flight.
+        pending = self._describing.get(topic)
+        if pending is None:
+            pending = asyncio.ensure_future(
+                self.metadata_calls.run(
+                    self.view.topics,
+                    [key],
+                    timeout_s=self._metadata_timeout_s,
+                    what=f"DescribeTopics({topic!r})",
+                )
             )
+            self._describing[topic] = pending
+            pending.add_done_callback(lambda _: self._describing.pop(topic, None))
+        try:
+            facts = await asyncio.shield(pending)
         except UnknownTopicError:
             self._topics.pop(topic, None)
             raise RequestError(
@@ -215,6 +253,35 @@ class Gateway:
                 value=partition,
             )
 
+    async def _high_watermark(self, key: TopicPartitionKey) -> int:
+        """The partition's high watermark: the feed's when it follows the key, else one ListOffsets.
+
+        A watched partition's high watermark is in the feed's snapshot (pushed by its tail, or
+        polled): reading it costs nothing, where a ListOffsets per request cost an executor hop
+        and a round trip per waiter. Concurrent requests for an unwatched key share one request.
+        """
+        facts = self.feed.partition(key)
+        known = facts is not None and facts.error is None and facts.high_watermark is not None
+        if known and self.feed.unavailable is None:
+            assert facts is not None and facts.high_watermark is not None
+            return facts.high_watermark
+        pending = self._hw_requests.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(
+                self.metadata_calls.run(
+                    self.view.high_watermarks,
+                    [key],
+                    timeout_s=self._metadata_timeout_s,
+                    what=f"ListOffsets({key.label})",
+                )
+            )
+            self._hw_requests[key] = pending
+            pending.add_done_callback(lambda _: self._hw_requests.pop(key, None))
+        try:
+            return (await asyncio.shield(pending))[key]
+        except KafkaUnavailableError as exc:
+            raise _unavailable(exc) from None
+
     # -- operations -----------------------------------------------------------------------------
 
     async def fetch(self, topic: str, partition: int, params: FetchParams) -> DelayedFetch:
@@ -223,16 +290,7 @@ class Gateway:
         key = TopicPartitionKey(topic, partition)
         offset = params.offset
         if offset is None:  # "new records only": start at the high watermark
-            try:
-                watermarks = await self.metadata_calls.run(
-                    self.view.high_watermarks,
-                    [key],
-                    timeout_s=self._metadata_timeout_s,
-                    what=f"ListOffsets({key.label})",
-                )
-                offset = watermarks[key]
-            except KafkaUnavailableError as exc:
-                raise _unavailable(exc) from None
+            offset = await self._high_watermark(key)
         op = (OffLoopFetch if self.scaleout is None else OwnedFetch)(
             self.feed,
             self.reader,
@@ -240,39 +298,32 @@ class Gateway:
             min_records=params.min_records,
             min_bytes=params.min_bytes,
             max_bytes=params.max_bytes,
-            max_wait_ms=params.max_wait_ms,
+            max_wait_ms=self._clamped_wait_ms(params.max_wait_ms),
             loop_thread=threading.get_ident(),
+            attempts=self._attempts,
         )
         if self.scaleout is not None:
             self.scaleout.place(op)
-        watching = asyncio.ensure_future(self._watch(self.fetch_purgatory, op))
-        try:
-            # One turn of the loop runs the watch task up to its await: the op is then watched
-            # and timed (its on-loop attempt declined), and the real first attempt happens here,
-            # off the loop. Records already there are read now, not at the next fact change.
-            await asyncio.sleep(0)
-            if not watching.done():
-                # On a timeout the op stays watched: it completes on new facts or expires.
-                with contextlib.suppress(KafkaUnavailableError):
-                    await self.read_calls.run(
-                        self.fetch_purgatory.check_and_complete,
-                        key,
-                        timeout_s=READ_TIMEOUT_S,
-                        what=f"the first read of {key.label}",
-                    )
-            await watching
-        except BaseException:
-            # The client left (or the server gave up on the request): finish the op as CANCELLED,
-            # and wait until it is, so nothing of this request outlives it.
-            watching.cancel()
-            await asyncio.wait({watching})
-            raise
+        # O(1) per waiter: submitted on the loop, no task, no executor hop, no re-check of the
+        # other waiters on the key (OffLoopFetch hands its own attempt off only when the facts
+        # say it could complete now). Cancelling this await (the client left) finishes the op
+        # as CANCELLED inside purgatory.watch.
+        await self._watch(self.fetch_purgatory, op)
         if op.statuses[key] is ErrorCode.OFFSET_OUT_OF_RANGE:
             raise RequestError(416, "OFFSET_OUT_OF_RANGE", "offset", str(op.error), value=offset)
         if op.statuses[key] is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
             self._topics.pop(topic, None)
             raise RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "partition", str(op.error), value=partition)
         return op
+
+    def _clamped_wait_ms(self, requested: int | None) -> int:
+        """``max_wait_ms`` within ``admission.max_wait_ms``: a long poll is answered by then at the latest.
+
+        A clamp, not a refusal (Kafka's fetch may also answer before its max wait): the client
+        gets what arrived and polls again. It bounds how long a waiter holds memory.
+        """
+        wait = self.settings.kafka.fetch_max_wait_ms if requested is None else requested
+        return min(wait, self.settings.admission.max_wait_ms)
 
     async def produce(self, topic: str, request: ProduceRequest) -> DelayedProduce:
         """Append the records (acks=1), then wait until every in-sync replica has them (or time out)."""
@@ -357,10 +408,23 @@ class Gateway:
     ) -> Outcome:
         if not self.serving:
             raise RequestError(503, "SHUTTING_DOWN", None, "the service is shutting down")
+        admission = self.settings.admission
+        pending = sum(p.num_delayed() for p in self.purgatories)  # O(1) each: the timers' counts
         try:
+            if pending >= admission.max_waiters:
+                # The whole process's budget (memory is bounded by it): refused before anything
+                # is built into the purgatory. The loop thread submits one at a time, so no overshoot.
+                raise PurgatoryFullError("service", pending, admission.max_waiters)
             return await purgatory.watch(op, op.watch_keys())
         except PurgatoryFullError as exc:
-            raise RequestError(503, "PURGATORY_FULL", None, str(exc)) from None
+            # Never a silent expiry: the client hears at once that it should come back.
+            raise RequestError(
+                429,
+                "PURGATORY_FULL",
+                None,
+                str(exc),
+                headers={"Retry-After": str(admission.retry_after_s)},
+            ) from None
         except PurgatoryClosedError:
             raise RequestError(503, "SHUTTING_DOWN", None, "the service is shutting down") from None
 

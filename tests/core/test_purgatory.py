@@ -92,6 +92,8 @@ def test_use_after_shutdown_is_refused(timer: MockTimer) -> None:
     [
         ({"purge_interval": -1}, "purge_interval"),
         ({"max_pending": 0}, "max_pending"),
+        ({"max_pending_per_key": 0}, "max_pending_per_key"),
+        ({"max_pending_per_key": True}, "max_pending_per_key"),
         ({"reaper_poll_ms": 0}, "reaper_poll_ms"),
         ({"name": ""}, "name"),
     ],
@@ -290,6 +292,41 @@ def test_max_pending_refuses_new_operations_with_a_typed_error(timer: MockTimer)
     timer.advance_clock(100)
     assert p.try_complete_else_watch(MockDelayedOperation(100), ["k"]) is False, "room again after expiry"
     p.shutdown()
+
+
+def test_max_pending_per_key_refuses_a_waiter_on_a_full_key_only(timer: MockTimer) -> None:
+    p: Purgatory = DelayedOperationPurgatory(
+        "per-key", timer=timer, reaper_enabled=False, max_pending_per_key=2
+    )
+    first, second = MockDelayedOperation(100), MockDelayedOperation(100)
+    p.try_complete_else_watch(first, ["hot"])
+    p.try_complete_else_watch(second, ["hot", "other"])
+    refused = MockDelayedOperation(100)
+    with pytest.raises(PurgatoryFullError) as info:
+        p.try_complete_else_watch(refused, ["cold", "hot"])
+    assert info.value.key == "hot" and info.value.max_pending == 2 and info.value.pending == 2
+    assert "max_pending_per_key=2" in str(info.value) and "'hot'" in str(info.value)
+    assert p.watched() == 3 and p.num_delayed() == 2, "the refused op is neither watched nor timed on any key"
+    assert p.try_complete_else_watch(MockDelayedOperation(100), ["other"]) is False, "other keys still admit"
+    first.completable = True
+    assert p.check_and_complete("hot") == 1
+    assert p.try_complete_else_watch(MockDelayedOperation(100), ["hot"]) is False, (
+        "room again once one finished"
+    )
+    p.shutdown()
+
+
+def test_max_pending_per_key_comes_from_settings_with_per_purgatory_overrides() -> None:
+    from purgatory.settings import Settings
+
+    settings = Settings(max_pending_per_key=7, purgatories={"fetch": {"max_pending_per_key": 3}})
+    fetch = DelayedOperationPurgatory.from_settings("fetch", settings, reaper_enabled=False)
+    produce = DelayedOperationPurgatory.from_settings("produce", settings, reaper_enabled=False)
+    try:
+        assert (fetch.max_pending_per_key, produce.max_pending_per_key) == (3, 7)
+    finally:
+        fetch.shutdown()
+        produce.shutdown()
 
 
 # -- keys --------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ def test_toml_file_with_per_purgatory_overrides_and_env_precedence(
     assert produce == {
         "purge_interval": 700,
         "max_pending": 10,
+        "max_pending_per_key": None,
         "reaper_poll_ms": 200,
         "tick_ms": 1,
         "wheel_size": 8,

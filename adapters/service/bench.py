@@ -1,0 +1,484 @@
+"""``purgatory bench fanout``: how many idle long polls one service process holds, and at what cost.
+
+Set-up per case (N waiters on P partitions): a real local Kafka (the project's launcher, or the
+cluster named by ``PURGATORY_KAFKA_BOOTSTRAP``), a fresh topic of P partitions, and the example
+service under uvicorn **in its own process** on 127.0.0.1 (started fresh for each case, so its
+RSS growth is the waiters'). The client is this process: asyncio, one raw HTTP/1.1 connection per
+long poll (``GET .../records?offset=0&max_wait_ms=W``, waiter ``i`` on partition ``i % P``).
+
+Figures:
+
+* registration rate: N / (first connect → the fetch purgatory's ``NumDelayedOperations`` = N);
+* RSS per waiter: the service's RSS growth from a warmed-up idle state to N registered, / N;
+* idle CPU: the service's user+system CPU over ``--idle-s`` seconds with N waiting, in % of a core;
+* produce → answer: one record appended to each partition (``acks=1``), then the time from that
+  partition's produce call to each of its long polls' answers (p50 / p99 / max);
+* completed vs expired: every answer's ``outcome``; an EXPIRED one is an unexpected expiry
+  (``max_wait_ms`` is far longer than the case), a non-200 one an error.
+
+Every wait is bounded (``--case-timeout``) and the service is stopped by its PID (SIGTERM, then
+SIGKILL) whatever happens. The machine may be shared: the load average is printed with each case.
+Targets (2 cores, client and service sharing them): N = 50,000 held with 0 unexpected expiries,
+<= 4 KB per waiter, idle CPU <= 5 % of a core, p99 <= 50 ms for 10,000 waiters on one partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from purgatory.settings import load_settings
+
+from ..kafka import provide_cluster
+
+__all__ = ["FanoutResult", "fanout", "run_case"]
+
+MAX_WAIT_MS = 60_000  # the service's limit: nothing may expire while a case runs
+CONNECTIONS_PER_SOURCE_IP = 20_000  # under the 28k ephemeral ports of one (source IP, port 0) bind
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # Linux >= 4.2
+CONNECT_CONCURRENCY = 256  # connects in flight: below the listen backlog, so no SYN is dropped
+SERVICE_START_TIMEOUT_S = 60.0
+SERVICE_STOP_TIMEOUT_S = 20.0
+HEALTH_POLL_S = 0.1
+FD_HEADROOM = 2_000  # sockets of Kafka clients, files, the health checks
+TARGET_N = 50_000
+TARGET_BYTES_PER_WAITER = 4096
+TARGET_IDLE_CPU_PCT = 5.0
+TARGET_P99_MS = 50.0
+TARGET_P99_AT = (10_000, 1)  # (waiters, partitions) the p99 target applies to
+
+
+@dataclass(frozen=True)
+class FanoutResult:
+    waiters: int
+    partitions: int
+    registered: int
+    register_s: float
+    register_per_s: float
+    rss_per_waiter_bytes: float
+    idle_cpu_pct: float
+    answer_p50_ms: float
+    answer_p99_ms: float
+    answer_max_ms: float
+    completed: int
+    expired: int
+    errors: int
+    load_average: tuple[float, float, float]
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _raise_fd_limit(needed: int) -> int:
+    """Raise RLIMIT_NOFILE for this process and its children (the service); return the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, max(hard, needed)))  # root may raise hard
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _cpu_s(pid: int) -> float:
+    # Fields after the command name (which may hold spaces, so split after its ')'): utime, stime
+    # are the 12th and 13th.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _http_json(url: str, timeout_s: float = 30.0) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # loopback only
+        return dict(json.loads(response.read()))
+
+
+class _Service:
+    """The example service under uvicorn in a child process; stopped by its PID."""
+
+    def __init__(self, bootstrap: str, port: int, server_args: tuple[str, ...] = ()) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        env = {
+            **os.environ,
+            "PURGATORY_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+            "PURGATORY_LOG__LEVEL": "WARNING",
+        }
+        self.process = subprocess.Popen(  # our own interpreter and module
+            [
+                sys.executable, "-m", "uvicorn", "--factory", "purgatory.adapters.service:create_app",
+                "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                "--backlog", "4096", "--no-access-log", *server_args,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        self.pid = self.process.pid
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the service exited with {self.process.returncode}: {self._stderr()}")
+            try:
+                if _http_json(f"{self.url}/healthz").get("status") == "ok":
+                    return
+            except OSError:
+                pass
+            time.sleep(HEALTH_POLL_S)
+        raise RuntimeError(f"the service did not come up within {SERVICE_START_TIMEOUT_S:.0f} s")
+
+    def pending_fetches(self) -> int:
+        health = _http_json(f"{self.url}/healthz")
+        purgatories = health["purgatories"]
+        assert isinstance(purgatories, dict)
+        return int(purgatories["fetch"]["NumDelayedOperations"])
+
+    def _stderr(self) -> str:
+        if self.process.stderr is None:
+            return ""
+        return self.process.stderr.read().decode(errors="replace")[-2000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(SERVICE_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(SERVICE_STOP_TIMEOUT_S)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def _service(bootstrap: str, server_args: tuple[str, ...]) -> Iterator[_Service]:
+    service = _Service(bootstrap, _free_port(), server_args)
+    try:
+        service.wait_ready()
+        yield service
+    finally:
+        service.stop()
+
+
+class _LongPoll(asyncio.Protocol):
+    """One HTTP/1.1 GET on its own connection; records when (and what) the answer was."""
+
+    __slots__ = ("answered_ns", "body", "buffer", "partition", "request", "status", "transport")
+
+    def __init__(self, request: bytes, partition: int) -> None:
+        self.request = request
+        self.partition = partition
+        self.buffer = bytearray()
+        self.status = 0
+        self.body = b""
+        self.answered_ns = 0
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        head_end = self.buffer.find(b"\r\n\r\n")
+        if head_end < 0:
+            return
+        head = bytes(self.buffer[:head_end]).decode("latin-1").split("\r\n")
+        length = next(
+            (int(line.split(":", 1)[1]) for line in head[1:] if line.lower().startswith("content-length:")), 0
+        )
+        if len(self.buffer) - head_end - 4 < length:
+            return
+        self.answered_ns = time.monotonic_ns()
+        self.status = int(head[0].split()[1])
+        self.body = bytes(self.buffer[head_end + 4 : head_end + 4 + length])
+        self.buffer = bytearray()
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.answered_ns:
+            self.answered_ns = time.monotonic_ns()
+            self.status = -1  # closed without an answer
+
+
+async def _open_long_polls(
+    port: int, topic: str, waiters: int, partitions: int, max_wait_ms: int
+) -> list[_LongPoll]:
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
+    polls: list[_LongPoll] = []
+
+    async def open_one(i: int) -> None:
+        partition = i % partitions
+        request = (
+            f"GET /topics/{topic}/partitions/{partition}/records?offset=0&max_wait_ms={max_wait_ms} "
+            "HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        ).encode()
+        poll = _LongPoll(request, partition)
+        polls.append(poll)
+        source = f"127.0.0.{2 + i // CONNECTIONS_PER_SOURCE_IP}"
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # Choose the source port at connect(), not at bind(): bind(port 0) searches the ports in
+        # use and slows down quadratically past ~10k sockets (33 s for 10,000 measured).
+        sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind((source, 0))
+        sock.setblocking(False)
+        async with gate:
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            await loop.create_connection(lambda: poll, sock=sock)
+
+    await asyncio.gather(*(open_one(i) for i in range(waiters)))
+    return polls
+
+
+def _create_topic(bootstrap: str, partitions: int) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    topic = f"fanout-{partitions}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=30).values():
+        future.result(timeout=30)
+    return topic
+
+
+def _delete_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics([topic], request_timeout=30).values():
+        future.result(timeout=30)
+
+
+def _warm_up(service: _Service, topic: str, partitions: int) -> None:
+    """One answered long poll per partition: metadata cached, feed and clients built, then idle."""
+    for partition in range(partitions):
+        _http_json(f"{service.url}/topics/{topic}/partitions/{partition}/records?offset=0&max_wait_ms=0", 30)
+
+
+async def _run_case_async(
+    service: _Service,
+    bootstrap: str,
+    topic: str,
+    waiters: int,
+    partitions: int,
+    idle_s: float,
+    timeout_s: float,
+) -> FanoutResult:
+    from confluent_kafka import Producer
+
+    port = int(service.url.rsplit(":", 1)[1])
+    deadline = time.monotonic() + timeout_s
+    rss0 = _rss_bytes(service.pid)
+    started = time.monotonic()
+    polls = await _open_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS)
+    registered = 0
+    while time.monotonic() < deadline:
+        registered = await asyncio.to_thread(service.pending_fetches)
+        if registered >= waiters or any(p.answered_ns for p in polls):
+            break
+        await asyncio.sleep(HEALTH_POLL_S)
+    register_s = time.monotonic() - started
+    rss1 = _rss_bytes(service.pid)
+    cpu0, t0 = _cpu_s(service.pid), time.monotonic()
+    await asyncio.sleep(idle_s)
+    idle_cpu_pct = 100.0 * (_cpu_s(service.pid) - cpu0) / (time.monotonic() - t0)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 0, "log_level": 0})
+    produced_ns: dict[int, int] = {}
+    for partition in range(partitions):
+        produced_ns[partition] = time.monotonic_ns()
+        producer.produce(topic, b"fanout", partition=partition)
+    producer.poll(0)
+    producer.flush(10)
+    while time.monotonic() < deadline and not all(p.answered_ns for p in polls):
+        await asyncio.sleep(0.05)
+    lags: list[float] = []
+    completed = expired = errors = 0
+    for poll in polls:
+        if poll.status != 200:
+            errors += 1
+            if poll.transport is not None:
+                poll.transport.close()
+            continue
+        outcome = json.loads(poll.body).get("outcome")
+        if outcome == "COMPLETED":
+            completed += 1
+            lags.append((poll.answered_ns - produced_ns[poll.partition]) / 1e6)
+        else:
+            expired += 1
+    lags.sort()
+    return FanoutResult(
+        waiters=waiters,
+        partitions=partitions,
+        registered=registered,
+        register_s=register_s,
+        register_per_s=registered / register_s if register_s > 0 else float("nan"),
+        rss_per_waiter_bytes=(rss1 - rss0) / max(registered, 1),
+        idle_cpu_pct=idle_cpu_pct,
+        answer_p50_ms=_pct(lags, 0.50),
+        answer_p99_ms=_pct(lags, 0.99),
+        answer_max_ms=lags[-1] if lags else float("nan"),
+        completed=completed,
+        expired=expired,
+        errors=errors,
+        load_average=os.getloadavg(),
+    )
+
+
+def run_case(
+    bootstrap: str,
+    waiters: int,
+    partitions: int,
+    *,
+    idle_s: float,
+    timeout_s: float,
+    server_args: tuple[str, ...] = (),
+) -> FanoutResult:
+    """One case on a fresh topic and a fresh service process (see the module docstring)."""
+    topic = _create_topic(bootstrap, partitions)
+    try:
+        with _service(bootstrap, server_args) as service:
+            _warm_up(service, topic, partitions)
+            return asyncio.run(
+                _run_case_async(service, bootstrap, topic, waiters, partitions, idle_s, timeout_s)
+            )
+    finally:
+        _delete_topic(bootstrap, topic)
+
+
+def _median(runs: list[FanoutResult]) -> FanoutResult:
+    """Per-figure medians over the runs (counts: the worst run's, so a failure is never hidden)."""
+    return FanoutResult(
+        waiters=runs[0].waiters,
+        partitions=runs[0].partitions,
+        registered=min(r.registered for r in runs),
+        register_s=statistics.median(r.register_s for r in runs),
+        register_per_s=statistics.median(r.register_per_s for r in runs),
+        rss_per_waiter_bytes=statistics.median(r.rss_per_waiter_bytes for r in runs),
+        idle_cpu_pct=statistics.median(r.idle_cpu_pct for r in runs),
+        answer_p50_ms=statistics.median(r.answer_p50_ms for r in runs),
+        answer_p99_ms=statistics.median(r.answer_p99_ms for r in runs),
+        answer_max_ms=statistics.median(r.answer_max_ms for r in runs),
+        completed=min(r.completed for r in runs),
+        expired=max(r.expired for r in runs),
+        errors=max(r.errors for r in runs),
+        load_average=runs[-1].load_average,
+    )
+
+
+def _missed(result: FanoutResult) -> list[str]:
+    missed = []
+    if result.waiters >= TARGET_N and (result.expired or result.errors or result.registered < result.waiters):
+        missed.append(
+            f"{result.waiters} held without expiry ({result.expired} expired, {result.errors} errors)"
+        )
+    if result.rss_per_waiter_bytes > TARGET_BYTES_PER_WAITER:
+        missed.append(f"{result.rss_per_waiter_bytes:.0f} B/waiter > {TARGET_BYTES_PER_WAITER}")
+    if result.idle_cpu_pct > TARGET_IDLE_CPU_PCT:
+        missed.append(f"idle CPU {result.idle_cpu_pct:.1f}% > {TARGET_IDLE_CPU_PCT}%")
+    if (result.waiters, result.partitions) == TARGET_P99_AT and not result.answer_p99_ms <= TARGET_P99_MS:
+        missed.append(f"p99 {result.answer_p99_ms:.1f} ms > {TARGET_P99_MS} ms")
+    return missed
+
+
+def fanout(
+    waiters: Annotated[
+        list[int] | None, typer.Option("--waiters", "-n", help="Idle long polls per case; repeatable.")
+    ] = None,
+    partitions: Annotated[
+        list[int] | None, typer.Option("--partitions", "-p", help="Partitions per case; repeatable.")
+    ] = None,
+    idle: Annotated[float, typer.Option("--idle-s", help="Seconds of idle CPU measured.")] = 10.0,
+    repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Runs per case (medians).")] = 3,
+    case_timeout: Annotated[float, typer.Option(help="Bound on one case, seconds.")] = 55.0,
+    server_arg: Annotated[
+        list[str] | None,
+        typer.Option("--server-arg", help="Extra uvicorn argument (e.g. --http=h11); repeatable."),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Directory of the JSON result file.")] = Path(
+        "bench-results"
+    ),
+) -> None:
+    """N idle long polls on one service process: registration rate, RSS/waiter, idle CPU, produce→answer."""
+    counts = waiters or [10_000, TARGET_N]
+    partition_counts = partitions or [1, 8]
+    fds = _raise_fd_limit(2 * max(counts) + FD_HEADROOM)
+    if fds < max(counts) + FD_HEADROOM:
+        raise typer.BadParameter(
+            f"open-file limit {fds} is too low for {max(counts)} connections", param_hint="-n"
+        )
+    settings = load_settings().kafka
+    results: list[FanoutResult] = []
+    with provide_cluster(settings) as cluster:
+        typer.echo(
+            f"Kafka via {cluster.provider} at {cluster.bootstrap_servers}; service: uvicorn, one process; "
+            f"{repeats} run(s) per case, medians; load average {os.getloadavg()}"
+        )
+        typer.echo(
+            f"{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} {'p50':>8} {'p99':>8} "
+            f"{'max':>8} {'done':>7} {'expired':>7} {'errors':>6}  load"
+        )
+        for count in counts:
+            for parts in partition_counts:
+                runs = [
+                    run_case(
+                        cluster.bootstrap_servers,
+                        count,
+                        parts,
+                        idle_s=idle,
+                        timeout_s=case_timeout,
+                        server_args=tuple(server_arg or ()),
+                    )
+                    for _ in range(repeats)
+                ]
+                result = _median(runs)
+                results.append(result)
+                typer.echo(
+                    f"{result.waiters:>8} {result.partitions:>5} {result.register_per_s:>8.0f} "
+                    f"{result.rss_per_waiter_bytes:>8.0f} {result.idle_cpu_pct:>7.1f}% "
+                    f"{result.answer_p50_ms:>6.1f}ms {result.answer_p99_ms:>6.1f}ms "
+                    f"{result.answer_max_ms:>6.1f}ms "
+                    f"{result.completed:>7} {result.expired:>7} {result.errors:>6}  "
+                    + " ".join(f"{x:.2f}" for x in result.load_average)
+                )
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"fanout-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    missed = [f"N={r.waiters}/P={r.partitions}: {m}" for r in results for m in _missed(r)]
+    typer.echo(f"targets missed: {'; '.join(missed)}" if missed else "all targets met")
+    typer.echo(f"results: {path}")
