@@ -175,6 +175,16 @@ class KafkaSettings(_Section):
     # lag at 10k pending was 28 ms, at 10 ms 19.5 ms (purgatory bench kafka). Requests stay ~1.2
     # per poll whatever the number of pending operations.
     feed_interval_ms: PositiveInt = Field(10, description="How often the change feed polls watched keys.")
+    feed_mode: Literal["push", "poll"] = Field(
+        "push",
+        description="push: watched partitions are tailed by a consumer (the broker's fetch long poll "
+        "wakes them) and polled every feed_refresh_ms; poll: every feed_interval_ms (the fallback).",
+    )
+    feed_refresh_ms: PositiveInt = Field(
+        500,
+        description="push mode: poll interval (leaders, ISR, log starts, outages) while every watched "
+        "key is a tailed partition; groups, topics, untailed or degraded keys keep feed_interval_ms.",
+    )
 
     @field_validator("client_config", mode="after")
     @classmethod

@@ -37,6 +37,7 @@ snapshot without locking. ``start``/``stop`` are for the owner's thread.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
@@ -49,12 +50,14 @@ import structlog
 from purgatory import DelayedOperation, PurgatoryListener
 from purgatory.settings import KafkaSettings
 
+from ._clients import FetchedRecord
 from ._errors import KafkaUnavailableError
 from ._facts import NO_LEADER, GroupFacts, PartitionFacts, TopicFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
+from ._tail import PartitionTail
 from ._view import ClusterView
 
-__all__ = ["ChangeFeed", "FeedStats", "Purgatoryish"]
+__all__ = ["ChangeFeed", "FeedStats", "Purgatoryish", "RecordSink"]
 
 _log = structlog.get_logger("purgatory.kafka.feed")
 
@@ -79,6 +82,12 @@ class Purgatoryish(Protocol):
     def add_listener(self, listener: PurgatoryListener) -> None: ...
 
     def remove_listener(self, listener: PurgatoryListener) -> None: ...
+
+
+class RecordSink(Protocol):
+    """Where the push feed hands the records its tail fetched (the service's shared record cache)."""
+
+    def append(self, key: TopicPartitionKey, records: list[FetchedRecord]) -> None: ...
 
 
 @dataclass
@@ -117,6 +126,8 @@ class ChangeFeed:
         settings: KafkaSettings | None = None,
         name: str = "kafka",
         metadata_every: int = METADATA_EVERY,
+        push: bool | None = None,
+        records: RecordSink | None = None,
     ) -> None:
         if metadata_every < 1:
             raise ValueError(f"metadata_every must be >= 1, got {metadata_every!r}")
@@ -142,6 +153,22 @@ class ChangeFeed:
         self._thread: threading.Thread | None = None
         self._observers: list[_Observer] = []
         self._metadata_suspect = True
+        # Both the poll loop and the tail publish snapshots: each reads the current one, derives
+        # the next and stores it under this lock, so neither overwrites the other's newer facts.
+        self._publish_lock = threading.Lock()
+        self._records = records
+        push = self.settings.feed_mode == "push" if push is None else push
+        self.refresh_ms = self.settings.feed_refresh_ms if push else self.interval_ms
+        self.tail: PartitionTail | None = None
+        if push:
+            self.tail = PartitionTail(
+                self.settings,
+                bootstrap_servers=view.bootstrap_servers,
+                on_records=self._tailed_records,
+                on_high_watermarks=self._pushed,
+                on_lost=self._tail_lost,
+                name=name,
+            )
 
     @classmethod
     def from_settings(cls, settings: KafkaSettings, bootstrap_servers: str | None = None) -> ChangeFeed:
@@ -195,10 +222,13 @@ class ChangeFeed:
                     per[purgatory] = per.get(purgatory, 0) + 1
                     if needs_log_start and isinstance(key, TopicPartitionKey):
                         self._log_start_refs[key] = self._log_start_refs.get(key, 0) + 1
+            if added:
+                self._follow_partitions()
         if added:
             self._wake.set()  # facts for a new key are wanted now, not at the next interval
 
     def release(self, purgatory: str, keys: Iterable[Hashable], *, needs_log_start: bool = True) -> None:
+        dropped = False
         with self._lock:
             for key in keys:
                 if needs_log_start and key in self._log_start_refs:
@@ -213,6 +243,15 @@ class ChangeFeed:
                     del per[purgatory]
                     if not per:
                         del self._refs[key]  # type: ignore[arg-type]
+                        dropped = True
+            if dropped:
+                self._follow_partitions()
+
+    def _follow_partitions(self) -> None:
+        # Called with self._lock held, only when a key came or went: O(watched keys) per key
+        # change, never per waiter.
+        if self.tail is not None:
+            self.tail.follow(k for k in self._refs if isinstance(k, TopicPartitionKey))
 
     def watched_keys(self) -> frozenset[KafkaKey]:
         with self._lock:
@@ -246,6 +285,8 @@ class ChangeFeed:
     # -- the loop -------------------------------------------------------------------------------
 
     def start(self) -> Self:
+        if self.tail is not None:
+            self.tail.start()
         if self._thread is None:
             self._stopping.clear()
             self._thread = threading.Thread(target=self._run, name=f"kafka-feed-{self.name}", daemon=True)
@@ -258,6 +299,8 @@ class ChangeFeed:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(JOIN_TIMEOUT_S + self.view.request_timeout_s)
+        if self.tail is not None:
+            self.tail.stop()
 
     def is_alive(self) -> bool:
         """True while the feed thread runs (it survives every failure until ``stop``)."""
@@ -305,7 +348,9 @@ class ChangeFeed:
                 next_poll = time.monotonic() + min(interval_s * 2**failures, MAX_BACKOFF_MS / 1000.0)
             else:
                 # Fixed rate: the next poll is one interval after this one was due, not after it ended.
-                next_poll = max(next_poll + interval_s, time.monotonic())
+                # Push mode: the slow refresh while the tail pushes every watched key's changes.
+                every_s = interval_s if self._needs_fast_poll() else self.refresh_ms / 1000.0
+                next_poll = max(next_poll + every_s, time.monotonic())
 
     def poll_once(self) -> bool:
         """One round: fetch facts of the watched keys, publish, wake changed keys. False if none watched."""
@@ -341,18 +386,22 @@ class ChangeFeed:
         if self.stats.consecutive_failures:
             _log.info("kafka_feed_recovered", feed=self.name, after_failures=self.stats.consecutive_failures)
         self.stats.consecutive_failures = 0
-        old = self._snapshot
-        changed: list[KafkaKey] = []
-        changed += [k for k, v in facts.partitions.items() if old.partitions.get(k) != v]
-        changed += [k for k, v in facts.topics.items() if old.topics.get(k) != v]
-        changed += [k for k, v in facts.groups.items() if old.groups.get(k) != v]
-        # One store publishes the whole new snapshot; facts of keys no longer watched are dropped.
-        self._snapshot = _Snapshot(facts.partitions, facts.topics, facts.groups, None)
+        with self._publish_lock:
+            old = self._snapshot
+            partitions = facts.partitions
+            if self.tail is not None:
+                partitions = {k: _newest(v, old.partitions.get(k)) for k, v in partitions.items()}
+            changed: list[KafkaKey] = []
+            changed += [k for k, v in partitions.items() if old.partitions.get(k) != v]
+            changed += [k for k, v in facts.topics.items() if old.topics.get(k) != v]
+            changed += [k for k, v in facts.groups.items() if old.groups.get(k) != v]
+            # One store publishes the whole new snapshot; facts of keys no longer watched are dropped.
+            self._snapshot = _Snapshot(partitions, facts.topics, facts.groups, None)
         self.stats.keys_changed += len(changed)
         # Re-describe every poll while a partition is degraded (an error, no leader, ISR below
         # min.insync.replicas): a verdict such as NOT_ENOUGH_REPLICAS must never rest on an ISR
         # older than one interval, and recovery must be seen at once.
-        self._metadata_suspect = any(_degraded(f) for f in facts.partitions.values())
+        self._metadata_suspect = any(_degraded(f) for f in partitions.values())
         for observer in self._observers:
             observer(changed)
         for key in changed:
@@ -372,18 +421,80 @@ class ChangeFeed:
                     "kafka_feed_check_failed", feed=self.name, key=str(key), purgatory=purgatory.name
                 )
 
+    # -- push: the tail's callbacks (on its thread) -----------------------------------------------
+
+    def _needs_fast_poll(self) -> bool:
+        """True while something is not pushed: poll mode, groups, topics, a key not tailed, trouble."""
+        tail = self.tail
+        if tail is None or self._metadata_suspect or self.stats.consecutive_failures:
+            return True
+        with self._lock:
+            keys = list(self._refs)
+        return not all(isinstance(k, TopicPartitionKey) and tail.following(k) for k in keys)
+
+    def _tailed_records(self, key: TopicPartitionKey, records: list[FetchedRecord]) -> None:
+        if self._records is not None:
+            self._records.append(key, records)  # before the facts: a woken fetch reads them from memory
+
+    def _pushed(self, high_watermarks: dict[TopicPartitionKey, int]) -> None:
+        """Publish the high watermarks a fetch response brought, then wake the keys that moved."""
+        changed: list[TopicPartitionKey] = []
+        with self._publish_lock:
+            old = self._snapshot
+            partitions = dict(old.partitions)  # copy-on-write: readers keep the snapshot they hold
+            for key, high in high_watermarks.items():
+                facts = partitions.get(key)
+                # Leader, ISR and min ISR come from a poll first (DelayedProduce reads them); a
+                # partition in error waits for the poll that says it recovered.
+                if facts is None or facts.error is not None:
+                    continue
+                if facts.high_watermark is None or high > facts.high_watermark:
+                    partitions[key] = dataclasses.replace(facts, high_watermark=high)
+                    changed.append(key)
+            if changed:
+                self._snapshot = _Snapshot(partitions, old.topics, old.groups, old.unavailable)
+        self.stats.keys_changed += len(changed)
+        for observer in self._observers:
+            observer(list(changed))
+        for key in changed:
+            self._check(key)
+
+    def _tail_lost(self, key: TopicPartitionKey, why: str) -> None:
+        _log.info("kafka_feed_partition_untailed", feed=self.name, partition=key.label, error=why)
+        self._wake.set()  # poll now: the poll says what happened to it (deleted, moved)
+
     def _outage(self, exc: KafkaUnavailableError) -> None:
         self._metadata_suspect = True  # leaders may have moved while the cluster was away
         self.stats.failures += 1
         self.stats.consecutive_failures += 1
         self.stats.last_error = str(exc)
-        old = self._snapshot
-        self._snapshot = _Snapshot(old.partitions, old.topics, old.groups, str(exc))
+        with self._publish_lock:
+            old = self._snapshot
+            self._snapshot = _Snapshot(old.partitions, old.topics, old.groups, str(exc))
         if self.stats.consecutive_failures == 1:
             _log.warning("kafka_feed_unavailable", feed=self.name, error=str(exc))
         if self.stats.consecutive_failures % RECONNECT_AFTER_FAILURES == 0:
             self.stats.reconnects += 1
             self.view.reconnect()
+
+
+def _newest(polled: PartitionFacts, current: PartitionFacts | None) -> PartitionFacts:
+    """The polled facts, keeping a newer high watermark the tail pushed since the poll was sent.
+
+    A ListOffsets answer may be older than a fetch response the tail handled meanwhile; high
+    watermarks only grow while a partition is healthy, so the larger one is the newer. An error
+    (deleted, no leader) always wins: it resets what the tail said.
+    """
+    if (
+        current is None
+        or polled.error is not None
+        or current.error is not None
+        or current.high_watermark is None
+        or polled.high_watermark is None
+        or polled.high_watermark >= current.high_watermark
+    ):
+        return polled
+    return dataclasses.replace(polled, high_watermark=current.high_watermark)
 
 
 def _degraded(facts: PartitionFacts) -> bool:

@@ -122,6 +122,8 @@ class ClusterView:
     ) -> None:
         self._settings = settings or KafkaSettings()
         self._bootstrap = bootstrap_servers
+        # The cluster asked (None: settings.bootstrap_servers); the change feed's tail joins it too.
+        self.bootstrap_servers = bootstrap_servers or self._settings.bootstrap_servers
         self.request_timeout_s = (request_timeout_ms or self._settings.request_timeout_ms) / 1000.0
         self._lock = threading.Lock()
         self._admin: AdminClient | None = None

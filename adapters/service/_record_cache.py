@@ -6,7 +6,9 @@ reader's consumer) — measured 9.8 s from the produce to the last answer, with 
 busy all along. Kafka's broker reads its local log (the page cache) instead; this is the
 service's page cache.
 
-Algorithm: per partition, the records of one contiguous *span* ``[start, end)`` read before.
+Algorithm: per partition, the records of one contiguous *span* ``[start, end)`` read before —
+by a fetch, or pushed by the change feed's tail (``append``), which follows every watched
+partition's end: a long poll woken by a new record then reads it from here, not from Kafka.
 ``read(key, start, end, max_bytes)`` returns what the span holds from ``start`` on, then reads
 only the missing tail ``[span.end, end)`` from Kafka and extends the span with it (a read that
 starts elsewhere replaces the span). Offsets are immutable in a Kafka log, so a record read once
@@ -81,6 +83,7 @@ class SharedReadReader(RecordReader):
         self._total = 0
         self.shared_hits = 0  # reads answered (at least in part) from a span
         self.kafka_reads = 0  # reads that went to Kafka
+        self.pushed_records = 0  # records the change feed's tail handed in (append)
 
     def read(
         self,
@@ -118,6 +121,24 @@ class SharedReadReader(RecordReader):
             out.append(record)
             used += record.size
         return out
+
+    def append(self, key: TopicPartitionKey, records: list[FetchedRecord]) -> None:
+        """Records a sequential reader (the change feed's tail) fetched, contiguous from ``records[0]``.
+
+        They continue the span when the tail's read covers its end (the overlap is dropped: the
+        same offsets hold the same records), and replace it otherwise, as a read elsewhere does.
+        """
+        if not records:
+            return
+        with self._spans_lock:
+            span = self._spans.get(key)
+            end = span.end if span is not None else None
+        if end is not None and records[0].offset <= end:
+            fresh = records[bisect.bisect_left([r.offset for r in records], end) :]
+            self._remember(key, end, fresh)
+        else:
+            self._remember(key, records[0].offset, records)
+        self.pushed_records += len(records)
 
     def _remember(self, key: TopicPartitionKey, start: int, fetched: list[FetchedRecord]) -> None:
         if not fetched:

@@ -129,6 +129,8 @@ class _Service:
             **os.environ,
             "PURGATORY_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
             "PURGATORY_LOG__LEVEL": "WARNING",
+            # Waiters must not be answered by the 30 s default clamp while the case runs.
+            "PURGATORY_ADMISSION__MAX_WAIT_MS": str(MAX_WAIT_MS),
         }
         self.process = subprocess.Popen(  # our own interpreter and module
             [

@@ -1,0 +1,243 @@
+"""PartitionTail: the change feed's push source — watched partitions tailed by one real consumer.
+
+Kafka's broker wakes a fetch purgatory key when its log appends; a Python service next to Kafka
+gets the same wake-up from the broker's own long poll: a :class:`confluent_kafka.Consumer`
+fetching the watched partitions (``assign``, no group, nothing committed) is answered by the
+broker as soon as records arrive — the broker's DelayedFetch is the timer here. Each fetch
+response carries the partition's high watermark (``get_watermark_offsets(cached=True)``) and the
+new records themselves.
+
+Algorithm (one thread, ``kafka-tail-<name>``), each round:
+
+1. If the set of partitions to follow changed (``follow``), ``incremental_assign`` the new ones
+   at ``OFFSET_END`` (only records appended from now on are tailed: a waiter behind the end is
+   answered from the log by its own read) and ``incremental_unassign`` the dropped ones.
+2. ``consume(TAIL_BATCH, ROUND_S)``: returns as soon as a fetch response brings records (the
+   broker holds an idle fetch for ``fetch.wait.max.ms``), or after ``ROUND_S`` with nothing.
+3. For each partition with records: hand them to ``on_records(key, records)`` (the shared record
+   cache), then read the cached high watermark; call ``on_high_watermarks({key: hw})`` once per
+   round with every partition whose high watermark moved (the feed publishes and wakes keys).
+4. A partition error meaning "gone" (unknown topic or partition: deleted while watched) stops
+   following it and calls ``on_lost(key, error)``; the feed's poll then reports it as a fact.
+   Every other error is librdkafka's to retry (leader moved, broker restarting): the consumer
+   re-finds the leader and resumes at its position, so nothing is missed or repeated.
+
+The thread never dies of a failure (caught, logged, counted, retried after ``ERROR_BACKOFF_S``)
+and holds no purgatory lock: the callbacks run on it, like the poll feed's checks on its thread.
+
+Concurrency contract: ``follow``, ``stats`` and ``following`` may be called from any thread;
+``start``/``stop`` by the owner. Callbacks run on the tail thread only.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Self
+
+import structlog
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+
+from purgatory.settings import KafkaSettings
+
+from ._clients import FetchedRecord
+from ._config import client_config, redacted
+from ._keys import TopicPartitionKey
+
+__all__ = ["PartitionTail", "TailStats"]
+
+_log = structlog.get_logger("purgatory.kafka.tail")
+
+TAIL_BATCH = 1000  # messages per consume(): one call drains a burst without holding much memory
+ROUND_S = 0.1  # consume() timeout: how soon a changed set of partitions is (un)assigned
+ERROR_BACKOFF_S = 0.5  # after an unexpected failure of a round, before the next one
+# The broker holds an idle fetch this long (its DelayedFetch); records end it at once. Shorter
+# than the round so an idle consume() returns to apply assignment changes.
+FETCH_WAIT_MS = 100
+JOIN_TIMEOUT_S = 10.0
+_GONE = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
+)
+
+RecordsCallback = Callable[[TopicPartitionKey, list[FetchedRecord]], None]
+HighWatermarksCallback = Callable[[dict[TopicPartitionKey, int]], None]
+LostCallback = Callable[[TopicPartitionKey, str], None]
+
+
+@dataclass
+class TailStats:
+    """Counters of the tail's work (benchmarks and tests read them)."""
+
+    rounds: int = 0
+    records: int = 0
+    pushes: int = 0  # high watermark changes handed to the feed
+    assigned: int = 0
+    lost: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    following: frozenset[TopicPartitionKey] = field(default_factory=frozenset)
+
+
+class PartitionTail:
+    """Tails the partitions it is told to follow and pushes records and high watermarks (module doc)."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        bootstrap_servers: str | None = None,
+        on_records: RecordsCallback,
+        on_high_watermarks: HighWatermarksCallback,
+        on_lost: LostCallback,
+        name: str = "kafka",
+    ) -> None:
+        self._config: dict[str, str | int | float | bool] = {
+            **client_config(settings, bootstrap_servers),
+            # Required by the client; never joined (assign only) and never committed under.
+            "group.id": f"purgatory-tail-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+            "auto.offset.reset": "latest",
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "fetch.min.bytes": 1,
+            "socket.nagle.disable": True,
+            "log_level": 0,
+        }
+        self._on_records = on_records
+        self._on_high_watermarks = on_high_watermarks
+        self._on_lost = on_lost
+        self.name = name
+        self.stats = TailStats()
+        self._lock = threading.Lock()
+        self._wanted: frozenset[TopicPartitionKey] = frozenset()
+        self._wanted_version = 0
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._high: dict[TopicPartitionKey, int] = {}
+
+    def follow(self, keys: Iterable[TopicPartitionKey]) -> None:
+        """Follow exactly ``keys`` from the next round on (new ones from their end)."""
+        wanted = frozenset(keys)
+        with self._lock:
+            if wanted != self._wanted:
+                self._wanted = wanted
+                self._wanted_version += 1
+
+    def following(self, key: TopicPartitionKey) -> bool:
+        """True once ``key`` is assigned and a fetch response gave its high watermark."""
+        return key in self.stats.following
+
+    def start(self) -> Self:
+        if self._thread is None:
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._run, name=f"kafka-tail-{self.name}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(JOIN_TIMEOUT_S)
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        _log.debug("kafka_tail_connect", config=redacted(self._config))
+        consumer = Consumer(self._config)
+        assigned: set[TopicPartitionKey] = set()
+        version = -1
+        try:
+            while not self._stopping.is_set():
+                try:
+                    with self._lock:
+                        wanted, current = self._wanted, self._wanted_version
+                    if current != version:
+                        self._reassign(consumer, assigned, wanted)
+                        version = current
+                    if not assigned:
+                        self._stopping.wait(ROUND_S)
+                        continue
+                    self._round(consumer, assigned)
+                except Exception as exc:  # the tail must outlive anything: count, log, back off
+                    self.stats.failures += 1
+                    self.stats.last_error = repr(exc)
+                    _log.exception("kafka_tail_round_failed", tail=self.name)
+                    self._stopping.wait(ERROR_BACKOFF_S)
+        finally:
+            consumer.close()
+
+    def _reassign(
+        self, consumer: Consumer, assigned: set[TopicPartitionKey], wanted: frozenset[TopicPartitionKey]
+    ) -> None:
+        gone = [k for k in assigned if k not in wanted]
+        new = [k for k in wanted if k not in assigned]
+        if gone:
+            consumer.incremental_unassign([TopicPartition(k.topic, k.partition) for k in gone])
+            assigned.difference_update(gone)
+            for key in gone:
+                self._high.pop(key, None)
+        if new:
+            consumer.incremental_assign([TopicPartition(k.topic, k.partition, OFFSET_END) for k in new])
+            assigned.update(new)
+            self.stats.assigned += len(new)
+        if gone or new:
+            self.stats.following = frozenset(k for k in self.stats.following if k in assigned)
+
+    def _round(self, consumer: Consumer, assigned: set[TopicPartitionKey]) -> None:
+        messages = consumer.consume(TAIL_BATCH, ROUND_S)
+        self.stats.rounds += 1
+        batches: dict[TopicPartitionKey, list[FetchedRecord]] = {}
+        for message in messages:
+            error = message.error()
+            key = TopicPartitionKey(message.topic() or "", message.partition() or 0)
+            if error is not None:
+                if error.code() in _GONE and key in assigned:
+                    self._lose(consumer, assigned, key, error.str())
+                continue
+            record = FetchedRecord(
+                message.offset() or 0, message.key(), message.value(), message.timestamp()[1]
+            )
+            batches.setdefault(key, []).append(record)
+        for key, records in batches.items():
+            self.stats.records += len(records)
+            self._on_records(key, records)
+        moved: dict[TopicPartitionKey, int] = {}
+        # Every assigned partition, not only those with records: a fetch response moves the high
+        # watermark without records too (replication catching up on a 3-broker cluster).
+        for key in assigned:
+            try:
+                _low, high = consumer.get_watermark_offsets(
+                    TopicPartition(key.topic, key.partition), cached=True
+                )
+            except KafkaException:
+                continue
+            fetched = batches.get(key)
+            if fetched:  # a consumer only sees records below the high watermark
+                high = max(high, fetched[-1].offset + 1)
+            if high >= 0 and self._high.get(key) != high:
+                self._high[key] = high
+                moved[key] = high
+        if moved:
+            newly = [k for k in moved if k not in self.stats.following]
+            if newly:
+                self.stats.following = self.stats.following | frozenset(newly)
+            self.stats.pushes += len(moved)
+            self._on_high_watermarks(moved)
+
+    def _lose(
+        self, consumer: Consumer, assigned: set[TopicPartitionKey], key: TopicPartitionKey, why: str
+    ) -> None:
+        consumer.incremental_unassign([TopicPartition(key.topic, key.partition)])
+        assigned.discard(key)
+        self._high.pop(key, None)
+        self.stats.lost += 1
+        self.stats.following = frozenset(k for k in self.stats.following if k != key)
+        _log.info("kafka_tail_partition_lost", tail=self.name, partition=key.label, error=why)
+        self._on_lost(key, why)
