@@ -52,6 +52,9 @@ __all__ = [
 ]
 
 DEFAULT_FETCH_MAX_BYTES = 1 << 20  # Kafka's fetch.max.bytes per partition default is 1 MiB
+# Guards the lazy creation of an operation's completion event against its setting: held for a
+# few bytecodes, once per operation that finishes and once per first use of ``op.done``.
+_DONE_LOCK = threading.Lock()
 
 
 def _require_offsets(what: str, offsets: Mapping[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
@@ -93,7 +96,11 @@ class KafkaOperation(DelayedOperation):
         self.facts = facts
         self.error: KafkaAdapterError | None = None
         self.on_response = on_response
-        self.done = threading.Event()
+        # The completion event is built on first use (wait() or .done): a threading.Event is a
+        # Condition, a lock and a deque, ~1 KB; the service's 50k waiters are answered through
+        # asyncio and never ask for it (purgatory bench fanout).
+        self._done: threading.Event | None = None
+        self._responded = False
         # Set by move() when the operation's partition went to another instance: it then finished
         # COMPLETED at once, answered NOT_LEADER_OR_FOLLOWER (see _ownership). _moving is the
         # intent, read by on_complete only if move()'s own claim won.
@@ -141,7 +148,24 @@ class KafkaOperation(DelayedOperation):
             if self.on_response is not None:
                 self.on_response(self)
         finally:
-            self.done.set()
+            with _DONE_LOCK:  # orders this with a concurrent first use of .done (see there)
+                self._responded = True
+                event = self._done
+            if event is not None:
+                event.set()
+
+    @property
+    def done(self) -> threading.Event:
+        """Set once ``on_complete`` has run (created on first use, already set if it has)."""
+        event = self._done
+        if event is None:
+            with _DONE_LOCK:
+                event = self._done
+                if event is None:
+                    event = self._done = threading.Event()
+                    if self._responded:
+                        event.set()
+        return event
 
     def _respond_moved(self) -> None:
         """Answer the partitions still waiting ``NOT_LEADER_OR_FOLLOWER`` (no Kafka read: they moved)."""

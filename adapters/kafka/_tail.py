@@ -12,8 +12,9 @@ Algorithm (one thread, ``kafka-tail-<name>``), each round:
 1. If the set of partitions to follow changed (``follow``), ``incremental_assign`` the new ones
    at ``OFFSET_END`` (only records appended from now on are tailed: a waiter behind the end is
    answered from the log by its own read) and ``incremental_unassign`` the dropped ones.
-2. ``consume(TAIL_BATCH, ROUND_S)``: returns as soon as a fetch response brings records (the
-   broker holds an idle fetch for ``fetch.wait.max.ms``), or after ``ROUND_S`` with nothing.
+2. ``poll(ROUND_S)`` then ``consume(TAIL_BATCH, 0)``: returns as soon as a fetch response
+   brings records (the broker holds an idle fetch for ``fetch.wait.max.ms``), with the rest of
+   what was fetched, or after ``ROUND_S`` with nothing.
 3. For each partition with records: hand them to ``on_records(key, records)`` (the shared record
    cache), then read the cached high watermark; call ``on_high_watermarks({key: hw})`` once per
    round with every partition whose high watermark moved (the feed publishes and wakes keys).
@@ -191,7 +192,11 @@ class PartitionTail:
             self.stats.following = frozenset(k for k in self.stats.following if k in assigned)
 
     def _round(self, consumer: Consumer, assigned: set[TopicPartitionKey]) -> None:
-        messages = consumer.consume(TAIL_BATCH, ROUND_S)
+        # poll() returns as soon as one message is there; consume(n, timeout) would wait for n
+        # messages or the whole timeout (a batching delay on every wake-up). The rest of the
+        # burst already fetched is drained without waiting.
+        first = consumer.poll(ROUND_S)
+        messages = [] if first is None else [first, *consumer.consume(TAIL_BATCH, 0)]
         self.stats.rounds += 1
         batches: dict[TopicPartitionKey, list[FetchedRecord]] = {}
         for message in messages:
