@@ -1,6 +1,17 @@
-"""ChangeFeed: polls the facts of the *watched* keys and wakes the purgatories whose keys changed.
+"""ChangeFeed: follows the facts of the *watched* keys and wakes the purgatories whose keys changed.
 
-Algorithm (one thread, ``kafka-feed-<name>``), every ``interval_ms``:
+Two sources (DESIGN §8). **Push** (``kafka.feed_mode = "push"``, the default): a
+:class:`PartitionTail` consumer tails every watched partition; the broker's fetch long poll wakes
+it when records arrive, and each fetch response's high watermark is published at once (see
+``_pushed``) — a key event costs one fetch response and the operations it completes, with no
+request per interval. Its records go to ``records`` (the service's shared record cache). The
+poll below still runs, every ``feed_refresh_ms`` while every watched key is a tailed healthy
+partition (leaders, ISR, log starts, deletions, outages), and every ``interval_ms`` otherwise
+(consumer groups — commit barriers keep the batched OffsetFetch —, topics, partitions not yet
+tailed, degraded partitions, outages). **Poll** (``"poll"``, the fallback): the poll alone, every
+``interval_ms``.
+
+The poll (one thread, ``kafka-feed-<name>``), every interval:
 
 1. Take the set of watched keys (a registry of key → reference count per purgatory, kept up to
    date through the purgatory's listener hooks: ``on_submitted`` adds an operation's Kafka keys,
@@ -160,15 +171,18 @@ class ChangeFeed:
         push = self.settings.feed_mode == "push" if push is None else push
         self.refresh_ms = self.settings.feed_refresh_ms if push else self.interval_ms
         self.tail: PartitionTail | None = None
-        if push:
+        bootstrap = getattr(view, "bootstrap_servers", None) or self.settings.bootstrap_servers
+        if push and bootstrap:  # no cluster named (a view of tests' own): the polling feed
             self.tail = PartitionTail(
                 self.settings,
-                bootstrap_servers=view.bootstrap_servers,
+                bootstrap_servers=bootstrap,
                 on_records=self._tailed_records,
                 on_high_watermarks=self._pushed,
                 on_lost=self._tail_lost,
                 name=name,
             )
+        else:
+            self.refresh_ms = self.interval_ms
 
     @classmethod
     def from_settings(cls, settings: KafkaSettings, bootstrap_servers: str | None = None) -> ChangeFeed:

@@ -151,7 +151,15 @@ class PartitionTail:
 
     def _run(self) -> None:
         _log.debug("kafka_tail_connect", config=redacted(self._config))
-        consumer = Consumer(self._config)
+        try:
+            consumer = Consumer(self._config)
+        except Exception as exc:
+            # Nothing is tailed then: following() stays False for every key, so the feed keeps
+            # polling them every interval (the fallback) rather than waiting for pushes.
+            self.stats.failures += 1
+            self.stats.last_error = repr(exc)
+            _log.exception("kafka_tail_start_failed", tail=self.name)
+            return
         assigned: set[TopicPartitionKey] = set()
         version = -1
         try:
