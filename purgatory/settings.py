@@ -236,6 +236,11 @@ class AdmissionSettings(_Section):
         30_000, description="Longer long polls (max_wait_ms) are clamped to this: answered by then."
     )
     retry_after_s: PositiveInt = Field(1, description="Retry-After of a 429 answer (service full).")
+    gc_thresholds: tuple[PositiveInt, NonNegativeInt, NonNegativeInt] | None = Field(
+        (50_000, 20, 100),
+        description="The service's cyclic-GC thresholds while it serves (gc.set_threshold; start-up "
+        "objects frozen): held waiters are long-lived. None: the interpreter's (700, 10, 10).",
+    )
 
 
 class JournalSettings(_Section):

@@ -127,3 +127,17 @@ async def test_adding_a_waiter_does_not_recheck_the_other_waiters_on_its_key(
     assert registering <= 3 * polls, (
         f"{registering} attempts to register {polls} waiters (quadratic: ~{polls**2 // 2})"
     )
+
+
+def test_the_service_tunes_the_cyclic_gc_while_it_serves_and_restores_it(
+    kafka_settings: KafkaSettings,
+) -> None:
+    import gc
+
+    before = gc.get_threshold()
+    settings = Settings(kafka=kafka_settings, admission=AdmissionSettings(gc_thresholds=(40_000, 15, 90)))
+    with BackgroundServer(create_app(settings)):
+        assert gc.get_threshold() == (40_000, 15, 90), (
+            "held waiters are long-lived: young collections are rarer"
+        )
+    assert gc.get_threshold() == before, "the interpreter's thresholds are back once the service stopped"
