@@ -12,7 +12,7 @@ from purgatory.adapters.service._fetch import OffLoopFetch
 from purgatory.adapters.service._server import BackgroundServer
 
 from purgatory.settings import AdmissionSettings, KafkaSettings, Settings
-from tests.integration.kafka_fixtures import TopicFactory
+from tests.kafka.kafka_fixtures import TopicFactory
 
 from .conftest import WAIT_S, Service, until
 
