@@ -176,9 +176,9 @@ class KafkaSettings(_Section):
     # per poll whatever the number of pending operations.
     feed_interval_ms: PositiveInt = Field(10, description="How often the change feed polls watched keys.")
     feed_mode: Literal["push", "poll"] = Field(
-        "push",
-        description="push: watched partitions are tailed by a consumer (the broker's fetch long poll "
-        "wakes them) and polled every feed_refresh_ms; poll: every feed_interval_ms (the fallback).",
+        "poll",
+        description="poll (default): every feed_interval_ms. push: watched partitions are tailed by "
+        "a consumer (the broker's fetch long poll wakes them) and polled every feed_refresh_ms.",
     )
     feed_refresh_ms: PositiveInt = Field(
         500,

@@ -1,6 +1,6 @@
 """ChangeFeed: follows the facts of the *watched* keys and wakes the purgatories whose keys changed.
 
-Two sources (docs/design.md §7). **Push** (``kafka.feed_mode = "push"``, the default): a
+Two sources (docs/design.md §7). **Push** (``kafka.feed_mode = "push"``, opt-in for now): a
 :class:`PartitionTail` consumer tails every watched partition; the broker's fetch long poll wakes
 it when records arrive, and each fetch response's high watermark is published at once (see
 ``_pushed``) — a key event costs one fetch response and the operations it completes, with no
@@ -8,8 +8,10 @@ request per interval. Its records go to ``records`` (the service's shared record
 poll below still runs, every ``feed_refresh_ms`` while every watched key is a tailed healthy
 partition (leaders, ISR, log starts, deletions, outages), and every ``interval_ms`` otherwise
 (consumer groups — commit barriers keep the batched OffsetFetch —, topics, partitions not yet
-tailed, degraded partitions, outages). **Poll** (``"poll"``, the fallback): the poll alone, every
-``interval_ms``.
+tailed, degraded partitions, outages). **Poll** (``"poll"``, the default and the fallback): the poll
+alone, every ``interval_ms``. Push is not the default yet: its slower refresh notices a broker
+that stopped answering up to ``feed_refresh_ms`` later, and tests/service/test_answer_bounds.py
+(a long poll answered within max_wait + request timeout + one read) then fails.
 
 The poll (one thread, ``kafka-feed-<name>``), every interval:
 
@@ -496,11 +498,13 @@ def _newest(polled: PartitionFacts, current: PartitionFacts | None) -> Partition
     """The polled facts, keeping a newer high watermark the tail pushed since the poll was sent.
 
     A ListOffsets answer may be older than a fetch response the tail handled meanwhile; high
-    watermarks only grow while a partition is healthy, so the larger one is the newer. An error
-    (deleted, no leader) always wins: it resets what the tail said.
+    watermarks only grow while a partition keeps its leader, so the larger one is the newer. An
+    error (deleted, no leader) or a new leader (which may have truncated what the old one had:
+    tests/kafka/test_replication.py) always wins: it resets what the tail said.
     """
     if (
         current is None
+        or polled.leader != current.leader  # a new leader may have truncated: its answer stands
         or polled.error is not None
         or current.error is not None
         or current.high_watermark is None

@@ -135,6 +135,7 @@ class _Service:
             "PURGATORY_LOG__LEVEL": "WARNING",
             # Waiters must not be answered by the 30 s default clamp while the case runs.
             "PURGATORY_ADMISSION__MAX_WAIT_MS": str(MAX_WAIT_MS),
+            "PURGATORY_KAFKA__FEED_MODE": os.environ.get("PURGATORY_KAFKA__FEED_MODE", "push"),
         }
         self.process = subprocess.Popen(  # our own interpreter and module
             [
