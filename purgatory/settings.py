@@ -46,9 +46,9 @@ from pydantic_settings import (
 from ._errors import PurgatoryError
 
 __all__ = [
-    "AdmissionSettings",
     "BOOTSTRAP_ENV",
     "CONFIG_FILE_ENV",
+    "AdmissionSettings",
     "ConfigError",
     "JournalSettings",
     "KafkaSettings",
@@ -219,7 +219,7 @@ class KafkaSettings(_Section):
 
 
 class AdmissionSettings(_Section):
-    """How many waiters the example service holds (docs/design.md §7): past a limit, 429 + Retry-After.
+    """How many waiters the example service holds (docs/design.md §8): past a limit, 429 + Retry-After.
 
     Memory is bounded by them: at most ``max_waiters`` operations (with their HTTP requests)
     are held, at most ``max_waiters_per_key`` of them on one partition, none longer than

@@ -1,6 +1,6 @@
 """ChangeFeed: follows the facts of the *watched* keys and wakes the purgatories whose keys changed.
 
-Two sources (docs/design.md §7). **Push** (``kafka.feed_mode = "push"``, opt-in for now): a
+Two sources (docs/design.md §8). **Push** (``kafka.feed_mode = "push"``, opt-in for now): a
 :class:`PartitionTail` consumer tails every watched partition; the broker's fetch long poll wakes
 it when records arrive, and each fetch response's high watermark is published at once (see
 ``_pushed``) — a key event costs one fetch response and the operations it completes, with no

@@ -1,4 +1,4 @@
-"""The push feed (docs/design.md §7): watched partitions tailed by a real consumer, on real Kafka.
+"""The push feed (docs/design.md §8): watched partitions tailed by a real consumer, on real Kafka.
 
 Most tests set ``feed_refresh_ms`` to a minute: once the tail follows a partition the feed does
 not poll it again within the test, so a completion can only have come from the tail's push.

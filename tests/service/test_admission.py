@@ -1,4 +1,4 @@
-"""Fan-out and admission (docs/design.md §7): O(1) waiters, per-key and per-process limits, the wait clamp."""
+"""Fan-out and admission (docs/design.md §8): O(1) waiters, per-key and per-process limits, the wait clamp."""
 
 from __future__ import annotations
 
