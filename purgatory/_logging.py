@@ -11,21 +11,39 @@ from typing import Any, Literal
 
 import structlog
 
+from ._secrets import MASK, mask_secret_values
+
 __all__ = ["configure_logging"]
 
 _configured = threading.Lock()
 _done = False
 
-_SECRET_WORDS = ("password", "secret", "sasl_password", "ssl_key_password", "token")
+# Event keys whose values are credentials. Narrower than the settings' secret words: "key" is
+# how log events name a watch key, and must stay readable.
+_SECRET_WORDS = ("password", "secret", "token", "apikey", "api_key", "credential", "jaas")
 
 
 def _mask_secrets(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     # Defence in depth: settings hold credentials as SecretStr, but a caller might log a raw
-    # value under a telling name. Never let it reach a sink.
+    # value under a telling name. Never let it reach a sink. (By value: _masking_values.)
     for key in event:
         if any(word in key.lower() for word in _SECRET_WORDS):
-            event[key] = "**********"
+            event[key] = MASK
     return event
+
+
+def _masking_values(renderer: structlog.typing.Processor) -> structlog.typing.Processor:
+    """``renderer`` whose rendered line has every known secret value masked (purgatory._secrets).
+
+    Applied to the final line, so a secret inside a message, a logged config dict, an error
+    text or a rendered traceback is masked alike, whatever name it travelled under.
+    """
+
+    def render(logger: Any, method: str, event: MutableMapping[str, Any]) -> Any:
+        line = renderer(logger, method, event)
+        return mask_secret_values(line) if isinstance(line, str) else line
+
+    return render
 
 
 class _StderrLogger:
@@ -80,7 +98,7 @@ def configure_logging(
         ]
         if use_json:
             processors.append(structlog.processors.format_exc_info)  # the console renders its own
-        processors.append(renderer)
+        processors.append(_masking_values(renderer))
         structlog.configure(
             processors=processors,
             wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level]),

@@ -34,6 +34,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic_settings import (
@@ -44,6 +45,7 @@ from pydantic_settings import (
 )
 
 from ._errors import PurgatoryError
+from ._secrets import is_secret_name, remember_secret
 
 __all__ = [
     "BOOTSTRAP_ENV",
@@ -55,6 +57,7 @@ __all__ = [
     "LogSettings",
     "PurgatoryOverrides",
     "ScaleOutSettings",
+    "ServiceSettings",
     "Settings",
     "TimerSettings",
     "UnknownSettingWarning",
@@ -87,25 +90,6 @@ OTHER_ENV_VARIABLES = frozenset(
     }
 )
 
-# Parts of a setting or librdkafka property name that mark its value as a credential.
-_SECRET_NAME_PARTS = (
-    "password",
-    "secret",
-    "key.pem",
-    "keystore",
-    "oauthbearer.config",
-    "jaas",
-    "token",
-    "credential",
-    "private",
-)
-
-
-def is_secret_name(name: str) -> bool:
-    """True when a setting or client property called ``name`` holds a credential (never shown)."""
-    lowered = name.lower()
-    return any(part in lowered for part in _SECRET_NAME_PARTS)
-
 
 def _no_bool(value: object) -> object:
     # pydantic's lax mode reads `true` as 1: `max_pending = true` would silently mean 1.
@@ -127,8 +111,26 @@ class UnknownSettingWarning(UserWarning):
     """A ``PURGATORY_*`` environment variable names no setting (probably a misspelling)."""
 
 
+def _secret_values(value: object) -> Iterator[str]:
+    if isinstance(value, SecretStr):
+        yield value.get_secret_value()
+    elif isinstance(value, tuple | list):
+        for item in value:
+            yield from _secret_values(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _secret_values(item)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def model_post_init(self, context: Any, /) -> None:
+        # Every secret a section holds is masked by value from now on (logs, `config show`),
+        # wherever it escapes to: see purgatory._secrets.
+        for name in type(self).model_fields:
+            for secret in _secret_values(getattr(self, name)):
+                remember_secret(secret)
 
 
 class TimerSettings(_Section):
@@ -167,6 +169,12 @@ class KafkaSettings(_Section):
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
     ssl_key_password: SecretStr | None = None
+    # Declared before client_config: its validator reads them.
+    secret_keys: tuple[str, ...] = Field(
+        (),
+        description="client_config keys whose values are credentials, beyond those whose names say so "
+        "(password, secret, key, token, credential, jaas, oauthbearer, private).",
+    )
     client_config: dict[str, str | SecretStr] = Field(
         default_factory=dict,
         description="Extra librdkafka settings passed through (credential-like keys are kept secret).",
@@ -188,11 +196,15 @@ class KafkaSettings(_Section):
 
     @field_validator("client_config", mode="after")
     @classmethod
-    def _hide_passthrough_credentials(cls, value: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
-        # 'sasl.password', 'ssl.key.pem', 'sasl.oauthbearer.config'... passed through must be
-        # as invisible in dumps and reprs as the typed credential fields.
+    def _hide_passthrough_credentials(
+        cls, value: dict[str, str | SecretStr], info: ValidationInfo
+    ) -> dict[str, str | SecretStr]:
+        # 'sasl.password', 'ssl.key.pem', 'sasl.oauthbearer.config', 'my.apikey' and the keys
+        # named in secret_keys, passed through, must be as invisible in dumps and reprs as the
+        # typed credential fields.
+        declared = info.data.get("secret_keys", ())
         return {
-            key: SecretStr(item) if isinstance(item, str) and is_secret_name(key) else item
+            key: SecretStr(item) if isinstance(item, str) and is_secret_name(key, declared) else item
             for key, item in value.items()
         }
 
@@ -311,6 +323,47 @@ class ScaleOutSettings(_Section):
         return value
 
 
+class ServiceSettings(_Section):
+    """The example HTTP service (``purgatory.adapters.service``): limits, authentication, topics.
+
+    Authentication is off until configured: ``auth_tokens`` (clients send ``Authorization:
+    Bearer <token>``) and/or TLS with ``tls_client_auth = "required"`` (every client presents a
+    certificate signed by ``tls_ca_certs``). ``/healthz`` answers everyone, but shows cluster
+    details (bootstrap servers, reachability) only to an authenticated client.
+    """
+
+    max_header_count: PositiveInt = Field(
+        100, description="Requests with more header fields are refused (431)."
+    )
+    max_header_bytes: PositiveInt = Field(
+        16 * 1024,
+        description="Bound on a request's header block (431; h11 refuses larger heads before the app).",
+    )
+    body_read_timeout_ms: PositiveInt = Field(
+        10_000,
+        description="A request body not received in full within this long is answered 408 "
+        "(a Content-Length larger than the body sent holds nothing forever).",
+    )
+    auth_tokens: tuple[SecretStr, ...] = Field(
+        (), description="Bearer tokens accepted (any one); empty: no token authentication."
+    )
+    allowed_topics: tuple[str, ...] = Field(
+        ("*",), description="Glob patterns (fnmatch, case-sensitive) of the topics clients may use."
+    )
+    denied_topics: tuple[str, ...] = Field(
+        ("_*",),
+        description="Glob patterns refused even when allowed (403). Default: names starting with '_' "
+        "(Kafka's __consumer_offsets, __transaction_state; Confluent's _confluent-*, _schemas).",
+    )
+    tls_certfile: str | None = Field(None, description="Serve HTTPS with this certificate chain (PEM).")
+    tls_keyfile: str | None = Field(None, description="Private key of tls_certfile (PEM).")
+    tls_keyfile_password: SecretStr | None = None
+    tls_ca_certs: str | None = Field(None, description="CA bundle that client certificates must chain to.")
+    tls_client_auth: Literal["none", "required"] = Field(
+        "none", description="required: mutual TLS, a client without a valid certificate is refused."
+    )
+
+
 class Settings(BaseSettings):
     """Every setting of the purgatory and its adapters."""
 
@@ -339,6 +392,7 @@ class Settings(BaseSettings):
     journal: JournalSettings = JournalSettings()
     scaleout: ScaleOutSettings = ScaleOutSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    service: ServiceSettings = ServiceSettings()
 
     @classmethod
     def settings_customise_sources(

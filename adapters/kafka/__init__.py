@@ -21,13 +21,16 @@ from ._admin import create_topic, delete_records
 from ._append import Appended, FencedAppender
 from ._calls import KafkaCalls
 from ._clients import FetchedRecord, ProducerRecord, RecordProducer, RecordReader
-from ._config import client_config, redacted
+from ._config import check_client_config, client_config, redacted
 from ._errors import (
     InvalidOffsetError,
+    InvalidTopicError,
     KafkaAdapterError,
+    KafkaConfigError,
     KafkaLauncherError,
     KafkaStartError,
     KafkaUnavailableError,
+    RecordTooLargeError,
     UnknownGroupError,
     UnknownTopicError,
 )
@@ -94,9 +97,11 @@ __all__ = [
     "GroupFacts",
     "GroupPartitionKey",
     "InvalidOffsetError",
+    "InvalidTopicError",
     "KafkaAdapterError",
     "KafkaCalls",
     "KafkaClusterHandle",
+    "KafkaConfigError",
     "KafkaKey",
     "KafkaLauncherError",
     "KafkaOperation",
@@ -120,6 +125,7 @@ __all__ = [
     "ProducerRecord",
     "RecordProducer",
     "RecordReader",
+    "RecordTooLargeError",
     "Redirect",
     "TopicFacts",
     "TopicKey",
@@ -128,6 +134,7 @@ __all__ = [
     "UnknownGroupError",
     "UnknownTopicError",
     "WatchedKeys",
+    "check_client_config",
     "client_config",
     "create_topic",
     "delete_records",

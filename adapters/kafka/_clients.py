@@ -17,12 +17,19 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from purgatory.settings import KafkaSettings
 
 from ._config import client_config
-from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
+from ._errors import (
+    InvalidOffsetError,
+    InvalidTopicError,
+    KafkaAdapterError,
+    KafkaUnavailableError,
+    RecordTooLargeError,
+    UnknownTopicError,
+)
 from ._keys import TopicPartitionKey
 
 __all__ = ["READ_TIMEOUT_S", "FetchedRecord", "ProducerRecord", "RecordProducer", "RecordReader"]
@@ -59,6 +66,10 @@ def _typed(error: KafkaError, what: str) -> KafkaAdapterError:
         return UnknownTopicError(what, detail=error.str())
     if code == KafkaError.OFFSET_OUT_OF_RANGE:
         return InvalidOffsetError(f"{what}: offset out of range ({error.str()})")
+    if code == KafkaError.TOPIC_EXCEPTION:
+        return InvalidTopicError(f"{what}: Kafka refused the topic name ({error.str()})")
+    if code == KafkaError.MSG_SIZE_TOO_LARGE:
+        return RecordTooLargeError(f"{what}: record too large ({error.str()})")
     if code in (
         KafkaError._MSG_TIMED_OUT,
         KafkaError._TRANSPORT,
@@ -129,13 +140,16 @@ class RecordProducer:
             last[key] = max(offset, last.get(key, -1))
 
         for record in records:
+            try:
+                if record.partition is None:
+                    producer.produce(record.topic, value=record.value, key=record.key, on_delivery=delivered)
+                else:
+                    producer.produce(
+                        record.topic, record.value, record.key, record.partition, on_delivery=delivered
+                    )
+            except KafkaException as exc:  # refused before queueing (too large, bad partition): typed
+                raise _typed(exc.args[0], f"topic {record.topic!r}") from None
             outstanding += 1
-            if record.partition is None:
-                producer.produce(record.topic, value=record.value, key=record.key, on_delivery=delivered)
-            else:
-                producer.produce(
-                    record.topic, record.value, record.key, record.partition, on_delivery=delivered
-                )
         deadline = time.monotonic() + timeout_s
         while outstanding > 0 and time.monotonic() < deadline:
             producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))

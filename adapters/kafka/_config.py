@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from purgatory._secrets import MASK, mask_secret_values
 from purgatory.settings import KafkaSettings, is_secret_name
 
-__all__ = ["SECRET_CONFIG_KEYS", "client_config", "redacted"]
+from ._errors import KafkaConfigError
+
+__all__ = ["SECRET_CONFIG_KEYS", "check_client_config", "client_config", "redacted"]
 
 # librdkafka properties whose values are credentials: never logged.
 SECRET_CONFIG_KEYS = frozenset(
@@ -44,7 +47,47 @@ def client_config(
 
 
 def redacted(config: Mapping[str, object]) -> dict[str, object]:
-    """``config`` with every credential replaced by ``**********`` (safe to log)."""
+    """``config`` with every credential replaced by ``**********`` (safe to log).
+
+    By name (the secret words of :func:`is_secret_name`) and by value: a value holding a secret
+    the settings declared (``kafka.secret_keys``, any ``SecretStr``) is masked whatever its key.
+    """
     return {
-        k: ("**********" if k in SECRET_CONFIG_KEYS or is_secret_name(k) else v) for k, v in config.items()
+        k: (
+            MASK
+            if k in SECRET_CONFIG_KEYS or is_secret_name(k)
+            else (mask_secret_values(v) if isinstance(v, str) else v)
+        )
+        for k, v in config.items()
     }
+
+
+# Properties of the Java client that librdkafka does not have: named in the error, with what to
+# set instead, because librdkafka's own message does not name the property.
+_JAVA_ONLY = {
+    "sasl.jaas.config": "set kafka.sasl_mechanism, kafka.sasl_username and kafka.sasl_password instead",
+}
+
+
+def check_client_config(settings: KafkaSettings, bootstrap_servers: str | None = None) -> None:
+    """Raise :class:`KafkaConfigError` if librdkafka refuses the client configuration; no network.
+
+    A client is built from the configuration *without* ``bootstrap.servers`` (so it connects to
+    nothing) and closed: every property name, value and SASL mechanism is checked as the real
+    clients will check it, but at start, where a typo is a clear error rather than a failure of
+    every later request.
+    """
+    from confluent_kafka import KafkaException, Producer
+
+    config = client_config(settings, bootstrap_servers or "unused:0")
+    del config["bootstrap.servers"]
+    for name, hint in _JAVA_ONLY.items():
+        if name in config:
+            raise KafkaConfigError(f"kafka.client_config[{name!r}]: not a librdkafka property; {hint}")
+    try:
+        Producer({**config, "log_level": "0"}).flush(0)
+    except KafkaException as exc:
+        detail = exc.args[0].str() if exc.args else repr(exc)
+        raise KafkaConfigError(
+            f"librdkafka refused the Kafka client settings: {mask_secret_values(detail)}"
+        ) from None

@@ -6,10 +6,13 @@ from purgatory import PurgatoryError
 
 __all__ = [
     "InvalidOffsetError",
+    "InvalidTopicError",
     "KafkaAdapterError",
+    "KafkaConfigError",
     "KafkaLauncherError",
     "KafkaStartError",
     "KafkaUnavailableError",
+    "RecordTooLargeError",
     "UnknownGroupError",
     "UnknownTopicError",
 ]
@@ -51,3 +54,15 @@ class KafkaLauncherError(KafkaAdapterError):
 
 class KafkaStartError(KafkaLauncherError):
     """A node did not come up in time; the message carries the tail of its logs."""
+
+
+class InvalidTopicError(KafkaAdapterError, ValueError):
+    """Kafka refused a topic name (TOPIC_EXCEPTION: ``.``, ``..``, illegal characters, too long)."""
+
+
+class RecordTooLargeError(KafkaAdapterError, ValueError):
+    """A record is larger than the producer's ``message.max.bytes`` or the topic's ``max.message.bytes``."""
+
+
+class KafkaConfigError(KafkaAdapterError, ValueError):
+    """librdkafka refused the client configuration (unknown property, bad value, unsupported SASL)."""

@@ -18,6 +18,7 @@ from purgatory.settings import KafkaSettings
 
 from ._errors import (
     InvalidOffsetError,
+    InvalidTopicError,
     KafkaAdapterError,
     KafkaUnavailableError,
     UnknownGroupError,
@@ -75,7 +76,7 @@ _UNKNOWN_TOPIC_CODES = frozenset(
 class ErrorFact:
     """A per-key failure as a comparable value (exceptions do not compare by value)."""
 
-    kind: Literal["unknown_topic", "unavailable", "invalid_offset", "unknown_group", "other"]
+    kind: Literal["unknown_topic", "unavailable", "invalid_offset", "unknown_group", "invalid_topic", "other"]
     message: str
     topic: str | None = None
     partition: int | None = None
@@ -90,6 +91,8 @@ class ErrorFact:
             return InvalidOffsetError(self.message)
         if self.kind == "unknown_group":
             return UnknownGroupError(self.message)
+        if self.kind == "invalid_topic":
+            return InvalidTopicError(self.message)
         return KafkaAdapterError(self.message)
 
 
@@ -180,6 +183,10 @@ def _error_fact(
         return ErrorFact("invalid_offset", f"offset out of range for {what} ({detail})")
     if code == KafkaError.GROUP_ID_NOT_FOUND:
         return ErrorFact("unknown_group", f"{what}: consumer group not found ({detail})")
+    if code == KafkaError.TOPIC_EXCEPTION:
+        return ErrorFact(
+            "invalid_topic", f"{what}: Kafka refused the topic name ({detail})", topic, partition
+        )
     return ErrorFact("other", f"{what}: {detail}")
 
 

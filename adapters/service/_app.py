@@ -20,11 +20,18 @@ Routes:
 * ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
   (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations) and
   the service's own (shared reads, change feed polls, Kafka reachability).
-* ``GET /healthz`` — 200 while serving, 503 before start and while draining.
+* ``GET /healthz`` — 200 while serving, 503 before start and while draining; Kafka details
+  (bootstrap servers, reachability) only for an authenticated client.
 
 Errors are JSON ``{"error": CODE, "field": name, "message": why}`` with a 4xx status for the
-client's mistakes (400 bad parameter or body, 404 unknown topic/partition, 413 body too large,
-415 not JSON, 416 offset out of range) and 503 when Kafka or the purgatory cannot take it.
+client's mistakes (400 bad parameter or body, 401 not authenticated, 403 topic not allowed, 404
+unknown topic/partition, 408 body not received in time, 413 body or record too large, 415 not
+JSON, 416 offset out of range, 431 too many or too large header fields) and 503 when Kafka or the
+purgatory cannot take it. No crafted request reaches a 500: what no route expected is still a
+JSON 500 on a connection that stays usable (:class:`._guards.CatchAll`), and a bug.
+
+Authentication (bearer tokens, mutual TLS) and the topic policy: :mod:`._auth`; request-head
+limits and the catch-all: :mod:`._guards`; TLS and parser limits of uvicorn itself: :mod:`._server`.
 
 Scale-out (``scaleout.enabled``, :mod:`._scaleout`): a request for a partition owned by another
 instance is answered 307 to it (or forwarded), 503 + Retry-After while it has no owner; an
@@ -54,6 +61,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -61,16 +69,31 @@ from starlette.routing import Route
 from purgatory.metrics import register_metrics
 from purgatory.settings import Settings, load_settings
 
-from ..kafka import DelayedFetch, DelayedProduce, ErrorCode, FetchedRecord
+from ..kafka import DelayedFetch, DelayedProduce, ErrorCode, FetchedRecord, check_client_config
+from ._auth import Authenticator, RequireAuth, TopicPolicy, is_authenticated
 from ._errors import RequestError, from_validation_error
-from ._gateway import Gateway
+from ._gateway import Gateway, resolve_bootstrap
+from ._guards import CatchAll, HeaderLimits, UnexpectedErrors
 from ._metrics import ServiceCollector
-from ._requests import MAX_PRODUCE_BODY_BYTES, TOPIC_PATTERN, FetchParams, ProduceRequest
+from ._requests import (
+    MAX_PARTITION,
+    MAX_PRODUCE_BODY_BYTES,
+    TOPIC_PATTERN,
+    FetchParams,
+    ProduceRequest,
+)
 from ._scaleout import ScaleOut, ScaleOutCollector, parse_offsets, release_on_shutdown
 
 __all__ = ["create_app"]
 
 _TOPIC = re.compile(TOPIC_PATTERN)
+# Kafka refuses "." and ".." although their characters are legal (Topic.validate): they would
+# come back from the broker as TOPIC_EXCEPTION. ("%2e%2e" in a path arrives here as "..".)
+_DOT_TOPICS = frozenset({".", ".."})
+# A partition in the path: ASCII digits only. str.isdigit() also accepts superscript two (U+00B2),
+# Arabic-Indic three (U+0663) and fullwidth three (U+FF13); int() fails on the first (a 500 once)
+# and reads the others as 3: a request would silently name another partition.
+_PARTITION = re.compile(r"[0-9]{1,10}")
 T = TypeVar("T")
 # nginx's "client closed request": logged by the server, never delivered to the departed client.
 CLIENT_CLOSED_REQUEST = 499
@@ -85,18 +108,23 @@ def _gateway(request: Request) -> Gateway:
 
 def _topic(request: Request) -> str:
     topic = str(request.path_params["topic"])
-    if not _TOPIC.match(topic):
+    if not _TOPIC.match(topic) or topic in _DOT_TOPICS:
         raise RequestError(
             400, "INVALID_TOPIC_EXCEPTION", "topic",
-            f"topic {topic!r} is not a legal Kafka topic name ([a-zA-Z0-9._-], 1-249 chars)",
+            f"topic {topic!r} is not a legal Kafka topic name ([a-zA-Z0-9._-], 1-249 chars, not . or ..)",
         )  # fmt: skip
+    policy: TopicPolicy = request.app.state.topic_policy
+    policy.check(topic)
     return topic
 
 
 def _partition(request: Request) -> int:
     raw = str(request.path_params["partition"])
-    if not raw.isdigit():
-        raise RequestError(400, "INVALID_REQUEST", "partition", f"partition must be an int >= 0, got {raw!r}")
+    if not _PARTITION.fullmatch(raw) or int(raw) > MAX_PARTITION:
+        raise RequestError(
+            400, "INVALID_REQUEST", "partition",
+            f"partition must be an int in [0, {MAX_PARTITION}] written in ASCII digits, got {raw!r}",
+        )  # fmt: skip
     return int(raw)
 
 
@@ -238,17 +266,9 @@ async def produce_records(request: Request) -> Response:
         raise RequestError(
             413, "RECORD_LIST_TOO_LARGE", "body", f"body exceeds {MAX_PRODUCE_BODY_BYTES} bytes"
         )
-    body = bytearray()
-    async for chunk in request.stream():  # bounded even when Content-Length is absent or wrong
-        body += chunk
-        if len(body) > MAX_PRODUCE_BODY_BYTES:
-            raise RequestError(
-                413, "RECORD_LIST_TOO_LARGE", "body", f"body exceeds {MAX_PRODUCE_BODY_BYTES} bytes"
-            )
-    try:
-        document = json.loads(body)
-    except ValueError as exc:
-        raise RequestError(400, "INVALID_REQUEST", "body", f"body is not valid JSON: {exc}") from None
+    settings: Settings = request.app.state.settings
+    body = await _read_body(request, settings.service.body_read_timeout_ms)
+    document = _parse_json(body)
     try:
         produce = ProduceRequest.model_validate(document)
     except ValidationError as exc:
@@ -317,6 +337,52 @@ async def owners(request: Request) -> Response:
     return JSONResponse(gateway.scaleout.owners_json())
 
 
+async def _read_body(request: Request, timeout_ms: int) -> bytes:
+    """The request body, at most ``MAX_PRODUCE_BODY_BYTES``, received in full within ``timeout_ms``.
+
+    A client announcing more than it sends (Content-Length larger than the body, or a body
+    trickled byte by byte) would otherwise hold the connection and this handler forever.
+    """
+    body = bytearray()
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout_ms / 1000):
+            async for chunk in request.stream():  # bounded even when Content-Length is absent or wrong
+                body += chunk
+                if len(body) > MAX_PRODUCE_BODY_BYTES:
+                    raise RequestError(
+                        413, "RECORD_LIST_TOO_LARGE", "body", f"body exceeds {MAX_PRODUCE_BODY_BYTES} bytes"
+                    )
+    except TimeoutError:
+        raise RequestError(
+            408,
+            "REQUEST_TIMEOUT",
+            "body",
+            f"{len(body)} body byte(s) received in {time.monotonic() - started:.1f} s; "
+            f"the whole body must arrive within {timeout_ms} ms",
+            # The rest of the body may still come: the connection cannot carry another request.
+            headers={"Connection": "close"},
+        ) from None
+    return bytes(body)
+
+
+def _parse_json(body: bytes) -> Any:
+    """The body as JSON; a 400 naming ``body`` for anything that is not (including deep nesting).
+
+    NaN and Infinity are parsed (as floats) so that the model refuses them *naming their field*;
+    a lone surrogate parses to a Python str the model refuses the same way (``_requests``).
+    """
+    try:
+        return json.loads(body)
+    except RecursionError:
+        # ~1000 levels of [ or { (the interpreter's recursion limit): no legal body nests past 3.
+        raise RequestError(
+            400, "INVALID_REQUEST", "body", "body is nested too deeply to be a produce request"
+        ) from None
+    except ValueError as exc:  # includes UnicodeDecodeError and integers of more than 4300 digits
+        raise RequestError(400, "INVALID_REQUEST", "body", f"body is not valid JSON: {exc}") from None
+
+
 async def metrics(request: Request) -> Response:
     registry: CollectorRegistry = request.app.state.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -326,19 +392,20 @@ async def healthz(request: Request) -> Response:
     gateway: Gateway | None = getattr(request.app.state, "gateway", None)
     if gateway is None or not gateway.serving:
         return JSONResponse({"status": "unavailable"}, status_code=503)
-    return JSONResponse(
-        {
-            "status": "ok",
-            "kafka": {
-                "bootstrap_servers": gateway.bootstrap_servers,
-                "unavailable": gateway.feed.unavailable,
-            },
-            "purgatories": {
-                p.name: {"PurgatorySize": p.watched(), "NumDelayedOperations": p.num_delayed()}
-                for p in gateway.purgatories
-            },
+    body: dict[str, Any] = {
+        "status": "ok",
+        "purgatories": {
+            p.name: {"PurgatorySize": p.watched(), "NumDelayedOperations": p.num_delayed()}
+            for p in gateway.purgatories
+        },
+    }
+    if is_authenticated(request.scope):
+        # Where the cluster is and what failed reaching it: for authenticated clients only.
+        body["kafka"] = {
+            "bootstrap_servers": gateway.bootstrap_servers,
+            "unavailable": gateway.feed.unavailable,
         }
-    )
+    return JSONResponse(body)
 
 
 async def _request_error(request: Request, exc: Exception) -> Response:
@@ -357,12 +424,21 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     """The service as an ASGI app; settings are loaded at startup when not given.
 
     ``uvicorn --factory purgatory.adapters.service:create_app`` runs it with the environment's
-    settings (``PURGATORY_*``, ``PURGATORY_CONFIG_FILE``).
+    settings (``PURGATORY_*``, ``PURGATORY_CONFIG_FILE``); uvicorn's own limits and TLS then come
+    from its command line, while :class:`._server.BackgroundServer` takes them from the settings.
+
+    Raises :class:`ConfigError` / :class:`KafkaConfigError` at once for settings that could not
+    serve a single request (no cluster named, a Kafka client property librdkafka refuses, a
+    SASL mechanism it does not support): a clear error at start, not a failure of every request.
     """
+    settings = settings if settings is not None else load_settings()
+    check_client_config(settings.kafka, resolve_bootstrap(settings, bootstrap_servers))
+    service = settings.service
+    unexpected = UnexpectedErrors()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        gateway = Gateway(settings if settings is not None else load_settings(), bootstrap_servers)
+        gateway = Gateway(settings, bootstrap_servers)
         gateway.start()
         app.state.gateway = gateway
         app.state.release = lambda: release_on_shutdown(gateway.scaleout)
@@ -384,8 +460,22 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
             Route("/healthz", healthz, methods=["GET"]),
         ],
         exception_handlers={RequestError: _request_error, HTTPException: _http_error},
+        # Outermost first: limits before anything reads headers, authentication before routing,
+        # the catch-all innermost, around the routes (outside them: Starlette's 500 + close).
+        middleware=[
+            Middleware(
+                HeaderLimits,
+                max_header_count=service.max_header_count,
+                max_header_bytes=service.max_header_bytes,
+            ),
+            Middleware(RequireAuth, authenticator=Authenticator(service)),
+            Middleware(CatchAll, errors=unexpected),
+        ],
         lifespan=lifespan,
     )
+    app.state.settings = settings
+    app.state.topic_policy = TopicPolicy(service)
+    app.state.unexpected_errors = unexpected
     # One registry per app: the collectors read every live purgatory and the gateway at scrape time.
     app.state.registry = CollectorRegistry()
     register_metrics(app.state.registry)

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import ValidationError
 
-__all__ = ["RequestError", "from_validation_error"]
+__all__ = ["RequestError", "from_validation_error", "json_safe_text"]
+
+MAX_ECHOED_VALUE_CHARS = 80  # echo short values only: a client's 4 MiB body is not worth repeating
+
+
+def json_safe_text(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (``"\\ud800"`` in a client's JSON, or a
+    JSON object key) becomes its escape, so rendering an error about it cannot fail in turn."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _echoable(value: Any) -> Any:
+    """``value`` if it is short and renders as strict JSON (finite numbers, UTF-8 text), else None."""
+    if isinstance(value, bool | int):
+        return value if abs(value) < 10**MAX_ECHOED_VALUE_CHARS else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None  # NaN and Infinity are not JSON
+    if isinstance(value, str) and len(value) <= MAX_ECHOED_VALUE_CHARS:
+        return json_safe_text(value)
+    return None
 
 
 class RequestError(Exception):
@@ -29,9 +49,10 @@ class RequestError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
-        self.field = field
-        self.message = message
-        self.value = value
+        # Field names and messages may quote what the client sent: kept renderable as JSON.
+        self.field = None if field is None else json_safe_text(field)
+        self.message = json_safe_text(message)
+        self.value = _echoable(value)
         self.headers = headers  # e.g. Retry-After of a 429
 
     def body(self) -> dict[str, Any]:
@@ -39,9 +60,6 @@ class RequestError(Exception):
         if self.value is not None:
             out["value"] = self.value
         return out
-
-
-MAX_ECHOED_VALUE_CHARS = 80  # echo short values only: a client's 4 MiB body is not worth repeating
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -56,13 +74,7 @@ def from_validation_error(error: ValidationError, *, where: str) -> RequestError
     """The first problem pydantic found, as a 400 naming its field (``where``: query, body)."""
     first = error.errors()[0]
     field = _location(tuple(first["loc"])) or where
-    value = first.get("input")
-    shown = (
-        value
-        if isinstance(value, int | float | bool)
-        or (isinstance(value, str) and len(value) <= MAX_ECHOED_VALUE_CHARS)
-        else None
-    )
+    shown = first.get("input")  # echoed only when short and strict JSON (RequestError)
     message = f"{field}: {first['msg']}"
     if len(error.errors()) > 1:
         message += f" (and {len(error.errors()) - 1} more problem(s))"

@@ -55,10 +55,13 @@ from ..kafka import (
     DelayedProduce,
     ErrorCode,
     FencedAppender,
+    InvalidTopicError,
+    KafkaAdapterError,
     KafkaCalls,
     KafkaUnavailableError,
     ProducerRecord,
     RecordProducer,
+    RecordTooLargeError,
     TopicKey,
     TopicPartitionKey,
     UnknownTopicError,
@@ -89,6 +92,10 @@ READ_THREADS, READ_BACKLOG = 4, 1024
 # reader's READ_TIMEOUT_S when the record cache misses): a few, so a burst of catching-up
 # consumers cannot take every core. Queued attempts are bounded by admission.max_waiters.
 FETCH_ATTEMPT_THREADS = 4
+# librdkafka refuses a record whose key + value exceed the producer's message.max.bytes (this
+# default unless kafka.client_config sets it): checked for every record before any is appended,
+# so a request is refused whole (413) rather than half appended.
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 
 
 def resolve_bootstrap(settings: Settings, bootstrap_servers: str | None = None) -> str:
@@ -152,6 +159,9 @@ class Gateway:
         # The one attempt of a fetch whose records are already there (OffLoopFetch).
         self._attempts = ThreadPoolExecutor(FETCH_ATTEMPT_THREADS, thread_name_prefix="fetch-attempt")
         self._gc_before: tuple[int, int, int] | None = None
+        self.message_max_bytes = int(
+            kafka.client_config_values().get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)
+        )
         self.serving = False
         # Scale-out (docs/design.md §7): this instance serves only the partitions its group assigns it.
         self.scaleout: ScaleOut | None = (
@@ -236,8 +246,8 @@ class Gateway:
             raise RequestError(
                 404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", f"topic {topic!r} does not exist", value=topic
             ) from None
-        except KafkaUnavailableError as exc:
-            raise _unavailable(exc) from None
+        except KafkaAdapterError as exc:
+            raise _kafka_error(exc, topic) from None
         count = len(facts[key].leaders)
         self._topics[topic] = _TopicMeta(count, now)
         return count
@@ -279,8 +289,8 @@ class Gateway:
             pending.add_done_callback(lambda _: self._hw_requests.pop(key, None))
         try:
             return (await asyncio.shield(pending))[key]
-        except KafkaUnavailableError as exc:
-            raise _unavailable(exc) from None
+        except KafkaAdapterError as exc:
+            raise _kafka_error(exc, key.topic) from None
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -314,6 +324,8 @@ class Gateway:
         if op.statuses[key] is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
             self._topics.pop(topic, None)
             raise RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "partition", str(op.error), value=partition)
+        if params.offset is not None and op.outcome is Outcome.EXPIRED and not op.records[key]:
+            await self._check_offset_in_range(key, params.offset)
         return op
 
     def _clamped_wait_ms(self, requested: int | None) -> int:
@@ -325,10 +337,59 @@ class Gateway:
         wait = self.settings.kafka.fetch_max_wait_ms if requested is None else requested
         return min(wait, self.settings.admission.max_wait_ms)
 
+    async def _check_offset_in_range(self, key: TopicPartitionKey, offset: int) -> None:
+        """416 unless ``offset`` lies in the partition's ``[log start, high watermark]``.
+
+        A fetch that expired before the change feed first reported its partition (``max_wait_ms``
+        0 or 1) never had its offset checked: it would answer EXPIRED with no error however far
+        past the end the offset was, while a longer wait answers 416. Kafka validates the fetch
+        offset before a fetch waits at all; here the check costs a round trip only when the feed
+        cannot vouch for the offset (an expired poll at the end of the log does not pay it).
+        """
+        facts = self.feed.partition(key)
+        if facts is not None:
+            start, high = facts.log_start_offset, facts.high_watermark
+            if start is not None and high is not None and start <= offset <= high:
+                return
+        what = f"ListOffsets({key.label})"
+        try:
+            timeout_s = self._metadata_timeout_s
+            high = (
+                await self.metadata_calls.run(
+                    self.view.high_watermarks, [key], timeout_s=timeout_s, what=what
+                )
+            )[key]
+            start = (
+                await self.metadata_calls.run(
+                    self.view.log_start_offsets, [key], timeout_s=timeout_s, what=what
+                )
+            )[key]
+        except KafkaAdapterError as exc:
+            raise _kafka_error(exc, key.topic) from None
+        if not start <= offset <= high:
+            raise RequestError(
+                416,
+                "OFFSET_OUT_OF_RANGE",
+                "offset",
+                f"fetch offset {offset} of {key.label} is out of range "
+                f"[log start {start}, high watermark {high}]",
+                value=offset,
+            )
+
     async def produce(self, topic: str, request: ProduceRequest) -> DelayedProduce:
         """Append the records (acks=1), then wait until every in-sync replica has them (or time out)."""
         count = await self.partitions(topic)
         for i, record in enumerate(request.records):
+            size = len(record.value.encode()) if record.value is not None else 0
+            size += len(record.key.encode()) if record.key is not None else 0
+            if size > self.message_max_bytes:
+                raise RequestError(
+                    413,
+                    "MESSAGE_TOO_LARGE",
+                    f"records[{i}].value",
+                    f"record {i} has {size} bytes of key and value, more than the producer's "
+                    f"message.max.bytes ({self.message_max_bytes}); nothing was appended",
+                )
             if record.partition is not None and record.partition >= count:
                 raise RequestError(
                     404,
@@ -358,8 +419,8 @@ class Gateway:
         except UnknownTopicError as exc:
             self._topics.pop(topic, None)
             raise RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", str(exc), value=topic) from None
-        except KafkaUnavailableError as exc:
-            raise _unavailable(exc) from None
+        except KafkaAdapterError as exc:
+            raise _kafka_error(exc, topic) from None
         return await self._wait_replicated(appended, request.timeout_ms)
 
     async def await_replicated(
@@ -429,5 +490,18 @@ class Gateway:
             raise RequestError(503, "SHUTTING_DOWN", None, "the service is shutting down") from None
 
 
-def _unavailable(exc: KafkaUnavailableError) -> RequestError:
-    return RequestError(503, "KAFKA_UNAVAILABLE", None, str(exc))
+def _kafka_error(exc: KafkaAdapterError, topic: str) -> RequestError:
+    """A Kafka error as the client's answer: its own mistake a 4xx naming the field, else 503.
+
+    Never a 500: whatever Kafka answered, the service itself is working.
+    """
+    if isinstance(exc, UnknownTopicError):
+        return RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", str(exc), value=topic)
+    if isinstance(exc, InvalidTopicError):
+        return RequestError(400, "INVALID_TOPIC_EXCEPTION", "topic", str(exc), value=topic)
+    if isinstance(exc, RecordTooLargeError):
+        # Larger than the topic's max.message.bytes (the producer's own limit is checked first).
+        return RequestError(413, "MESSAGE_TOO_LARGE", "records", str(exc))
+    if isinstance(exc, KafkaUnavailableError):
+        return RequestError(503, "KAFKA_UNAVAILABLE", None, str(exc))
+    return RequestError(503, "KAFKA_ERROR", None, f"Kafka refused the request: {exc}")

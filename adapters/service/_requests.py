@@ -7,10 +7,14 @@ the field, never an allocation or a wait without end).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 __all__ = [
     "MAX_FETCH_BYTES",
+    "MAX_OFFSET",
+    "MAX_PARTITION",
     "MAX_PRODUCE_BODY_BYTES",
     "MAX_PRODUCE_TIMEOUT_MS",
     "MAX_RECORDS_PER_PRODUCE",
@@ -34,6 +38,25 @@ DEFAULT_FETCH_BYTES = 1024 * 1024  # Kafka's max.partition.fetch.bytes default
 MAX_PRODUCE_BODY_BYTES = 4 * 1024 * 1024
 MAX_RECORDS_PER_PRODUCE = 10_000  # one request, one DelayedProduce: keep its offsets map small
 MAX_PRODUCE_TIMEOUT_MS = 300_000  # 10x Kafka's 30 s request.timeout.ms default
+# Kafka's wire types: offsets are int64, partitions int32. Larger numbers are refused here, not
+# handed to librdkafka (which would overflow converting them).
+MAX_OFFSET = 2**63 - 1
+MAX_PARTITION = 2**31 - 1
+
+
+def _utf8(text: str) -> str:
+    # JSON may spell a lone surrogate ("\ud800"): a Python str, but no UTF-8 bytes to send.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"is not valid Unicode text: lone surrogate U+{ord(text[exc.start]):04X} at index {exc.start}"
+        ) from None
+    return text
+
+
+# Record text: any JSON string that has a UTF-8 encoding.
+Utf8Text = Annotated[str, AfterValidator(_utf8)]
 
 
 class _Strict(BaseModel):
@@ -44,7 +67,10 @@ class FetchParams(_Strict):
     """Query of ``GET /topics/{topic}/partitions/{p}/records`` (names as Kafka's FetchRequest)."""
 
     offset: int | None = Field(
-        None, ge=0, description="First offset to return; omitted: the high watermark (new records only)."
+        None,
+        ge=0,
+        le=MAX_OFFSET,
+        description="First offset to return; omitted: the high watermark (new records only).",
     )
     max_wait_ms: int | None = Field(
         None, ge=0, le=MAX_WAIT_MS_LIMIT, description="Longest wait (default: kafka.fetch_max_wait_ms)."
@@ -69,18 +95,24 @@ class FetchParams(_Strict):
 
 
 class ProduceRecordIn(_Strict):
-    """One record of a produce body; key and value are UTF-8 text (``null`` for none)."""
+    """One record of a produce body; key and value are UTF-8 text (``null`` for none).
 
-    value: str | None
-    key: str | None = None
-    partition: int | None = Field(None, ge=0, description="Omitted: the producer's partitioner chooses.")
+    Numbers are strict JSON integers: ``true``, ``1.0`` or ``"1"`` as a partition is refused,
+    not read as 1.
+    """
+
+    value: Utf8Text | None
+    key: Utf8Text | None = None
+    partition: StrictInt | None = Field(
+        None, ge=0, le=MAX_PARTITION, description="Omitted: the producer's partitioner chooses."
+    )
 
 
 class ProduceRequest(_Strict):
     """Body of ``POST /topics/{topic}/records``."""
 
     records: list[ProduceRecordIn] = Field(min_length=1, max_length=MAX_RECORDS_PER_PRODUCE)
-    timeout_ms: int | None = Field(
+    timeout_ms: StrictInt | None = Field(
         None,
         gt=0,
         le=MAX_PRODUCE_TIMEOUT_MS,

@@ -5,6 +5,9 @@ chooses (port 0: no race between picking a free port and binding it), returns on
 lifespan startup finished, and on exit asks uvicorn to stop (graceful: open requests finish, then
 the lifespan shutdown drains the purgatories) and joins the thread, both bounded.
 
+The ``service.*`` settings of the app (``app.state.settings``) shape uvicorn itself
+(:func:`uvicorn_options`): TLS, mutual TLS, and h11's bound on a request head.
+
 Concurrency contract: start and stop from one thread. uvicorn installs no signal handlers off
 the main thread, so Ctrl-C still reaches the caller.
 """
@@ -12,6 +15,7 @@ the main thread, so Ctrl-C still reaches the caller.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from types import TracebackType
@@ -20,7 +24,9 @@ from typing import Any, Self
 import structlog
 import uvicorn
 
-__all__ = ["BackgroundServer", "ReleasingServer", "ServerStartError"]
+from purgatory.settings import ServiceSettings
+
+__all__ = ["BackgroundServer", "ReleasingServer", "ServerStartError", "uvicorn_options"]
 
 START_TIMEOUT_S = 30.0  # lifespan startup builds clients only (no Kafka round trip): seconds at most
 STOP_TIMEOUT_S = 30.0  # graceful shutdown (bounded below) plus the purgatories' drain
@@ -28,6 +34,31 @@ GRACEFUL_SHUTDOWN_S = 5  # open long polls get this long to finish before uvicor
 _log = structlog.get_logger("purgatory.service")
 
 STARTED_POLL_S = 0.02  # uvicorn exposes startup as a flag, not an event: poll it, bounded
+
+
+def uvicorn_options(service: ServiceSettings) -> dict[str, Any]:
+    """``uvicorn.Config`` keyword arguments from the ``service.*`` settings.
+
+    The same options exist on uvicorn's command line (``--ssl-certfile``, ``--ssl-keyfile``,
+    ``--ssl-ca-certs``, ``--ssl-cert-reqs 2``, ``--h11-max-incomplete-event-size``) for
+    ``uvicorn --factory purgatory.adapters.service:create_app``.
+    """
+    options: dict[str, Any] = {
+        # h11 buffers at most this much of an incomplete request head (request line and header
+        # fields) and refuses the rest; the app's HeaderLimits then holds the same bound in JSON.
+        "h11_max_incomplete_event_size": service.max_header_bytes,
+    }
+    if service.tls_certfile is not None:
+        options |= {
+            "ssl_certfile": service.tls_certfile,
+            "ssl_keyfile": service.tls_keyfile,
+            "ssl_keyfile_password": (
+                service.tls_keyfile_password.get_secret_value() if service.tls_keyfile_password else None
+            ),
+            "ssl_ca_certs": service.tls_ca_certs,
+            "ssl_cert_reqs": ssl.CERT_REQUIRED if service.tls_client_auth == "required" else ssl.CERT_NONE,
+        }
+    return options
 
 
 class ReleasingServer(uvicorn.Server):
@@ -67,6 +98,8 @@ class BackgroundServer:
         log_level: str = "warning",
         graceful_shutdown_s: int = GRACEFUL_SHUTDOWN_S,
     ) -> None:
+        settings = getattr(getattr(app, "state", None), "settings", None)
+        service: ServiceSettings = settings.service if settings is not None else ServiceSettings()
         config = uvicorn.Config(
             app,
             host=host,
@@ -74,8 +107,10 @@ class BackgroundServer:
             log_level=log_level,
             lifespan="on",
             timeout_graceful_shutdown=graceful_shutdown_s,
+            **uvicorn_options(service),
         )
         self.server: uvicorn.Server = ReleasingServer(config)
+        self.scheme = "https" if service.tls_certfile is not None else "http"
         self.host = host
         self.port = port
         self._thread: threading.Thread | None = None
@@ -83,7 +118,7 @@ class BackgroundServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def _serve(self) -> None:
         try:

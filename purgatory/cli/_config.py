@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from .._secrets import mask_secret_values
 from ..settings import ConfigError, Settings, load_settings, setting_origins
 
 app = typer.Typer(help="Inspect settings.", no_args_is_help=True)
@@ -33,15 +34,16 @@ def show(
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
-    # mode="json" renders SecretStr as "**********": secrets never reach the terminal.
+    # mode="json" renders SecretStr as "**********" (masked by name); a secret value that also
+    # sits in a field not named as one (a username equal to a token...) is masked by value.
     shown = settings.model_dump(mode="json")
     origins = setting_origins(settings, config_file)
     if sources:
         values = dict(_leaves(shown))
         for name, origin in origins.items():
-            typer.echo(f"{name} = {json.dumps(values.get(name))}  # {origin}")
+            typer.echo(mask_secret_values(f"{name} = {json.dumps(values.get(name))}  # {origin}"))
         return
-    typer.echo(json.dumps(shown, indent=2))
+    typer.echo(mask_secret_values(json.dumps(shown, indent=2)))
     for name, origin in origins.items():
         if origin != "default":
             typer.echo(f"# {name}: {origin}", err=True)
