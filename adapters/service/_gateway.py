@@ -380,13 +380,13 @@ class Gateway:
         """Append the records (acks=1), then wait until every in-sync replica has them (or time out)."""
         count = await self.partitions(topic)
         for i, record in enumerate(request.records):
-            size = len(record.value.encode()) if record.value is not None else 0
-            size += len(record.key.encode()) if record.key is not None else 0
-            if size > self.message_max_bytes:
+            value = len(record.value.encode()) if record.value is not None else 0
+            key = len(record.key.encode()) if record.key is not None else 0
+            if (size := key + value) > self.message_max_bytes:
                 raise RequestError(
                     413,
                     "MESSAGE_TOO_LARGE",
-                    f"records[{i}].value",
+                    f"records[{i}].{'key' if key > value else 'value'}",
                     f"record {i} has {size} bytes of key and value, more than the producer's "
                     f"message.max.bytes ({self.message_max_bytes}); nothing was appended",
                 )
