@@ -23,7 +23,7 @@ __all__ = ["MASK", "MIN_MASKED_CHARS", "is_secret_name", "mask_secret_values", "
 MASK = "**********"  # what pydantic shows for a SecretStr: one look for every masked value
 # Shorter values are not masked by value: replacing every "ab" in every log line would make the
 # logs unreadable and protect nothing a guesser could not try anyway.
-MIN_MASKED_CHARS = 4
+MIN_MASKED_CHARS = 6
 
 # Words that mark a setting or librdkafka property name as holding a credential, matched
 # anywhere in the lower-cased name: "key" covers my.apikey, api_key, ssl.key.pem, keystore;

@@ -36,6 +36,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -362,6 +363,13 @@ class ServiceSettings(_Section):
     tls_client_auth: Literal["none", "required"] = Field(
         "none", description="required: mutual TLS, a client without a valid certificate is refused."
     )
+
+    @model_validator(mode="after")
+    def _mutual_tls_is_complete(self) -> ServiceSettings:
+        # "required" without a server certificate or a CA would serve plain HTTP unauthenticated.
+        if self.tls_client_auth == "required" and (self.tls_certfile is None or self.tls_ca_certs is None):
+            raise ValueError("tls_client_auth = 'required' needs tls_certfile and tls_ca_certs")
+        return self
 
 
 class Settings(BaseSettings):
