@@ -36,7 +36,6 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -364,12 +363,16 @@ class ServiceSettings(_Section):
         "none", description="required: mutual TLS, a client without a valid certificate is refused."
     )
 
-    @model_validator(mode="after")
-    def _mutual_tls_is_complete(self) -> ServiceSettings:
+    @field_validator("tls_client_auth")
+    @classmethod
+    def _mutual_tls_is_complete(cls, value: str, info: ValidationInfo) -> str:
         # "required" without a server certificate or a CA would serve plain HTTP unauthenticated.
-        if self.tls_client_auth == "required" and (self.tls_certfile is None or self.tls_ca_certs is None):
-            raise ValueError("tls_client_auth = 'required' needs tls_certfile and tls_ca_certs")
-        return self
+        # (A field validator, not a model one: the error then quotes this value, not the
+        # section's, which may hold the tokens.)
+        missing = [name for name in ("tls_certfile", "tls_ca_certs") if info.data.get(name) is None]
+        if value == "required" and missing:
+            raise ValueError(f"'required' needs {' and '.join(missing)}")
+        return value
 
 
 class Settings(BaseSettings):
