@@ -9,7 +9,9 @@ change feed (one batched admin request per kind of fact per interval) completes 
 
 Before submitting, the topic and partition are checked against cached metadata (one
 DescribeTopics per topic per ``METADATA_MAX_AGE_S``), so an unknown topic or partition is a 404
-naming the field, not an operation that waits in vain.
+naming the field, not an operation that waits in vain. Whatever Kafka answers becomes the
+client's answer, never a 500 (:func:`_kafka_error`): an unknown topic 404, a name Kafka refuses
+400, a record over the topic's ``max.message.bytes`` 413, anything else 503.
 
 Answer bounds (each Kafka call has its own deadline, see :class:`KafkaCalls`): a produce is
 answered within ``kafka.append_timeout_ms`` (metadata, leader epochs and the leader's append
