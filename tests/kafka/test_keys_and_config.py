@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 import pytest
 import structlog
@@ -16,6 +17,7 @@ from purgatory.adapters.kafka import (
 )
 from pydantic import SecretStr
 
+from purgatory._secrets import MASK as MASKED
 from purgatory.settings import KafkaSettings
 
 
@@ -68,3 +70,16 @@ def test_the_cluster_view_never_logs_the_password() -> None:
         ClusterView(settings).admin  # noqa: B018 — creating the client logs its (redacted) config
     assert logs, "the connection is logged"
     assert "hunter2" not in repr(logs)
+
+
+def test_redacted_client_configs_mask_declared_secret_keys_by_value() -> None:
+    custom = f"custom-{uuid.uuid4().hex}"
+    kafka = KafkaSettings(
+        bootstrap_servers="127.0.0.1:1",
+        client_config={"vendor.thing": custom, "my.apikey": f"apikey-{uuid.uuid4().hex}"},
+        secret_keys=("vendor.thing",),
+    )
+    shown = redacted(client_config(kafka))
+    assert shown["vendor.thing"] == MASKED and shown["my.apikey"] == MASKED
+    assert shown["bootstrap.servers"] == "127.0.0.1:1"
+    assert client_config(kafka)["vendor.thing"] == custom, "the client itself still gets the value"

@@ -33,7 +33,7 @@ from purgatory.adapters.service._requests import MAX_PRODUCE_BODY_BYTES
 from purgatory.adapters.service._server import BackgroundServer
 
 from purgatory.settings import KafkaSettings, Settings
-from tests.integration.kafka_fixtures import create_topic
+from tests.kafka.kafka_fixtures import create_topic
 
 from .conftest import Service
 
