@@ -72,7 +72,7 @@ def test_config_show_masks_my_apikey_and_declared_secret_keys(clean_env: pytest.
     result = runner.invoke(app, ["config", "show"])
     assert result.exit_code == 0, result.output
     assert apikey not in result.output and custom not in result.output
-    shown = json.loads(result.output)["kafka"]["client_config"]
+    shown = json.loads(result.stdout)["kafka"]["client_config"]
     assert shown == {"my.apikey": MASK, "vendor.thing": MASK, "client.id": plain}
 
 
@@ -83,7 +83,7 @@ def test_a_secret_value_is_masked_in_config_show_under_any_name(clean_env: pytes
     result = runner.invoke(app, ["config", "show"])
     assert result.exit_code == 0, result.output
     assert token not in result.output
-    assert json.loads(result.output)["kafka"]["sasl_username"] == MASK
+    assert json.loads(result.stdout)["kafka"]["sasl_username"] == MASK
 
 
 def test_settings_secrets_are_masked_by_value_in_any_text() -> None:
