@@ -1,4 +1,4 @@
-"""The examples/ run against real Kafka: the FastAPI orders service and the billing consumer."""
+"""The examples/ run against real Kafka: the FastAPI orders service and the aiokafka billing consumer."""
 
 from __future__ import annotations
 
