@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import pydoc
 
 import pytest
@@ -110,7 +111,10 @@ def test_connect_applies_log_format_json_from_the_settings() -> None:
     try:
         KafkaPurgatory.connect(settings, metrics=False).close()  # no Kafka request: clients are lazy
         processors = structlog.get_config()["processors"]
-        assert isinstance(processors[-1], structlog.processors.JSONRenderer)
+        # The renderer may be wrapped (secret values are masked on the rendered line): what
+        # counts is that the final line is JSON.
+        line = processors[-1](None, "warning", {"event": "probe", "n": 1})
+        assert json.loads(line) == {"event": "probe", "n": 1}
     finally:
         structlog.configure(**previous)
 
