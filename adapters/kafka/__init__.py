@@ -23,6 +23,7 @@ from ._calls import KafkaCalls
 from ._clients import FetchedRecord, ProducerRecord, RecordProducer, RecordReader
 from ._config import check_client_config, client_config, redacted
 from ._errors import (
+    AppendOutcomeUnknownError,
     InvalidOffsetError,
     InvalidTopicError,
     KafkaAdapterError,
@@ -75,6 +76,7 @@ __all__ = [
     "BOOTSTRAP_ENV",
     "DEFAULT_KAFKA_VERSION",
     "PURGATORY_NAMES",
+    "AppendOutcomeUnknownError",
     "Appended",
     "AsyncKafkaPurgatory",
     "ChangeFeed",

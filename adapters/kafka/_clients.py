@@ -23,6 +23,7 @@ from purgatory.settings import KafkaSettings
 
 from ._config import client_config
 from ._errors import (
+    AppendOutcomeUnknownError,
     InvalidOffsetError,
     InvalidTopicError,
     KafkaAdapterError,
@@ -70,6 +71,9 @@ def _typed(error: KafkaError, what: str) -> KafkaAdapterError:
         return InvalidTopicError(f"{what}: Kafka refused the topic name ({error.str()})")
     if code == KafkaError.MSG_SIZE_TOO_LARGE:
         return RecordTooLargeError(f"{what}: record too large ({error.str()})")
+    if code in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE):
+        # The producer does not retry (see RecordProducer): the caller does, at the new leader.
+        return KafkaUnavailableError(f"{what}: the partition's leadership is moving, retry ({error.str()})")
     if code in (
         KafkaError._MSG_TIMED_OUT,
         KafkaError._TRANSPORT,
@@ -78,6 +82,26 @@ def _typed(error: KafkaError, what: str) -> KafkaAdapterError:
     ):
         return KafkaUnavailableError(f"{what}: Kafka did not answer ({error.str()})")
     return KafkaAdapterError(f"{what}: {error.str()}")
+
+
+# Delivery errors after which a record may be in the log although no answer said so: the request
+# was sent, then its connection dropped or its time ran out (librdkafka knows "possibly persisted"
+# but does not expose it to Python). Any other error is the broker's refusal: nothing appended.
+_OUTCOME_UNKNOWN = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._PURGE_INFLIGHT,
+        KafkaError._DESTROY,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+    }
+)
+
+
+def _outcome_unknown(error: KafkaError) -> bool:
+    return error.code() in _OUTCOME_UNKNOWN
 
 
 class RecordProducer:
@@ -100,18 +124,22 @@ class RecordProducer:
                     # acks=1: the leader's append answers the produce; DelayedProduce waits for the rest.
                     "acks": "1",
                     "linger.ms": "0",
-                    # Idempotence would keep order and drop retried duplicates, but librdkafka (like
-                    # the Java client) allows it only with acks=all. So: one request in flight per
-                    # broker connection, and a retried batch is sent again before any later one —
-                    # the records of a request keep their order through retries (with several in
-                    # flight, a failed batch retried after a later one succeeded lands behind it).
+                    # Order and duplicates (docs/design.md §4, "Appends: order and duplicates"):
+                    # idempotence would drop retried duplicates, but librdkafka (like the Java
+                    # client) allows it only with acks=all, which would move the replication wait
+                    # into the broker's purgatory. So: one request in flight per connection (the
+                    # records of a request cannot be reordered), and no retries — a batch whose
+                    # connection dropped or timed out may have been appended anyway, so resending
+                    # it could append it twice. Such a batch fails, and produce() says its outcome
+                    # is unknown (AppendOutcomeUnknownError): never a silent duplicate.
                     "enable.idempotence": False,
                     "max.in.flight.requests.per.connection": 1,
+                    "message.send.max.retries": 0,
                     "log_level": "0",
                     "socket.nagle.disable": True,  # latency over packet count: one record per produce
-                    # librdkafka gives up on a record (and stops retrying it) when the append's
-                    # bound has passed: a record reported as failed must not land later, behind
-                    # the records of the next request (or of the client's retry of this one).
+                    # librdkafka gives up on a queued record when the append's bound has passed: a
+                    # record reported as failed must not land much later, behind the records of
+                    # the next request (or of the client's retry of this one).
                     "message.timeout.ms": self._settings.append_timeout_ms,
                 }
                 self._producer = Producer(config)
@@ -122,24 +150,31 @@ class RecordProducer:
     ) -> dict[TopicPartitionKey, int]:
         """Append ``records``; return the last offset appended per partition.
 
-        Raises the typed error of the first record that failed (unknown topic, unavailable).
+        Raises the typed error of the first record if the broker refused every record (unknown
+        topic, too large, ...: nothing was appended), else :class:`AppendOutcomeUnknownError`
+        if any record was not acknowledged: some of the request may be in the log, and resending
+        it may append those twice.
         """
+        records = list(records)
         producer = self.producer
         last: dict[TopicPartitionKey, int] = {}
-        errors: list[KafkaAdapterError] = []
+        refused: list[KafkaAdapterError] = []  # the broker (or librdkafka) refused: not appended
+        unknown: list[KafkaAdapterError] = []  # sent, then no answer: may or may not be appended
         outstanding = 0
 
         def delivered(error: KafkaError | None, message: Message) -> None:
             nonlocal outstanding
             outstanding -= 1
             if error is not None:
-                errors.append(_typed(error, f"topic {message.topic()!r}"))
+                typed = _typed(error, f"topic {message.topic()!r}")
+                (unknown if _outcome_unknown(error) else refused).append(typed)
                 return
             key = TopicPartitionKey(message.topic() or "", message.partition() or 0)
             offset = message.offset() or 0
             last[key] = max(offset, last.get(key, -1))
 
-        for record in records:
+        not_queued = 0
+        for index, record in enumerate(records):
             try:
                 if record.partition is None:
                     producer.produce(record.topic, value=record.value, key=record.key, on_delivery=delivered)
@@ -148,16 +183,40 @@ class RecordProducer:
                         record.topic, record.value, record.key, record.partition, on_delivery=delivered
                     )
             except KafkaException as exc:  # refused before queueing (too large, bad partition): typed
-                raise _typed(exc.args[0], f"topic {record.topic!r}") from None
+                error = _typed(exc.args[0], f"topic {record.topic!r}")
+                if index == 0:
+                    raise error from None
+                # The records queued before this one are sent anyway: the request is split.
+                refused.append(error)
+                not_queued = len(records) - index - 1  # never handed to librdkafka: not appended
+                break
             outstanding += 1
         deadline = time.monotonic() + timeout_s
         while outstanding > 0 and time.monotonic() < deadline:
             producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))
-        if errors:
-            raise errors[0]
-        if outstanding > 0:
-            raise KafkaUnavailableError(f"{outstanding} record(s) not acknowledged within {timeout_s:.1f} s")
-        return last
+        if not refused and not unknown and outstanding == 0:
+            return last
+        # Counted now: another thread's poll() may still run a late callback of ours (the
+        # producer is shared), which moves a record out of ``outstanding`` after the answer.
+        uncertain = len(unknown) + outstanding
+        acknowledged = len(records) - len(refused) - not_queued - uncertain
+        if acknowledged == 0 and uncertain == 0:
+            raise refused[0]  # nothing was appended: the typed error of the first record
+        cause = str((unknown or refused)[0]) if unknown or refused else ""
+        if outstanding:
+            late = f"{outstanding} not acknowledged within {timeout_s:.1f} s"
+            cause = f"{late}; {cause}" if cause else late
+        raise AppendOutcomeUnknownError(
+            f"the append of {len(records)} record(s) did not complete: {acknowledged} acknowledged "
+            f"by the leader (acks=1, not known to be replicated), "
+            f"{len(refused) + not_queued} not appended, {uncertain} may or may not have been "
+            f"appended (no answer came; none was resent, so none is in the log twice); resending the "
+            f"request may duplicate "
+            f"{acknowledged + uncertain} record(s) ({cause})",
+            acknowledged=acknowledged,
+            refused=len(refused) + not_queued,
+            unknown=uncertain,
+        )
 
     def close(self, timeout_s: float = 5.0) -> None:
         with self._lock:

@@ -328,6 +328,9 @@ class DelayedProduce(KafkaOperation):
         return ProduceResult(outcome, dict(self.appended), statuses, self.error)
 
 
+_LOG_END = 2**63 - 1  # an end offset past any log: read up to what the partition holds
+
+
 def _epoch_of(facts: PartitionFacts | None) -> int | None:
     return facts.leader_epoch if facts is not None and facts.error is None else None
 
@@ -440,6 +443,28 @@ class DelayedFetch(KafkaOperation):
         for key in self.statuses:  # NONE here means "no error yet", not "answered"
             self.statuses[key] = ErrorCode.NOT_LEADER_OR_FOLLOWER
 
+    def _read_unreported(self) -> None:
+        """Read what the log holds now for partitions the feed has not reported yet.
+
+        A fetch that expires before the feed's first poll of its partition (``max_wait_ms`` 0 or
+        a few ms) knows no high watermark there, so ``_read_new`` reads nothing — yet Kafka's
+        fetch with ``max_wait_ms`` 0 answers with the records already there. The consumer never
+        reads past the high watermark, so "to the end of the log" is the bound; ``max_bytes``
+        and the read's timeout bound the rest. (An offset out of range reads nothing here; the
+        caller's range check answers it.)
+        """
+        for key in self.fetch_offsets:
+            if key in self._high_watermarks or self.statuses[key] is not ErrorCode.NONE:
+                continue
+            room = self.max_bytes - self._bytes_read[key]
+            if room <= 0:
+                continue
+            batch = self.reader.read(key, self._read_from[key], _LOG_END, max_bytes=room)
+            if batch:
+                self.records[key].extend(batch)
+                self._bytes_read[key] += sum(r.size for r in batch)
+                self._read_from[key] = batch[-1].offset + 1
+
     def _respond(self) -> None:
         if self.error is not None or self.facts.unavailable:
             return  # reading from an unreachable cluster would only stall the finishing thread
@@ -447,6 +472,7 @@ class DelayedFetch(KafkaOperation):
             # Expiry runs without op.lock; the feed thread may be reading in try_complete.
             with self.lock:
                 self._read_new()
+                self._read_unreported()
         except KafkaAdapterError as exc:
             self.error = exc
 

@@ -51,6 +51,7 @@ from purgatory.settings import ConfigError, Settings
 from ..kafka import (
     BOOTSTRAP_ENV,
     Appended,
+    AppendOutcomeUnknownError,
     ChangeFeed,
     ClusterView,
     DelayedFetch,
@@ -504,6 +505,9 @@ def _kafka_error(exc: KafkaAdapterError, topic: str) -> RequestError:
     if isinstance(exc, RecordTooLargeError):
         # Larger than the topic's max.message.bytes (the producer's own limit is checked first).
         return RequestError(413, "MESSAGE_TOO_LARGE", "records", str(exc))
+    if isinstance(exc, AppendOutcomeUnknownError):
+        # Retriable, but the client must know a resend may duplicate records (never silently).
+        return RequestError(503, "APPEND_OUTCOME_UNKNOWN", "records", str(exc))
     if isinstance(exc, KafkaUnavailableError):
         return RequestError(503, "KAFKA_UNAVAILABLE", None, str(exc))
     return RequestError(503, "KAFKA_ERROR", None, f"Kafka refused the request: {exc}")

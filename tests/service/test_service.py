@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from purgatory.adapters.kafka import TopicPartitionKey
+from purgatory.adapters.kafka import ProducerRecord, TopicPartitionKey
 from purgatory.adapters.service import Gateway, create_app
 from purgatory.adapters.service._requests import MAX_FETCH_BYTES, MAX_PRODUCE_BODY_BYTES
 from purgatory.adapters.service._server import BackgroundServer
@@ -109,6 +109,25 @@ async def test_records_already_there_are_returned_at_once(
     assert body["outcome"] == "COMPLETED"
     assert [r["value"] for r in body["records"]] == ["b", "c"]
     assert elapsed < 10.0, "completed on facts, not after max_wait_ms"
+
+
+@pytest.mark.parametrize("max_wait_ms", [0, 1])
+async def test_max_wait_ms_0_answers_at_once_with_the_records_already_there(
+    service: Service, kafka_topic_factory: TopicFactory, max_wait_ms: int
+) -> None:
+    """Kafka's fetch with max_wait_ms 0 answers with what is there now. The poll expires before
+    the change feed first reported its (fresh) partition: it once answered no records at all."""
+    topic = kafka_topic_factory(1)
+    records = [ProducerRecord(topic, v.encode(), partition=0) for v in ("a", "b", "c")]
+    # Appended past the service (no request watched the partition): not in the feed's facts.
+    await asyncio.to_thread(service.gateway.producer.produce, records)
+    assert service.gateway.feed.partition(TopicPartitionKey(topic, 0)) is None
+    async with service.client() as client:
+        response = await client.get(_records_url(topic), params={"offset": 1, "max_wait_ms": max_wait_ms})
+        at_end = await client.get(_records_url(topic), params={"offset": 3, "max_wait_ms": max_wait_ms})
+    assert response.status_code == 200, response.text
+    assert [r["value"] for r in response.json()["records"]] == ["b", "c"], response.json()
+    assert at_end.status_code == 200 and at_end.json()["records"] == [], at_end.text
 
 
 async def test_min_bytes_holds_the_poll_until_enough_bytes_arrived(
