@@ -339,6 +339,11 @@ class ServiceSettings(_Section):
         16 * 1024,
         description="Bound on a request's header block (431; h11 refuses larger heads before the app).",
     )
+    head_read_timeout_ms: PositiveInt = Field(
+        10_000,
+        description="A request head (request line and header fields) not received in full within "
+        "this long is answered 408 and the connection closed (headers trickled slowly: slowloris).",
+    )
     body_read_timeout_ms: PositiveInt = Field(
         10_000,
         description="A request body not received in full within this long is answered 408 "

@@ -6,7 +6,7 @@ lifespan startup finished, and on exit asks uvicorn to stop (graceful: open requ
 the lifespan shutdown drains the purgatories) and joins the thread, both bounded.
 
 The ``service.*`` settings of the app (``app.state.settings``) shape uvicorn itself
-(:func:`uvicorn_options`): TLS, mutual TLS, and h11's bound on a request head.
+(:func:`uvicorn_options`): TLS, mutual TLS, and the bounds on a request head's size (h11's) and time (ours).
 
 Concurrency contract: start and stop from one thread. uvicorn installs no signal handlers off
 the main thread, so Ctrl-C still reaches the caller.
@@ -26,6 +26,8 @@ import uvicorn
 
 from purgatory.settings import ServiceSettings
 
+from ._head_timeout import head_timeout_protocol
+
 __all__ = ["BackgroundServer", "ReleasingServer", "ServerStartError", "uvicorn_options"]
 
 START_TIMEOUT_S = 30.0  # lifespan startup builds clients only (no Kafka round trip): seconds at most
@@ -41,12 +43,17 @@ def uvicorn_options(service: ServiceSettings) -> dict[str, Any]:
 
     The same options exist on uvicorn's command line (``--ssl-certfile``, ``--ssl-keyfile``,
     ``--ssl-ca-certs``, ``--ssl-cert-reqs 2``, ``--h11-max-incomplete-event-size``) for
-    ``uvicorn --factory purgatory.adapters.service:create_app``.
+    ``uvicorn --factory purgatory.adapters.service:create_app``, except the head-read timeout
+    (``service.head_read_timeout_ms``): uvicorn's ``--http`` names no custom protocol.
     """
     options: dict[str, Any] = {
         # h11 buffers at most this much of an incomplete request head (request line and header
         # fields) and refuses the rest; the app's HeaderLimits then holds the same bound in JSON.
         "h11_max_incomplete_event_size": service.max_header_bytes,
+        # ... and this protocol bounds the time a head may take (uvicorn bounds none: a slowly
+        # trickled head holds its connection for ever). Always h11, even where httptools is
+        # installed: the size bound above is h11's.
+        "http": head_timeout_protocol(service.head_read_timeout_ms / 1000.0),
     }
     if service.tls_certfile is not None:
         options |= {

@@ -7,6 +7,7 @@ settings it needs, and checks both the refusal and that the server keeps serving
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from purgatory.settings import KafkaSettings, ServiceSettings, Settings
+from tests.kafka.kafka_fixtures import TopicFactory
 
 ATTACK_HEADERS = 10_000  # the issue's figure
 BODY_READ_TIMEOUT_MS = 500
@@ -158,6 +160,92 @@ def test_a_body_shorter_than_its_content_length_gets_408_within_the_read_timeout
         assert elapsed >= BODY_READ_TIMEOUT_MS / 1000, "answered before the timeout ran out"
         with httpx.Client(base_url=server.url) as client:
             assert client.get("/healthz").status_code == 200, "the server keeps serving"
+
+
+HEAD_READ_TIMEOUT_MS = 500
+TRICKLE_EVERY_S = 0.1  # one header line per interval: each arrival reset uvicorn's only timer
+
+
+def _trickle_head(sock: socket.socket, deadline: float) -> tuple[bytes, int]:
+    """Send a GET head one header line at a time, never its end; what the server answers until it
+    closes, and how many lines were sent. The pacing is the attack itself, not a wait."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
+    answer, lines = b"", 0
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([sock], [], [], TRICKLE_EVERY_S)
+        if readable:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return answer, lines
+            answer += chunk
+            continue
+        try:
+            sock.sendall(b"x-slow-%d: v\r\n" % lines)
+        except (BrokenPipeError, ConnectionResetError):
+            break  # closed while we sent: read what it answered
+        lines += 1
+    sock.settimeout(1.0)
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return answer, lines
+
+
+@pytest.mark.parametrize("connection", ["fresh", "kept alive after a first request"])
+def test_a_request_head_trickled_slowly_gets_408_within_the_head_timeout(
+    kafka_settings: KafkaSettings, connection: str
+) -> None:
+    """Slowloris: header lines trickled in for ever. uvicorn's keep-alive timer is reset by every
+    byte and a fresh connection has none: the head was never bounded in time."""
+    with _served(kafka_settings, head_read_timeout_ms=HEAD_READ_TIMEOUT_MS) as server:
+        with _Connection(server.url) as conn:
+            if connection != "fresh":
+                status, _, _ = conn.exchange(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+                assert status == 200
+            started = time.monotonic()
+            answer, lines = _trickle_head(conn.sock, started + HEAD_READ_TIMEOUT_MS / 1000 + ANSWER_BOUND_S)
+            elapsed = time.monotonic() - started
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), (answer[:300], lines, elapsed)
+        assert b"connection: close" in head.lower()
+        error = json.loads(payload)
+        assert error["error"] == "REQUEST_TIMEOUT" and error["field"] == "headers", error
+        assert HEAD_READ_TIMEOUT_MS / 1000 <= elapsed < HEAD_READ_TIMEOUT_MS / 1000 + ANSWER_BOUND_S
+        assert lines >= 2, "the head kept arriving while the timeout ran"
+        with httpx.Client(base_url=server.url) as client:
+            assert client.get("/healthz").status_code == 200, "the server keeps serving"
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_head_timeout(
+    kafka_settings: KafkaSettings,
+) -> None:
+    with _served(kafka_settings, head_read_timeout_ms=HEAD_READ_TIMEOUT_MS) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        started = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=ANSWER_BOUND_S) as sock:
+            assert sock.recv(65536) == b"", "closed without an answer (no request to answer)"
+        assert HEAD_READ_TIMEOUT_MS / 1000 <= time.monotonic() - started < ANSWER_BOUND_S
+
+
+def test_a_head_received_in_time_is_served_however_long_the_answer_takes(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
+) -> None:
+    """The head timer stops once the head is in: long polls longer than it are answered (the
+    second on the kept-alive connection, whose next head is timed again)."""
+    topic = kafka_topic_factory(1)
+    wait_ms = 2 * HEAD_READ_TIMEOUT_MS
+    with (
+        _served(kafka_settings, head_read_timeout_ms=HEAD_READ_TIMEOUT_MS) as server,
+        httpx.Client(base_url=server.url, timeout=ANSWER_BOUND_S) as client,
+    ):
+        for _ in range(2):
+            started = time.monotonic()
+            response = client.get(f"/topics/{topic}/partitions/0/records", params={"max_wait_ms": wait_ms})
+            assert response.status_code == 200, response.text
+            assert response.json()["outcome"] == "EXPIRED"
+            assert time.monotonic() - started >= wait_ms / 1000
 
 
 # -- the catch-all: what no route expected is a JSON 500, and the connection stays usable -------

@@ -1,0 +1,94 @@
+"""HeadTimeoutH11Protocol: uvicorn's h11 protocol with a bound on reading a request head.
+
+uvicorn bounds the *size* of a request head (``h11_max_incomplete_event_size``) and an idle
+keep-alive connection (``timeout_keep_alive``), but not the *time* a head takes: every byte that
+arrives cancels the keep-alive timer, and a fresh connection has no timer at all. A client that
+trickles a header line every few seconds (slowloris) holds its connection — and a slot of the
+server — for ever, and the app never sees the request, so its own timeouts (the body read, the
+waits) cannot help.
+
+This protocol starts a timer whenever it waits for a request head: when the connection is made,
+and when a response completed on a kept-alive connection. The timer is cancelled when h11 has
+the whole head (the request moved past ``IDLE``); if it fires first, the client gets a JSON 408
+naming ``headers`` (only if it sent part of a head: a connection that sent nothing is simply
+closed, as uvicorn's keep-alive timeout does) and the connection is closed.
+
+Concurrency contract: as uvicorn's protocols, everything runs on the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["HeadTimeoutH11Protocol", "head_timeout_protocol"]
+
+
+class HeadTimeoutH11Protocol(H11Protocol):
+    """:class:`H11Protocol` answering 408 to a request head not received within ``head_timeout_s``."""
+
+    head_timeout_s: float = 10.0  # set per server by head_timeout_protocol()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0  # bytes of the head awaited now (0: the client has sent nothing)
+
+    def _arm_head_timer(self) -> None:
+        self._disarm_head_timer()
+        self._head_bytes = 0
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is not None:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._head_timer is not None and self.conn.their_state is not h11.IDLE:
+            self._disarm_head_timer()  # the whole head arrived (or h11 refused it): not ours now
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()  # kept alive: the next request's head is bounded too
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self._head_bytes:
+            # h11 cannot send a response to a request it has not seen: written directly.
+            message = (
+                f"the request head was not received within {self.head_timeout_s * 1000:.0f} ms "
+                f"({self._head_bytes} bytes arrived)"
+            )
+            body = json.dumps({"error": "REQUEST_TIMEOUT", "field": "headers", "message": message}).encode()
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+            )
+            self.logger.warning("request head not received within %.1f s: closed", self.head_timeout_s)
+        self.transport.close()
+
+
+def head_timeout_protocol(head_timeout_s: float) -> type[HeadTimeoutH11Protocol]:
+    """The protocol class for uvicorn's ``http`` option, bounding request heads to ``head_timeout_s``."""
+    return type(
+        "HeadTimeoutH11Protocol", (HeadTimeoutH11Protocol,), {"head_timeout_s": float(head_timeout_s)}
+    )
