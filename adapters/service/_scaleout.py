@@ -63,7 +63,8 @@ __all__ = ["FORWARDED_HEADER", "OwnedFetch", "OwnedProduce", "ScaleOut", "ScaleO
 # again, so two instances with different views of the group cannot bounce a request forever.
 FORWARDED_HEADER = "x-purgatory-forwarded-by"
 FORWARD_CONNECT_TIMEOUT_S = 2.0  # an owner that does not accept a connection in 2 s is not serving
-_RELAYED_HEADERS = ("content-type", "location", "retry-after")
+_RELAYED_HEADERS = ("content-type", "location", "retry-after")  # from the owner's answer
+_FORWARDED_REQUEST_HEADERS = ("content-type", "authorization")  # from the client's request
 
 
 class OwnedFetch(OwnedOperation, OffLoopFetch):
@@ -182,8 +183,11 @@ class ScaleOut:
                 follow_redirects=False,
             )
         headers = {FORWARDED_HEADER: self.url}
-        if "content-type" in request.headers:
-            headers["content-type"] = request.headers["content-type"]
+        # The client's credentials go along: the owner authenticates the request itself (the
+        # instances share service.auth_tokens), so a forward grants nothing a redirect would not.
+        for name in _FORWARDED_REQUEST_HEADERS:
+            if name in request.headers:
+                headers[name] = request.headers[name]
         try:
             answer = await self._forwarder.request(request.method, url, content=body, headers=headers)
         except httpx.HTTPError as exc:

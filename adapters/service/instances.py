@@ -139,8 +139,9 @@ class LocalInstances:
                 instance.process.kill()
         return instance.process.wait(KILL_WAIT_S)
 
-    def owners(self, instance: Instance) -> dict[str, Any]:
-        document: dict[str, Any] = httpx.get(f"{instance.url}/owners", timeout=5.0).json()
+    def owners(self, instance: Instance, headers: dict[str, str] | None = None) -> dict[str, Any]:
+        """The instance's ``/owners`` document (``headers``: e.g. its bearer token when auth is on)."""
+        document: dict[str, Any] = httpx.get(f"{instance.url}/owners", headers=headers, timeout=5.0).json()
         return document
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ import uvicorn
 from purgatory.settings import ConfigError, load_settings
 
 from ._app import create_app
-from ._server import ReleasingServer
+from ._server import ReleasingServer, uvicorn_options
 
 __all__ = ["main"]
 
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="on",
         log_level="warning",
         timeout_graceful_shutdown=args.graceful_shutdown_s,
+        **uvicorn_options(settings.service),  # TLS, the request head's size and time bounds
     )
     ReleasingServer(config).run()
     return 0

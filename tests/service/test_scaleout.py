@@ -137,14 +137,16 @@ def fleet(kafka_cluster3: LocalKafkaCluster, topic: str, tmp_path: Path) -> Iter
         yield instances
 
 
-def settled(fleet: LocalInstances, members: int) -> dict[str, list[int]]:
+def settled(
+    fleet: LocalInstances, members: int, headers: dict[str, str] | None = None
+) -> dict[str, list[int]]:
     """Wait until every running instance sees ``members`` members owning all partitions; url → partitions."""
     view: dict[str, list[int]] = {}
 
     def stable() -> bool:
         nonlocal view
         running = fleet.running()
-        documents = [fleet.owners(i) for i in running]
+        documents = [fleet.owners(i, headers) for i in running]
         views = []
         for document in documents:
             if document["state"] != "STABLE" or len(document["members"]) != members:
@@ -289,6 +291,29 @@ async def test_forward_mode_answers_from_the_owner_without_a_redirect(
             )
             assert answer.status_code == 200 and answer.json()["partition"] == partition, answer.text
         metrics = (await http.get(f"{instances[0].url}/metrics")).text
+        assert 'purgatory_service_misdirected_requests_total{answer="forward"} 3.0' in metrics, metrics
+
+
+async def test_forward_mode_passes_the_clients_bearer_token_to_the_owner(
+    fleet: LocalInstances, topic: str
+) -> None:
+    """With auth on, a forwarded request once reached the owner without its Authorization
+    header: the owner answered 401 to a client the first instance had authenticated."""
+    token = "forwarded-token-1234"
+    env = {"PURGATORY_SCALEOUT__MODE": "forward", "PURGATORY_SERVICE__AUTH_TOKENS": json.dumps([token])}
+    instances = [fleet.start(env) for _ in range(2)]
+    bearer = {"Authorization": f"Bearer {token}"}
+    view = settled(fleet, 2, bearer)
+    async with httpx.AsyncClient(timeout=20.0) as http:
+        for partition in range(PARTITIONS):
+            wrong = next(i for i in instances if i.url != owner_of(view, partition))
+            url = f"{wrong.url}/topics/{topic}/partitions/{partition}/records"
+            params = {"offset": 0, "max_wait_ms": 50}
+            answer = await http.get(url, params=params, headers=bearer)
+            assert answer.status_code == 200 and answer.json()["partition"] == partition, answer.text
+            refused = await http.get(url, params=params, headers={"Authorization": "Bearer wrong-token"})
+            assert refused.status_code == 401, "a wrong token is refused before any forward"
+        metrics = (await http.get(f"{instances[0].url}/metrics", headers=bearer)).text
         assert 'purgatory_service_misdirected_requests_total{answer="forward"} 3.0' in metrics, metrics
 
 
