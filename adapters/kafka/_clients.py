@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from purgatory.settings import KafkaSettings
 
-from ._config import client_config
+from ._config import APPEND_GUARANTEES, client_config
 from ._errors import (
     AppendOutcomeUnknownError,
     InvalidOffsetError,
@@ -33,7 +33,14 @@ from ._errors import (
 )
 from ._keys import TopicPartitionKey
 
-__all__ = ["READ_TIMEOUT_S", "FetchedRecord", "ProducerRecord", "RecordProducer", "RecordReader"]
+__all__ = [
+    "READ_TIMEOUT_S",
+    "FetchedRecord",
+    "ProducerRecord",
+    "RecordProducer",
+    "RecordReader",
+    "producer_config",
+]
 
 READ_BATCH = 500  # messages per consume() call: amortises the call without holding much memory
 READ_WAIT_MS = "10"  # broker-side fetch wait: data is known to be there, do not idle 500 ms
@@ -104,6 +111,31 @@ def _outcome_unknown(error: KafkaError) -> bool:
     return error.code() in _OUTCOME_UNKNOWN
 
 
+def producer_config(
+    settings: KafkaSettings, bootstrap_servers: str | None = None
+) -> dict[str, str | int | bool]:
+    """The append producer's librdkafka config: ``client_config`` and then, over it, the
+    :data:`APPEND_GUARANTEES` (acks=1; why no idempotence and no retries: docs/design.md §4)."""
+    return {
+        **client_config(settings, bootstrap_servers),
+        # acks=1: the leader's append answers the produce; DelayedProduce waits for the rest.
+        # Idempotence would drop resent duplicates, but librdkafka (like the Java client) allows
+        # it only with acks=all, which would move the replication wait into the broker. So: one
+        # request in flight per connection (a request's records cannot be reordered), and no
+        # retries — a batch whose connection dropped or timed out may have been appended anyway,
+        # and resending it could append it twice. It fails instead, and produce() says its
+        # outcome is unknown (AppendOutcomeUnknownError): never a silent duplicate.
+        **APPEND_GUARANTEES,
+        "linger.ms": "0",
+        "log_level": "0",
+        "socket.nagle.disable": True,  # latency over packet count: one record per produce
+        # librdkafka gives up on a queued record when the append's bound has passed: a record
+        # reported as failed must not land much later, behind the records of the next request
+        # (or of the client's retry of this one).
+        "message.timeout.ms": settings.append_timeout_ms,
+    }
+
+
 class RecordProducer:
     """Produces records with ``acks=1`` and reports each partition's last offset."""
 
@@ -119,30 +151,7 @@ class RecordProducer:
     def producer(self) -> Producer:
         with self._lock:
             if self._producer is None:
-                config: dict[str, str | int | float | bool] = {
-                    **client_config(self._settings, self._bootstrap),
-                    # acks=1: the leader's append answers the produce; DelayedProduce waits for the rest.
-                    "acks": "1",
-                    "linger.ms": "0",
-                    # Order and duplicates (docs/design.md §4, "Appends: order and duplicates"):
-                    # idempotence would drop retried duplicates, but librdkafka (like the Java
-                    # client) allows it only with acks=all, which would move the replication wait
-                    # into the broker's purgatory. So: one request in flight per connection (the
-                    # records of a request cannot be reordered), and no retries — a batch whose
-                    # connection dropped or timed out may have been appended anyway, so resending
-                    # it could append it twice. Such a batch fails, and produce() says its outcome
-                    # is unknown (AppendOutcomeUnknownError): never a silent duplicate.
-                    "enable.idempotence": False,
-                    "max.in.flight.requests.per.connection": 1,
-                    "message.send.max.retries": 0,
-                    "log_level": "0",
-                    "socket.nagle.disable": True,  # latency over packet count: one record per produce
-                    # librdkafka gives up on a queued record when the append's bound has passed: a
-                    # record reported as failed must not land much later, behind the records of
-                    # the next request (or of the client's retry of this one).
-                    "message.timeout.ms": self._settings.append_timeout_ms,
-                }
-                self._producer = Producer(config)
+                self._producer = Producer(producer_config(self._settings, self._bootstrap))
             return self._producer
 
     def produce(

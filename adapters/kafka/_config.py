@@ -13,7 +13,13 @@ from purgatory.settings import KafkaSettings, is_secret_name
 
 from ._errors import KafkaConfigError
 
-__all__ = ["SECRET_CONFIG_KEYS", "check_client_config", "client_config", "redacted"]
+__all__ = [
+    "APPEND_GUARANTEES",
+    "SECRET_CONFIG_KEYS",
+    "check_client_config",
+    "client_config",
+    "redacted",
+]
 
 # librdkafka properties whose values are credentials: never logged.
 SECRET_CONFIG_KEYS = frozenset(
@@ -62,6 +68,24 @@ def redacted(config: Mapping[str, object]) -> dict[str, object]:
     }
 
 
+# What the records of one append may rely on (docs/design.md §4, "Appends: order and
+# duplicates"): the leader's answer (acks=1; DelayedProduce waits for the rest), one request in
+# flight per connection (a request's records keep their order), and no resend of a batch whose
+# answer was lost (it may have been appended: a resend could append it twice). The append
+# producer sets these over kafka.client_config, and check_client_config refuses a client_config
+# that names them (or librdkafka's aliases of them) rather than ignoring it.
+APPEND_GUARANTEES: dict[str, str | int | bool] = {
+    "acks": "1",
+    "enable.idempotence": False,
+    "max.in.flight.requests.per.connection": 1,
+    "message.send.max.retries": 0,
+}
+_GUARANTEE_ALIASES = {
+    "request.required.acks": "acks",
+    "max.in.flight": "max.in.flight.requests.per.connection",
+    "retries": "message.send.max.retries",
+}
+
 # Properties of the Java client that librdkafka does not have: named in the error, with what to
 # set instead, because librdkafka's own message does not name the property.
 _JAVA_ONLY = {
@@ -84,6 +108,14 @@ def check_client_config(settings: KafkaSettings, bootstrap_servers: str | None =
     for name, hint in _JAVA_ONLY.items():
         if name in config:
             raise KafkaConfigError(f"kafka.client_config[{name!r}]: not a librdkafka property; {hint}")
+    for name in settings.client_config:
+        fixed = _GUARANTEE_ALIASES.get(name, name)
+        if fixed in APPEND_GUARANTEES:
+            raise KafkaConfigError(
+                f"kafka.client_config[{name!r}]: the append producer fixes {fixed}="
+                f"{APPEND_GUARANTEES[fixed]!r} (acks=1 without idempotence: no retries, one request "
+                "in flight, so a batch is never appended twice nor reordered; docs/design.md §4)"
+            )
     try:
         Producer({**config, "log_level": "0"}).flush(0)
     except KafkaException as exc:
