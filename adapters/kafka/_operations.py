@@ -456,6 +456,8 @@ class DelayedFetch(KafkaOperation):
         for key in self.fetch_offsets:
             if key in self._high_watermarks or self.statuses[key] is not ErrorCode.NONE:
                 continue
+            if self.facts.partition(key) is not None:
+                continue  # reported, with an error or no high watermark: nothing known to read
             room = self.max_bytes - self._bytes_read[key]
             if room <= 0:
                 continue
