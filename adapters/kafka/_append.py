@@ -37,6 +37,8 @@ from ._view import ClusterView
 
 __all__ = ["Appended", "FencedAppender"]
 
+LEADER_BACKOFF_S = 0.1  # between asks of a partition whose leader does not answer yet
+
 
 @dataclass(frozen=True, slots=True)
 class Appended:
@@ -55,8 +57,16 @@ class FencedAppender:
         self.facts = facts
         self.view = view
 
-    def epochs_before(self, records: Iterable[ProducerRecord]) -> dict[TopicPartitionKey, int]:
-        """The leader epoch of every partition ``records`` may be appended to, known now."""
+    def epochs_before(
+        self, records: Iterable[ProducerRecord], deadline: float | None = None
+    ) -> dict[TopicPartitionKey, int]:
+        """The leader epoch of every partition ``records`` may be appended to, known now.
+
+        A partition whose leader does not answer yet (NOT_LEADER_OR_FOLLOWER from the broker
+        metadata names, moments after the topic was created or the leader moved; or a leader
+        still loading, with no epoch) is asked again after a short backoff until ``deadline``
+        (``time.monotonic()``), as the producer itself waits for a leader; then it raises.
+        """
         targets: set[TopicPartitionKey] = set()
         for record in records:
             if record.partition is not None:
@@ -69,9 +79,17 @@ class FencedAppender:
             facts = self.facts.partition(key)
             if facts is not None and facts.error is None and facts.leader_epoch is not None:
                 epochs[key] = facts.leader_epoch
-        missing = targets - epochs.keys()
-        if missing:
-            epochs.update(self.view.leader_epochs(sorted(missing, key=lambda k: (k.topic, k.partition))))
+        missing = sorted(targets - epochs.keys(), key=lambda k: (k.topic, k.partition))
+        while missing:
+            try:
+                epochs.update(self.view.leader_epochs(missing))
+                break
+            except KafkaUnavailableError:
+                # No event tells when a leader starts answering: a bounded backoff, like
+                # librdkafka's retry.backoff.ms for its own leader lookups.
+                if deadline is None or time.monotonic() + LEADER_BACKOFF_S >= deadline:
+                    raise
+                time.sleep(LEADER_BACKOFF_S)
         return epochs
 
     def append(self, records: Iterable[ProducerRecord], timeout_s: float = 10.0) -> Appended:
@@ -79,7 +97,7 @@ class FencedAppender:
         :meth:`RecordProducer.produce` (or :class:`KafkaUnavailableError` when time ran out)."""
         records = list(records)
         deadline = time.monotonic() + timeout_s
-        epochs = self.epochs_before(records)
+        epochs = self.epochs_before(records, deadline)
         left = deadline - time.monotonic()
         if left <= 0:
             raise KafkaUnavailableError(
