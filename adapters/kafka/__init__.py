@@ -13,6 +13,9 @@ Quick start (a service; settings from ``PURGATORY_*`` / ``PURGATORY_CONFIG_FILE`
 From threads, ``with KafkaPurgatory.connect() as kp:`` returns submitted operations
 (``kp.produce(...).wait(30)``, then ``op.result()``).
 
+Request-reply: ``await kp.request("prices", b"AAPL", timeout_ms=500)`` answers with the reply of
+a ``@responder("prices", group="pricer")`` handler (docs/design.md §9).
+
 Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap_servers``, or
 ``provide_cluster(settings)`` for the provider order of docs/design.md §5.
 """
@@ -22,6 +25,7 @@ from ._append import Appended, FencedAppender
 from ._calls import KafkaCalls
 from ._clients import FetchedRecord, ProducerRecord, RecordProducer, RecordReader
 from ._config import check_client_config, client_config, redacted
+from ._correlation import CorrelationKey, Reply, ReplyAddress
 from ._errors import (
     AppendOutcomeUnknownError,
     InvalidOffsetError,
@@ -60,6 +64,9 @@ from ._ownership import (
 from ._ownership_guard import OwnedOperation, OwnershipGuard, WatchedKeys
 from ._provider import BOOTSTRAP_ENV, KafkaClusterHandle, docker_available, provide_cluster
 from ._redirect import Redirect, moved_answer, redirect_for
+from ._reply_router import LateReply, ReplyRouter, ReplyRouterStats
+from ._request import DelayedRequest, RequestResult, RequestTimeoutError, ResponderError
+from ._responder import Request, Responder, ResponderStats, responder
 from ._results import (
     CommitResult,
     DeleteRecordsResult,
@@ -68,6 +75,7 @@ from ._results import (
     ProduceResult,
     TopicReadyResult,
 )
+from ._sender import RecordSender
 from ._service import PURGATORY_NAMES, AsyncKafkaPurgatory, KafkaPurgatory
 from ._view import ClusterView
 from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster, resolve_kafka
@@ -83,10 +91,12 @@ __all__ = [
     "ClusterFacts",
     "ClusterView",
     "CommitResult",
+    "CorrelationKey",
     "DelayedConsumerCommit",
     "DelayedDeleteRecords",
     "DelayedFetch",
     "DelayedProduce",
+    "DelayedRequest",
     "DelayedTopicReady",
     "DeleteRecordsResult",
     "ErrorCode",
@@ -110,6 +120,7 @@ __all__ = [
     "KafkaPurgatory",
     "KafkaStartError",
     "KafkaUnavailableError",
+    "LateReply",
     "LocalKafkaCluster",
     "Member",
     "Moved",
@@ -127,8 +138,19 @@ __all__ = [
     "ProducerRecord",
     "RecordProducer",
     "RecordReader",
+    "RecordSender",
     "RecordTooLargeError",
     "Redirect",
+    "Reply",
+    "ReplyAddress",
+    "ReplyRouter",
+    "ReplyRouterStats",
+    "Request",
+    "RequestResult",
+    "RequestTimeoutError",
+    "Responder",
+    "ResponderError",
+    "ResponderStats",
     "TopicFacts",
     "TopicKey",
     "TopicPartitionKey",
@@ -147,4 +169,5 @@ __all__ = [
     "redacted",
     "redirect_for",
     "resolve_kafka",
+    "responder",
 ]

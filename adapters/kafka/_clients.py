@@ -61,6 +61,9 @@ class FetchedRecord:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    # Kafka record headers, in order (a name may repeat). Filled by the tail (the reply router
+    # routes on them); () where a reader has no use for them.
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
     @property
     def size(self) -> int:

@@ -55,7 +55,7 @@ from ._admin import BROKER_DEFAULT, create_topic, delete_records
 from ._append import Appended, FencedAppender
 from ._calls import KafkaCalls
 from ._clients import ProducerRecord, RecordProducer, RecordReader
-from ._errors import UnknownTopicError
+from ._errors import KafkaAdapterError, UnknownTopicError
 from ._feed import ChangeFeed
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
 from ._operations import (
@@ -67,6 +67,8 @@ from ._operations import (
     DelayedTopicReady,
     KafkaOperation,
 )
+from ._reply_router import DEFAULT_REPLY_PARTITIONS, ReplyRouter
+from ._request import DelayedRequest, RequestResult
 from ._results import CommitResult, DeleteRecordsResult, FetchResult, ProduceResult, TopicReadyResult
 from ._view import ClusterView
 
@@ -89,6 +91,11 @@ PRODUCE_APPEND_TIMEOUT_S = 10.0  # the leader's acks=1 append; replication is th
 ADMIN_TIMEOUT_S = 30.0  # CreateTopics / DeleteRecords: a metadata round trip and the controller's work
 # The async methods' pool: threads blocked at most a client timeout each, and the calls admitted.
 ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG = 4, 1024
+# Request-reply (issue 14): the reply topic of an instance group unless replies(topic=) names one,
+# and the wait of a request that gives no timeout_ms.
+DEFAULT_REPLY_TOPIC = "purgatory-replies"
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+REQUEST_PURGATORY = "request"  # the delayedOperation label of requests waiting for replies
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -155,6 +162,7 @@ class KafkaPurgatory:
         self._purgatories: dict[str, DelayedOperationPurgatory[Any]] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._router: ReplyRouter | None = None  # request-reply: built by replies() or the first request
         if purgatory is not None:
             self._adopt(purgatory)
         self.aio = AsyncKafkaPurgatory(self)
@@ -231,6 +239,19 @@ class KafkaPurgatory:
                     purgatory = DelayedOperationPurgatory(name)
                 self._adopt(purgatory)
             return purgatory
+
+    def _named_unlocked(self, name: str) -> DelayedOperationPurgatory[Any]:
+        # _named() for a caller already holding self._lock (a threading.Lock: not re-entrant).
+        if self._shared is not None:
+            return self._shared
+        purgatory = self._purgatories.get(name)
+        if purgatory is None:
+            if self._full_settings is not None:
+                purgatory = DelayedOperationPurgatory.from_settings(name, self._full_settings)
+            else:
+                purgatory = DelayedOperationPurgatory(name)
+            self._adopt(purgatory)
+        return purgatory
 
     def purgatory_for(self, op: KafkaOperation) -> DelayedOperationPurgatory[Any]:
         """The purgatory ``op`` is held in: the one of its kind (:data:`PURGATORY_NAMES`)."""
@@ -381,6 +402,82 @@ class KafkaPurgatory:
             timeout_s=ADMIN_TIMEOUT_S,
         )
 
+    # -- request-reply (issue 14; docs/design.md §9) --------------------------------------------
+
+    def replies(
+        self,
+        topic: str | None = None,
+        *,
+        group: str | None = None,
+        partitions: int = DEFAULT_REPLY_PARTITIONS,
+        replication_factor: int = BROKER_DEFAULT,
+        linger_ms: int = 0,
+    ) -> ReplyRouter:
+        """The :class:`ReplyRouter` of this instance; the first call configures it (not started).
+
+        ``topic``: the reply topic shared by the instance group (created if missing with
+        ``partitions``). ``group``: the consumer group the instances split its partitions
+        through (scale-out ownership); None: this instance reads every partition. Later calls
+        return the same router and must not ask for another one.
+        """
+        with self._lock:
+            if self._router is None:
+                if self._closed:
+                    raise PurgatoryClosedError("KafkaPurgatory is closed: no request-reply")
+                self._router = ReplyRouter(
+                    self.settings,
+                    self._named_unlocked(REQUEST_PURGATORY),
+                    self.view.admin,
+                    topic=topic or DEFAULT_REPLY_TOPIC,
+                    group=group,
+                    partitions=partitions,
+                    replication_factor=replication_factor,
+                    bootstrap_servers=self.view.bootstrap_servers,
+                    name=self.name,
+                    linger_ms=linger_ms,
+                )
+            elif (topic is not None and topic != self._router.topic) or (
+                group is not None and group != self._router.group
+            ):
+                raise ValueError(
+                    f"request-reply already uses topic {self._router.topic!r} (group {self._router.group!r})"
+                )
+            return self._router
+
+    def _started_router(self, timeout_ms: int) -> ReplyRouter:
+        router = self.replies().start()
+        if not router.ready():
+            router.wait_ready(timeout_ms / 1000.0)
+        return router
+
+    def request(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        *,
+        timeout_ms: int | None = None,
+        replies: int = 1,
+        partial: bool = False,
+    ) -> DelayedRequest:
+        """Send a request to ``topic`` and hold a :class:`DelayedRequest` until its replies arrive.
+
+        Threads: returns the submitted operation; ``op.wait(s)``, then ``op.result()`` (a
+        :class:`RequestResult`, or :class:`RequestTimeoutError` with the replies that arrived).
+        ``replies=N`` waits for N distinct responders; ``partial=True`` answers a deadline with
+        what arrived instead of raising. See :meth:`AsyncKafkaPurgatory.request`.
+        """
+        timeout = DEFAULT_REQUEST_TIMEOUT_MS if timeout_ms is None else timeout_ms
+        router = self._started_router(timeout)
+        op = router.prepare(topic, timeout_ms=timeout, replies=replies, partial=partial)
+        try:
+            router.purgatory.try_complete_else_watch(op, op.watch_keys())
+        except BaseException as exc:
+            op.fail(KafkaAdapterError(f"request to {topic!r} was not submitted: {exc!r}"))
+            raise
+        router.send(op, value, key)
+        return op
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -399,6 +496,8 @@ class KafkaPurgatory:
             self.feed.detach(purgatory)
             if purgatory is not self._shared:
                 purgatory.shutdown()
+        if self._router is not None:  # after the drain: waiting requests expired, none is lost
+            self._router.close()
         if self.journal is not None:
             self.journal.close()
         self.calls.close()
@@ -560,6 +659,45 @@ class AsyncKafkaPurgatory:
             what="CreateTopics",
         )
         return await self.wait_topic_ready(topic, timeout_ms)
+
+    async def request(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        *,
+        timeout_ms: int | None = None,
+        replies: int = 1,
+        partial: bool = False,
+    ) -> RequestResult:
+        """Send a request to ``topic`` and answer with its reply (docs/design.md §9).
+
+        The record carries ``kafka_correlationId``, ``kafka_replyTopic`` / ``kafka_replyPartition``
+        (one of this instance's reply partitions) and its deadline; a :class:`Responder` (or a
+        Spring ``@SendTo`` listener) answers on the reply topic. ``replies=N`` gathers N replies
+        from distinct responder groups (scatter-gather). At ``timeout_ms`` (default 30 s):
+        :class:`RequestTimeoutError` carrying the replies that arrived, or with ``partial=True`` a
+        :class:`RequestResult` with ``complete=False``. Copies of a reply count once; replies
+        after the deadline are dropped (``kp.sync.replies().stats``). Cancelling the awaiting task
+        cancels the request.
+        """
+        timeout = DEFAULT_REQUEST_TIMEOUT_MS if timeout_ms is None else timeout_ms
+        router = self.sync.replies()
+        if not router.ready():  # the first request: create the topic, join, position the tail
+            await self.sync.calls.run(
+                self.sync._started_router, timeout, timeout_s=ADMIN_TIMEOUT_S + timeout / 1000.0 + 1.0,
+                what="the reply topic",
+            )  # fmt: skip
+        op = router.prepare(topic, timeout_ms=timeout, replies=replies, partial=partial)
+        # Sent before it is watched: a reply arriving first is kept on the operation, and the
+        # watch's first try_complete finds it (DelayedRequest's module doc).
+        router.send(op, value, key)
+        try:
+            await router.purgatory.watch(op, op.watch_keys())
+        except BaseException as exc:
+            op.fail(KafkaAdapterError(f"request to {topic!r} was not awaited: {exc!r}"))  # no-op if finished
+            raise
+        return op.result()
 
     async def aclose(self) -> None:
         """Close the :class:`KafkaPurgatory` without blocking the loop (operations drain)."""

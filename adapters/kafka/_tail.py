@@ -45,6 +45,7 @@ from purgatory.settings import KafkaSettings
 
 from ._clients import FetchedRecord
 from ._config import client_config, redacted
+from ._correlation import headers_of
 from ._keys import TopicPartitionKey
 
 __all__ = ["PartitionTail", "TailStats"]
@@ -215,7 +216,11 @@ class PartitionTail:
                     self._lose(consumer, assigned, key, error.str())
                 continue
             record = FetchedRecord(
-                message.offset() or 0, message.key(), message.value(), message.timestamp()[1]
+                message.offset() or 0,
+                message.key(),
+                message.value(),
+                message.timestamp()[1],
+                headers_of(message.headers()),
             )
             batches.setdefault(key, []).append(record)
         for key, records in batches.items():

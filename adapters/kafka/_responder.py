@@ -1,0 +1,367 @@
+"""Responder: the answering side of request-reply — a consumer group that replies to each request.
+
+::
+
+    @responder("prices", group="pricer")
+    def price(request: Request) -> bytes:
+        return quote(request.value)
+
+    with price.start(bootstrap_servers="127.0.0.1:9092"):   # a thread; or price.run() to block
+        ...
+
+The handler gets a :class:`Request` and returns the reply's value (``bytes`` or ``None``); an
+``async def`` handler runs on an event loop of the responder's own thread. What it returns is
+produced to the request's ``kafka_replyTopic`` / ``kafka_replyPartition`` with the request's
+``kafka_correlationId`` and ``purgatory_replyFrom: <group>`` (N-of-M counts distinct groups: run
+one group per answering service). A handler that raises sends an *error reply*
+(``purgatory_error: <type>: <message>``); the requester raises :class:`ResponderError`.
+
+At least once: requests are read by a normal consumer group (``group``; instances of the
+responder share the load), and a request's offset is committed only after its reply was
+acknowledged (idempotent producer, ``acks=all``). A responder that dies between reading a request
+and that commit leaves it uncommitted; the group hands the partition to another member, which
+answers it again. Replies may therefore repeat — the requester's purgatory keeps the first.
+Every ``COMMIT_INTERVAL_S`` the loop flushes the producer (all replies so far acknowledged) and
+commits the positions it consumed; on a rebalance it does the same before giving partitions up.
+A reply that could not be delivered stops commits: the loop rewinds to the last committed
+offsets (``seek``), so those requests are answered again.
+
+Requests whose ``purgatory_deadlineMs`` has passed are skipped (counted, committed): nobody waits
+for their answer. Requests without a reply topic are handled and not answered (fire and forget).
+
+Concurrency contract: ``start``/``stop``/``run`` by the owner; the handler runs on the
+responder thread (``kafka-responder-<group>``), one request at a time, in partition order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import structlog
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from purgatory.settings import KafkaSettings
+
+from ._config import client_config, redacted
+from ._correlation import (
+    CORRELATION_ID,
+    DEADLINE_MS,
+    ERROR,
+    REPLY_FROM,
+    REPLY_PARTITION,
+    REPLY_TOPIC,
+    Headers,
+    ReplyAddress,
+    decode_partition,
+    header,
+    headers_of,
+)
+from ._errors import KafkaAdapterError
+from ._sender import RecordSender
+
+__all__ = ["Handler", "Request", "Responder", "ResponderStats", "responder"]
+
+_log = structlog.get_logger("purgatory.kafka.responder")
+
+POLL_S = 0.1  # an idle poll: how soon a stop is seen
+BATCH = 500  # requests drained per round once one arrived
+COMMIT_INTERVAL_S = 0.2  # flush + commit at most this often: a crash repeats at most ~this much work
+# The broker answers an idle fetch after this long; a request ends the wait at once. Low so that a
+# request arriving just after an empty response is not held by librdkafka's fetch backoff.
+FETCH_WAIT_MS = 10
+FLUSH_TIMEOUT_S = 30.0
+JOIN_TIMEOUT_S = 35.0  # one flush and the consumer's close
+DEFAULT_SESSION_TIMEOUT_MS = 10_000  # how long a crashed responder keeps its requests unanswered
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request as a handler sees it."""
+
+    value: bytes | None
+    key: bytes | None
+    headers: Headers
+    topic: str
+    partition: int
+    offset: int
+    correlation_id: str | None
+    reply_to: ReplyAddress | None
+    deadline_ms: int | None  # epoch ms; None: the requester gave none
+
+
+@dataclass
+class ResponderStats:
+    requests: int = 0
+    answered: int = 0
+    errors: int = 0  # handler raised: an error reply was sent
+    expired: int = 0  # skipped: past their deadline
+    unanswerable: int = 0  # no reply topic or correlation id: handled, not answered
+    commits: int = 0
+    rewinds: int = 0  # undelivered replies: re-read from the last commit
+
+
+Handler = Callable[[Request], bytes | Awaitable[bytes | None] | None]
+
+
+def _decode_int(raw: bytes | None) -> int | None:
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        return None
+
+
+def request_of(message: Message) -> Request:
+    """Decode a request record (headers as :mod:`._correlation` describes them)."""
+    headers = headers_of(message.headers())
+    reply_topic = header(headers, REPLY_TOPIC)
+    correlation = header(headers, CORRELATION_ID)
+    return Request(
+        value=message.value(),
+        key=message.key(),
+        headers=headers,
+        topic=message.topic() or "",
+        partition=message.partition() or 0,
+        offset=message.offset() or 0,
+        correlation_id=None if correlation is None else correlation.decode("utf-8", "replace"),
+        reply_to=(
+            None
+            if not reply_topic
+            else ReplyAddress(
+                reply_topic.decode("utf-8", "replace"), decode_partition(header(headers, REPLY_PARTITION))
+            )
+        ),
+        deadline_ms=_decode_int(header(headers, DEADLINE_MS)),
+    )
+
+
+class Responder:
+    """Answers the requests of ``topic`` in consumer group ``group`` with ``handler`` (module doc)."""
+
+    def __init__(
+        self,
+        topic: str,
+        handler: Handler,
+        *,
+        group: str,
+        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+        linger_ms: int = 0,
+    ) -> None:
+        if not isinstance(topic, str) or not topic:
+            raise ValueError(f"topic must be a non-empty string, got {topic!r}")
+        if not isinstance(group, str) or not group:
+            raise ValueError(f"group must be a non-empty string, got {group!r}")
+        self.topic = topic
+        self.handler = handler
+        self.group = group
+        self.session_timeout_ms = session_timeout_ms
+        self.linger_ms = linger_ms
+        self.stats = ResponderStats()
+        self._is_async = inspect.iscoroutinefunction(handler)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self.assigned = threading.Event()  # set once the group gave this member partitions
+
+    def __call__(self, request: Request) -> Any:
+        """The handler itself (a decorated function stays callable, e.g. in unit tests)."""
+        return self.handler(request)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, settings: KafkaSettings | None = None, *, bootstrap_servers: str | None = None) -> Self:
+        """Answer on a thread of its own until :meth:`stop` (``with responder.start(...):``)."""
+        if self._thread is not None:
+            raise RuntimeError(f"responder {self.group!r} of {self.topic!r} is already running")
+        settings = settings or KafkaSettings()
+        self._stopping.clear()
+        self._thread = threading.Thread(
+            target=self._guarded,
+            args=(settings, bootstrap_servers),
+            name=f"kafka-responder-{self.group}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def run(self, settings: KafkaSettings | None = None, *, bootstrap_servers: str | None = None) -> None:
+        """Answer on the calling thread until :meth:`stop` (from another thread) or Ctrl-C."""
+        self._loop(settings or KafkaSettings(), bootstrap_servers)
+
+    def stop(self) -> None:
+        """Finish the request in hand, flush its replies, commit, leave the group."""
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(JOIN_TIMEOUT_S)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _guarded(self, settings: KafkaSettings, bootstrap_servers: str | None) -> None:
+        try:
+            self._loop(settings, bootstrap_servers)
+        except BaseException as exc:  # the thread's end is logged, not lost
+            self._failure = exc
+            _log.exception("responder_failed", group=self.group, topic=self.topic)
+
+    def _loop(self, settings: KafkaSettings, bootstrap_servers: str | None) -> None:
+        config: dict[str, Any] = {
+            **client_config(settings, bootstrap_servers),
+            "group.id": self.group,
+            "enable.auto.commit": False,  # committed after the replies are acknowledged (module doc)
+            "auto.offset.reset": "earliest",  # a new group answers what is waiting (stale ones skipped)
+            "session.timeout.ms": self.session_timeout_ms,
+            "heartbeat.interval.ms": max(100, self.session_timeout_ms // 10),
+            "partition.assignment.strategy": "cooperative-sticky",
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "socket.nagle.disable": True,
+            "log_level": 0,
+        }
+        _log.debug("responder_connect", group=self.group, config=redacted(config))
+        sender = RecordSender(
+            settings,
+            bootstrap_servers=bootstrap_servers,
+            name=f"replies-{self.group}",
+            linger_ms=self.linger_ms,
+        )
+        consumer = Consumer(config)
+        loop = asyncio.new_event_loop() if self._is_async else None
+        state = _CommitState()
+
+        def flush_and_commit(partitions: list[TopicPartition] | None = None) -> None:
+            if not state.dirty:
+                return
+            remaining = sender.flush(FLUSH_TIMEOUT_S)
+            if remaining or state.undelivered:
+                # Not all replies are acknowledged: commit nothing, re-read from the last commit.
+                self.stats.rewinds += 1
+                _log.warning("responder_rewind", group=self.group, undelivered=state.undelivered + remaining)
+                committed = consumer.committed(consumer.assignment(), timeout=FLUSH_TIMEOUT_S)
+                for tp in committed:
+                    consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else 0))
+                state.reset()
+                return
+            consumer.commit(asynchronous=False)
+            self.stats.commits += 1
+            state.reset()
+
+        def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
+            if partitions:
+                self.assigned.set()
+
+        def on_revoke(c: Consumer, partitions: list[TopicPartition]) -> None:
+            try:
+                flush_and_commit()
+            except Exception:  # the rebalance goes on; what was not committed is answered again
+                _log.exception("responder_commit_on_revoke_failed", group=self.group)
+
+        consumer.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke)
+        try:
+            while not self._stopping.is_set():
+                first = consumer.poll(POLL_S)
+                messages = [] if first is None else [first, *consumer.consume(BATCH, 0)]
+                for message in messages:
+                    error = message.error()
+                    if error is not None:
+                        if error.code() != KafkaError._PARTITION_EOF:
+                            _log.warning("responder_consume_error", group=self.group, error=error.str())
+                        continue
+                    self._answer(message, sender, loop, state)
+                if state.dirty and time.monotonic() - state.since >= COMMIT_INTERVAL_S:
+                    flush_and_commit()
+            flush_and_commit()
+        finally:
+            consumer.close()  # leaves the group: the others take its partitions at once
+            sender.close()
+            if loop is not None:
+                loop.close()
+
+    def _answer(
+        self,
+        message: Message,
+        sender: RecordSender,
+        loop: asyncio.AbstractEventLoop | None,
+        state: _CommitState,
+    ) -> None:
+        request = request_of(message)
+        self.stats.requests += 1
+        state.touch()
+        if request.deadline_ms is not None and request.deadline_ms < time.time_ns() // 1_000_000:
+            self.stats.expired += 1
+            return
+        headers: list[tuple[str, bytes]] = [(REPLY_FROM, self.group.encode())]
+        try:
+            result = self.handler(request)
+            if loop is not None and inspect.isawaitable(result):
+                result = loop.run_until_complete(result)
+            value = result
+            if value is not None and not isinstance(value, bytes | bytearray):
+                raise TypeError(f"a handler returns bytes or None, got {type(value).__name__}")
+        except Exception as exc:
+            self.stats.errors += 1
+            _log.warning("responder_handler_failed", group=self.group, offset=request.offset, error=repr(exc))
+            value = None
+            headers.append((ERROR, f"{type(exc).__name__}: {exc}".encode()))
+        if request.reply_to is None or request.correlation_id is None:
+            self.stats.unanswerable += 1
+            return
+        headers.append((CORRELATION_ID, request.correlation_id.encode()))
+
+        def delivered(error: KafkaAdapterError | None, _message: Message) -> None:
+            if error is not None:
+                state.undelivered += 1
+
+        sender.send(
+            request.reply_to.topic,
+            None if value is None else bytes(value),
+            key=request.key,
+            partition=request.reply_to.partition,
+            headers=headers,
+            on_delivery=delivered,
+        )
+        self.stats.answered += 1
+
+
+class _CommitState:
+    """What the loop consumed since its last commit (the responder thread's own)."""
+
+    def __init__(self) -> None:
+        self.dirty = False
+        self.since = 0.0
+        self.undelivered = 0
+
+    def touch(self) -> None:
+        if not self.dirty:
+            self.dirty = True
+            self.since = time.monotonic()
+
+    def reset(self) -> None:
+        self.dirty = False
+        self.undelivered = 0
+
+
+def responder(
+    topic: str, *, group: str, session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS, linger_ms: int = 0
+) -> Callable[[Handler], Responder]:
+    """Decorator: turn ``handler(request) -> bytes | None`` into a :class:`Responder` of ``topic``."""
+
+    def wrap(handler: Handler) -> Responder:
+        return Responder(
+            topic, handler, group=group, session_timeout_ms=session_timeout_ms, linger_ms=linger_ms
+        )
+
+    return wrap
