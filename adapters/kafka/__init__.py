@@ -25,7 +25,17 @@ from ._append import Appended, FencedAppender
 from ._calls import KafkaCalls
 from ._clients import FetchedRecord, ProducerRecord, RecordProducer, RecordReader
 from ._config import check_client_config, client_config, redacted
-from ._correlation import CorrelationKey, Reply, ReplyAddress
+from ._correlation import (
+    CORRELATION_ID,
+    DEADLINE_MS,
+    ERROR,
+    REPLY_FROM,
+    REPLY_PARTITION,
+    REPLY_TOPIC,
+    CorrelationKey,
+    Reply,
+    ReplyAddress,
+)
 from ._errors import (
     AppendOutcomeUnknownError,
     InvalidOffsetError,
@@ -66,7 +76,7 @@ from ._provider import BOOTSTRAP_ENV, KafkaClusterHandle, docker_available, prov
 from ._redirect import Redirect, moved_answer, redirect_for
 from ._reply_router import LateReply, ReplyRouter, ReplyRouterStats
 from ._request import DelayedRequest, RequestResult, RequestTimeoutError, ResponderError
-from ._responder import Request, Responder, ResponderStats, responder
+from ._responder import Request, Responder, ResponderStats, request_of, responder
 from ._results import (
     CommitResult,
     DeleteRecordsResult,
@@ -82,8 +92,14 @@ from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster, resolve_kafka
 
 __all__ = [
     "BOOTSTRAP_ENV",
+    "CORRELATION_ID",
+    "DEADLINE_MS",
     "DEFAULT_KAFKA_VERSION",
+    "ERROR",
     "PURGATORY_NAMES",
+    "REPLY_FROM",
+    "REPLY_PARTITION",
+    "REPLY_TOPIC",
     "AppendOutcomeUnknownError",
     "Appended",
     "AsyncKafkaPurgatory",
@@ -168,6 +184,7 @@ __all__ = [
     "provide_cluster",
     "redacted",
     "redirect_for",
+    "request_of",
     "resolve_kafka",
     "responder",
 ]

@@ -66,7 +66,7 @@ from ._correlation import (
 from ._errors import KafkaAdapterError
 from ._sender import RecordSender
 
-__all__ = ["Handler", "Request", "Responder", "ResponderStats", "responder"]
+__all__ = ["Handler", "Request", "Responder", "ResponderStats", "request_of", "responder"]
 
 _log = structlog.get_logger("purgatory.kafka.responder")
 

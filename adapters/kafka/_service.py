@@ -95,6 +95,7 @@ ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG = 4, 1024
 # and the wait of a request that gives no timeout_ms.
 DEFAULT_REPLY_TOPIC = "purgatory-replies"
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+REPLY_READY_TIMEOUT_S = 30.0  # first request: create the reply topic, join its group, position the tail
 REQUEST_PURGATORY = "request"  # the delayedOperation label of requests waiting for replies
 
 
@@ -444,10 +445,12 @@ class KafkaPurgatory:
                 )
             return self._router
 
-    def _started_router(self, timeout_ms: int) -> ReplyRouter:
+    def _started_router(self) -> ReplyRouter:
+        # The first request starts request-reply: reply topic, group join, the tail's position.
+        # That setup is bounded on its own (REPLY_READY_TIMEOUT_S), not by the request's timeout.
         router = self.replies().start()
         if not router.ready():
-            router.wait_ready(timeout_ms / 1000.0)
+            router.wait_ready(REPLY_READY_TIMEOUT_S)
         return router
 
     def request(
@@ -468,7 +471,7 @@ class KafkaPurgatory:
         what arrived instead of raising. See :meth:`AsyncKafkaPurgatory.request`.
         """
         timeout = DEFAULT_REQUEST_TIMEOUT_MS if timeout_ms is None else timeout_ms
-        router = self._started_router(timeout)
+        router = self._started_router()
         op = router.prepare(topic, timeout_ms=timeout, replies=replies, partial=partial)
         try:
             router.purgatory.try_complete_else_watch(op, op.watch_keys())
@@ -685,9 +688,10 @@ class AsyncKafkaPurgatory:
         router = self.sync.replies()
         if not router.ready():  # the first request: create the topic, join, position the tail
             await self.sync.calls.run(
-                self.sync._started_router, timeout, timeout_s=ADMIN_TIMEOUT_S + timeout / 1000.0 + 1.0,
+                self.sync._started_router,
+                timeout_s=ADMIN_TIMEOUT_S + REPLY_READY_TIMEOUT_S + 1.0,
                 what="the reply topic",
-            )  # fmt: skip
+            )
         op = router.prepare(topic, timeout_ms=timeout, replies=replies, partial=partial)
         # Sent before it is watched: a reply arriving first is kept on the operation, and the
         # watch's first try_complete finds it (DelayedRequest's module doc).
