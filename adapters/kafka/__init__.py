@@ -35,6 +35,9 @@ from ._correlation import (
     CorrelationKey,
     Reply,
     ReplyAddress,
+    encode_partition,
+    header,
+    headers_of,
 )
 from ._errors import (
     AppendOutcomeUnknownError,
@@ -180,6 +183,9 @@ __all__ = [
     "delete_records",
     "describe_owners",
     "docker_available",
+    "encode_partition",
+    "header",
+    "headers_of",
     "moved_answer",
     "provide_cluster",
     "redacted",

@@ -45,7 +45,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import structlog
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from purgatory.settings import KafkaSettings
 
@@ -104,6 +104,7 @@ class ResponderStats:
     expired: int = 0  # skipped: past their deadline
     unanswerable: int = 0  # no reply topic or correlation id: handled, not answered
     commits: int = 0
+    commit_failures: int = 0  # retried at the next interval
     rewinds: int = 0  # undelivered replies: re-read from the last commit
 
 
@@ -242,7 +243,7 @@ class Responder:
         loop = asyncio.new_event_loop() if self._is_async else None
         state = _CommitState()
 
-        def flush_and_commit(partitions: list[TopicPartition] | None = None) -> None:
+        def flush_and_commit() -> None:
             if not state.dirty:
                 return
             remaining = sender.flush(FLUSH_TIMEOUT_S)
@@ -252,10 +253,23 @@ class Responder:
                 _log.warning("responder_rewind", group=self.group, undelivered=state.undelivered + remaining)
                 committed = consumer.committed(consumer.assignment(), timeout=FLUSH_TIMEOUT_S)
                 for tp in committed:
-                    consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else 0))
+                    consumer.seek(
+                        TopicPartition(
+                            tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                        )
+                    )
                 state.reset()
                 return
-            consumer.commit(asynchronous=False)
+            try:
+                consumer.commit(asynchronous=False)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError._NO_OFFSET:  # nothing consumed: nothing to commit
+                    # The coordinator moved or is down: keep the positions dirty and try again at
+                    # the next interval (the replies are out; at worst their requests repeat).
+                    self.stats.commit_failures += 1
+                    state.since = time.monotonic()
+                    _log.warning("responder_commit_failed", group=self.group, error=str(exc))
+                    return
             self.stats.commits += 1
             state.reset()
 
@@ -282,7 +296,12 @@ class Responder:
                         continue
                     self._answer(message, sender, loop, state)
                 if state.dirty and time.monotonic() - state.since >= COMMIT_INTERVAL_S:
-                    flush_and_commit()
+                    try:
+                        flush_and_commit()
+                    except Exception:  # an outage (committed() timed out): retry at the next interval
+                        self.stats.commit_failures += 1
+                        state.since = time.monotonic()
+                        _log.exception("responder_commit_failed", group=self.group)
             flush_and_commit()
         finally:
             consumer.close()  # leaves the group: the others take its partitions at once

@@ -83,6 +83,9 @@ def list_benchmarks() -> None:
     typer.echo("timer      timing wheel vs heapq timers: W1 add+cancel, W2 expire, W3 steady, memory, e2e")
     typer.echo("purgatory  Kafka's TestPurgatoryPerformance vs a naive pure-Python purgatory")
     typer.echo("expiry     lateness of expiry (p50/p99/max) with 100k pending under load")
+    typer.echo(
+        "request-reply  kp.request() round trips on local Kafka (1 and 3 brokers) vs a hand-rolled requester"
+    )
 
 
 DEFAULT_NS = [100_000]

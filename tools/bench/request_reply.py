@@ -1,0 +1,421 @@
+"""``purgatory bench request-reply``: round trips of ``kp.request`` on a local Kafka, 1 and 3 brokers.
+
+Workload, per broker count: a local Apache Kafka (the project's launcher, 127.0.0.1, stopped by
+PID at the end), a request topic (1 partition) and a reply topic (2 partitions), replication
+factor = brokers (``min.insync.replicas`` 2 with 3 brokers). An echo :class:`Responder` runs in a
+process of its own (as it would in production; it also keeps its GIL out of the requester's). The
+requester sends ``rate`` requests per second, paced on its event loop (open loop: a slow answer
+does not slow the sending), for ``warmup`` + ``duration`` seconds, and measures each round trip
+from the ``request()`` call to its answer.
+
+Two requesters, alternating which runs first, on the same cluster and responder:
+
+* ``purgatory`` — ``await kp.request(...)``: a DelayedRequest in the purgatory, replies routed by
+  the reply router's tail;
+* ``hand-rolled`` — the baseline a Python service writes without us: a dict of asyncio futures
+  keyed by correlation id, a consumer thread reading the reply partition, ``asyncio.wait_for``
+  for the deadline (no duplicate/late accounting, no journal, no N-of-M, no scale-out).
+
+Printed: requests/s achieved, p50/p99/max round trip, timeouts, requester CPU per request, and
+the median of the same-run p99 ratios (purgatory ÷ hand-rolled); medians over ``--repeats``.
+Target (issue 14): p99 ≤ 20 ms at 1,000 requests/s on this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from purgatory.adapters.kafka import (
+    CORRELATION_ID,
+    REPLY_PARTITION,
+    REPLY_TOPIC,
+    KafkaPurgatory,
+    LocalKafkaCluster,
+    RequestTimeoutError,
+    create_topic,
+    encode_partition,
+    header,
+    headers_of,
+)
+
+from purgatory.settings import KafkaSettings
+
+from ._measure import percentile
+
+__all__ = ["RunResult", "request_reply", "run_once"]
+
+TARGET_P99_MS = 20.0
+TARGET_RATE = 1000.0
+PAYLOAD = b"x" * 100  # a small request, as RPC over Kafka usually is
+RESPONDER_READY_S = 60.0  # responder process: import, group join, first assignment
+STOP_S = 15.0
+TOPIC_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    side: str
+    brokers: int
+    rate: float
+    sent: int
+    answered: int
+    timeouts: int
+    achieved_per_s: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    cpu_us_per_request: float
+
+
+# -- the responder process ---------------------------------------------------------------------
+
+
+def _responder_main(topic: str, group: str, bootstrap: str) -> None:
+    """Echo responder (``python -m purgatory.tools.bench.request_reply responder ...``)."""
+    from purgatory.adapters.kafka import Request, Responder
+
+    def value_of(request: Request) -> bytes | None:
+        value: bytes | None = request.value
+        return value
+
+    echo = Responder(topic, value_of, group=group)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    echo.start(KafkaSettings(bootstrap_servers=bootstrap))
+    if not echo.assigned.wait(RESPONDER_READY_S):
+        sys.exit("responder: no partition assigned")
+    print("ready", flush=True)
+    stopping.wait()
+    echo.stop()
+    print(json.dumps(asdict(echo.stats)), flush=True)
+
+
+class _ResponderProcess:
+    def __init__(self, topic: str, group: str, bootstrap: str) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "purgatory.tools.bench.request_reply",
+                "responder",
+                topic,
+                group,
+                bootstrap,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PURGATORY_LOG__LEVEL": "WARNING"},
+        )
+        ready = threading.Event()
+        stdout = self.process.stdout
+        assert stdout is not None
+
+        def read() -> None:
+            for line in stdout:
+                if line.strip() == "ready":
+                    ready.set()
+                    return
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(RESPONDER_READY_S):
+            self.stop()
+            raise RuntimeError("the responder process did not get its partition in time")
+
+    def stop(self) -> None:
+        # Our own child, by PID: SIGTERM (it leaves its group), then SIGKILL if it hangs.
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(STOP_S)
+
+
+# -- the two requesters ------------------------------------------------------------------------
+
+Send = Callable[[], Awaitable[Any]]
+
+
+async def _paced(
+    request: Send, rate: float, warmup_s: float, duration_s: float
+) -> tuple[list[float], int, int, float]:
+    """Send ``rate``/s for warmup + duration; round trips (s) of the measured part, timeouts, sent."""
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    timeouts = 0
+    total = int((warmup_s + duration_s) * rate)
+    first_measured = int(warmup_s * rate)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(measured: bool) -> None:
+        nonlocal timeouts
+        started = time.perf_counter()
+        try:
+            await request()
+        except (RequestTimeoutError, TimeoutError):
+            timeouts += 1
+            return
+        if measured:
+            latencies.append(time.perf_counter() - started)
+
+    start = loop.time()
+    measured_from = 0.0
+    for i in range(total):
+        delay = start + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if i == first_measured:
+            measured_from = loop.time()
+        task = asyncio.create_task(one(i >= first_measured))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    sent_window = loop.time() - measured_from
+    await asyncio.gather(*tasks)
+    return latencies, timeouts, total - first_measured, sent_window
+
+
+class _HandRolled:
+    """The baseline: futures by correlation id, a consumer thread on the reply partition."""
+
+    def __init__(self, bootstrap: str, topic: str, reply_topic: str) -> None:
+        self.topic, self.reply_topic = topic, reply_topic
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True})
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"hand-rolled-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 100,
+            }
+        )
+        self.consumer.assign([TopicPartition(reply_topic, 0, OFFSET_END)])
+        self.waiting: dict[bytes, asyncio.Future[bytes | None]] = {}
+        self.stopping = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.positioned = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.poller = threading.Thread(target=self._poll, daemon=True)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.thread.start()
+        self.poller.start()
+        if not self.positioned.wait(TOPIC_TIMEOUT_S):
+            raise RuntimeError("hand-rolled consumer never positioned")
+
+    def _poll(self) -> None:
+        while not self.stopping.is_set():
+            self.producer.poll(0.05)
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            message = self.consumer.poll(0.1)
+            if not self.positioned.is_set():
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.reply_topic, 0), cached=True
+                )
+                if high >= 0:
+                    self.positioned.set()
+            if message is None or message.error() is not None:
+                continue
+            correlation = header(headers_of(message.headers()), CORRELATION_ID)
+            future = self.waiting.pop(correlation or b"", None)
+            if future is not None and self.loop is not None:
+                self.loop.call_soon_threadsafe(_resolve, future, message.value())
+
+    async def request(self, timeout_s: float) -> bytes | None:
+        assert self.loop is not None
+        correlation = uuid.uuid4().hex.encode()
+        future: asyncio.Future[bytes | None] = self.loop.create_future()
+        self.waiting[correlation] = future
+        headers = [
+            (CORRELATION_ID, correlation),
+            (REPLY_TOPIC, self.reply_topic.encode()),
+            (REPLY_PARTITION, encode_partition(0)),
+        ]
+        self.producer.produce(self.topic, PAYLOAD, headers=headers)
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            self.waiting.pop(correlation, None)
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join(STOP_S)
+        self.poller.join(STOP_S)
+        self.consumer.close()
+        self.producer.flush(STOP_S)
+
+
+def _resolve(future: asyncio.Future[bytes | None], value: bytes | None) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def run_once(
+    side: str,
+    bootstrap: str,
+    topic: str,
+    brokers: int,
+    *,
+    rate: float,
+    warmup_s: float,
+    duration_s: float,
+    timeout_ms: int,
+) -> RunResult:
+    """One requester side against the running responder of ``topic``."""
+    reply_topic = f"bench-replies-{uuid.uuid4().hex[:8]}"
+    cpu0 = time.process_time()
+    if side == "purgatory":
+        kp = KafkaPurgatory.connect(KafkaSettings(bootstrap_servers=bootstrap), name="bench", metrics=False)
+        kp.replies(reply_topic, partitions=2, replication_factor=brokers)
+        try:
+
+            async def drive() -> tuple[list[float], int, int, float]:
+                aio = kp.aio
+                await aio.request(topic, PAYLOAD, timeout_ms=30_000)  # starts request-reply, not measured
+                return await _paced(
+                    lambda: aio.request(topic, PAYLOAD, timeout_ms=timeout_ms), rate, warmup_s, duration_s
+                )
+
+            cpu0 = time.process_time()
+            latencies, timeouts, sent, window = asyncio.run(drive())
+            cpu = time.process_time() - cpu0
+        finally:
+            kp.close()
+    else:
+        _create(bootstrap, reply_topic, 2, brokers)
+        baseline = _HandRolled(bootstrap, topic, reply_topic)
+        try:
+
+            async def drive() -> tuple[list[float], int, int, float]:
+                baseline.start(asyncio.get_running_loop())
+                return await _paced(lambda: baseline.request(timeout_ms / 1000.0), rate, warmup_s, duration_s)
+
+            cpu0 = time.process_time()
+            latencies, timeouts, sent, window = asyncio.run(drive())
+            cpu = time.process_time() - cpu0
+        finally:
+            baseline.close()
+    latencies.sort()
+    ms = [x * 1000.0 for x in latencies]
+    return RunResult(
+        side=side,
+        brokers=brokers,
+        rate=rate,
+        sent=sent,
+        answered=len(ms),
+        timeouts=timeouts,
+        achieved_per_s=sent / window if window > 0 else float("nan"),
+        p50_ms=percentile(ms, 0.50),
+        p99_ms=percentile(ms, 0.99),
+        max_ms=ms[-1] if ms else float("nan"),
+        cpu_us_per_request=cpu / max(1, int((warmup_s + duration_s) * rate)) * 1e6,
+    )
+
+
+def _create(bootstrap: str, topic: str, partitions: int, brokers: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config = {"min.insync.replicas": "2"} if brokers >= 3 else {}
+    create_topic(
+        admin,
+        topic,
+        partitions=partitions,
+        replication_factor=brokers,
+        config=config,
+        timeout_s=TOPIC_TIMEOUT_S,
+    )
+
+
+def _median(runs: list[RunResult], field: str) -> float:
+    return float(statistics.median(getattr(r, field) for r in runs))
+
+
+def request_reply(
+    brokers: Annotated[
+        list[int] | None, typer.Option("--brokers", help="Broker counts (default 1 and 3).")
+    ] = None,
+    rate: Annotated[float, typer.Option(help="Requests per second (paced).")] = TARGET_RATE,
+    duration: Annotated[float, typer.Option(help="Measured seconds per run.")] = 10.0,
+    warmup: Annotated[float, typer.Option(help="Unmeasured seconds before each run.")] = 2.0,
+    repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Runs per side (medians).")] = 3,
+    timeout_ms: Annotated[int, typer.Option(help="Each request's deadline.")] = 5_000,
+    out: Annotated[Path, typer.Option(help="Directory for the JSON result file.")] = Path("bench-results"),
+) -> None:
+    """Request-reply round trips (p50/p99) and requests/s on a local Kafka, vs a hand-rolled requester."""
+    from purgatory import configure_logging
+
+    configure_logging("WARNING", "console", force=True)
+    all_runs: list[RunResult] = []
+    for count in brokers or [1, 3]:
+        with LocalKafkaCluster(brokers=count) as cluster:
+            bootstrap = cluster.bootstrap_servers
+            topic = f"bench-requests-{uuid.uuid4().hex[:8]}"
+            _create(bootstrap, topic, 1, count)
+            responder = _ResponderProcess(topic, f"bench-echo-{uuid.uuid4().hex[:6]}", bootstrap)
+            typer.echo(
+                f"{count} broker(s) at {bootstrap}: {rate:.0f} requests/s for {duration:.0f} s "
+                f"(+{warmup:.0f} s warm-up) x {repeats}, echo responder in process {responder.process.pid}"
+            )
+            try:
+                runs: list[RunResult] = []
+                for i in range(repeats):
+                    order = ("purgatory", "hand-rolled") if i % 2 == 0 else ("hand-rolled", "purgatory")
+                    for side in order:
+                        result = run_once(
+                            side, bootstrap, topic, count,
+                            rate=rate, warmup_s=warmup, duration_s=duration, timeout_ms=timeout_ms,
+                        )  # fmt: skip
+                        runs.append(result)
+                        typer.echo(
+                            f"  run {i + 1} {side:<11} {result.achieved_per_s:7.0f} req/s  "
+                            f"p50 {result.p50_ms:6.2f} ms  p99 {result.p99_ms:6.2f} ms  "
+                            f"max {result.max_ms:7.2f} ms  "
+                            f"timeouts {result.timeouts}  cpu {result.cpu_us_per_request:5.0f} us/req"
+                        )
+            finally:
+                responder.stop()
+            all_runs.extend(runs)
+            ours = [r for r in runs if r.side == "purgatory"]
+            base = [r for r in runs if r.side == "hand-rolled"]
+            ratios = [a.p99_ms / b.p99_ms for a, b in zip(ours, base, strict=True)]
+            p99 = _median(ours, "p99_ms")
+            typer.echo(
+                f"{count} broker(s), medians of {repeats}: "
+                f"purgatory {_median(ours, 'achieved_per_s'):.0f} req/s "
+                f"p50 {_median(ours, 'p50_ms'):.2f} ms p99 {p99:.2f} ms "
+                f"cpu {_median(ours, 'cpu_us_per_request'):.0f} us/req | hand-rolled p50 "
+                f"{_median(base, 'p50_ms'):.2f} ms p99 {_median(base, 'p99_ms'):.2f} ms | "
+                f"p99 ratio (same run) {statistics.median(ratios):.2f}"
+            )
+            met = "met" if p99 <= TARGET_P99_MS and rate >= TARGET_RATE else "NOT met"
+            typer.echo(f"target p99 <= {TARGET_P99_MS:.0f} ms at {TARGET_RATE:.0f} requests/s: {met}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"request-reply-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps([asdict(r) for r in all_runs], indent=1))
+    typer.echo(f"results: {path} (shared machine: compare same-run ratios)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "responder":
+        _responder_main(*sys.argv[2:5])
+    else:
+        sys.exit("usage: python -m purgatory.tools.bench.request_reply responder TOPIC GROUP BOOTSTRAP")
