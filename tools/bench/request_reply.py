@@ -86,7 +86,7 @@ class RunResult:
 # -- the responder process ---------------------------------------------------------------------
 
 
-def _responder_main(topic: str, group: str, bootstrap: str) -> None:
+def _responder_main(topic: str, group: str, bootstrap: str, linger_ms: str = "0") -> None:
     """Echo responder (``python -m purgatory.tools.bench.request_reply responder ...``)."""
     from purgatory.adapters.kafka import Request, Responder
 
@@ -94,7 +94,7 @@ def _responder_main(topic: str, group: str, bootstrap: str) -> None:
         value: bytes | None = request.value
         return value
 
-    echo = Responder(topic, value_of, group=group)
+    echo = Responder(topic, value_of, group=group, linger_ms=int(linger_ms))
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     echo.start(KafkaSettings(bootstrap_servers=bootstrap))
@@ -107,17 +107,9 @@ def _responder_main(topic: str, group: str, bootstrap: str) -> None:
 
 
 class _ResponderProcess:
-    def __init__(self, topic: str, group: str, bootstrap: str) -> None:
+    def __init__(self, topic: str, group: str, bootstrap: str, linger_ms: int) -> None:
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "purgatory.tools.bench.request_reply",
-                "responder",
-                topic,
-                group,
-                bootstrap,
-            ],
+            [sys.executable, "-m", __name__, "responder", topic, group, bootstrap, str(linger_ms)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -195,9 +187,11 @@ async def _paced(
 class _HandRolled:
     """The baseline: futures by correlation id, a consumer thread on the reply partition."""
 
-    def __init__(self, bootstrap: str, topic: str, reply_topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, reply_topic: str, linger_ms: int) -> None:
         self.topic, self.reply_topic = topic, reply_topic
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True})
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": True}
+        )
         self.consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
@@ -280,13 +274,14 @@ def run_once(
     warmup_s: float,
     duration_s: float,
     timeout_ms: int,
+    linger_ms: int = 0,
 ) -> RunResult:
     """One requester side against the running responder of ``topic``."""
     reply_topic = f"bench-replies-{uuid.uuid4().hex[:8]}"
     cpu0 = time.process_time()
     if side == "purgatory":
         kp = KafkaPurgatory.connect(KafkaSettings(bootstrap_servers=bootstrap), name="bench", metrics=False)
-        kp.replies(reply_topic, partitions=2, replication_factor=brokers)
+        kp.replies(reply_topic, partitions=2, replication_factor=brokers, linger_ms=linger_ms)
         try:
 
             async def drive() -> tuple[list[float], int, int, float]:
@@ -303,7 +298,7 @@ def run_once(
             kp.close()
     else:
         _create(bootstrap, reply_topic, 2, brokers)
-        baseline = _HandRolled(bootstrap, topic, reply_topic)
+        baseline = _HandRolled(bootstrap, topic, reply_topic, linger_ms)
         try:
 
             async def drive() -> tuple[list[float], int, int, float]:
@@ -358,6 +353,7 @@ def request_reply(
     warmup: Annotated[float, typer.Option(help="Unmeasured seconds before each run.")] = 2.0,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Runs per side (medians).")] = 3,
     timeout_ms: Annotated[int, typer.Option(help="Each request's deadline.")] = 5_000,
+    linger_ms: Annotated[int, typer.Option(help="linger.ms of requests and replies (both sides).")] = 0,
     out: Annotated[Path, typer.Option(help="Directory for the JSON result file.")] = Path("bench-results"),
 ) -> None:
     """Request-reply round trips (p50/p99) and requests/s on a local Kafka, vs a hand-rolled requester."""
@@ -370,10 +366,11 @@ def request_reply(
             bootstrap = cluster.bootstrap_servers
             topic = f"bench-requests-{uuid.uuid4().hex[:8]}"
             _create(bootstrap, topic, 1, count)
-            responder = _ResponderProcess(topic, f"bench-echo-{uuid.uuid4().hex[:6]}", bootstrap)
+            responder = _ResponderProcess(topic, f"bench-echo-{uuid.uuid4().hex[:6]}", bootstrap, linger_ms)
             typer.echo(
                 f"{count} broker(s) at {bootstrap}: {rate:.0f} requests/s for {duration:.0f} s "
-                f"(+{warmup:.0f} s warm-up) x {repeats}, echo responder in process {responder.process.pid}"
+                f"(+{warmup:.0f} s warm-up) x {repeats}, linger.ms {linger_ms}, "
+                f"echo responder in process {responder.process.pid}"
             )
             try:
                 runs: list[RunResult] = []
@@ -383,6 +380,7 @@ def request_reply(
                         result = run_once(
                             side, bootstrap, topic, count,
                             rate=rate, warmup_s=warmup, duration_s=duration, timeout_ms=timeout_ms,
+                            linger_ms=linger_ms,
                         )  # fmt: skip
                         runs.append(result)
                         typer.echo(
@@ -415,7 +413,7 @@ def request_reply(
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "responder":
-        _responder_main(*sys.argv[2:5])
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "responder":
+        _responder_main(*sys.argv[2:])
     else:
         sys.exit("usage: python -m purgatory.tools.bench.request_reply responder TOPIC GROUP BOOTSTRAP")

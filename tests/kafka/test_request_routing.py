@@ -1,0 +1,256 @@
+"""Request-reply without a cluster: DelayedRequest's outcomes and the reply router's routing.
+
+The purgatory runs on a MockTimer (only the test moves time); replies are handed to the router
+the way its tail thread hands fetched records over (``_on_records``), and the partitions it reads
+are set the way the tail and the ownership group report them. No Kafka client connects: the
+router's sender and tail create their clients on first use, which these tests never reach.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+from purgatory.adapters.kafka import (
+    CORRELATION_ID,
+    ERROR,
+    REPLY_FROM,
+    DelayedRequest,
+    FetchedRecord,
+    Moved,
+    Reply,
+    ReplyRouter,
+    RequestTimeoutError,
+    ResponderError,
+    TopicPartitionKey,
+)
+
+from purgatory import DelayedOperationPurgatory, Outcome
+from purgatory.journal import Journal, JournalEvent
+from purgatory.settings import KafkaSettings
+from purgatory.testing import MockTimer
+
+REPLIES = "replies"
+
+
+def _reply(responder: str | None, value: bytes = b"v", *, offset: int = 0, error: str | None = None) -> Reply:
+    return Reply(value, None, (), responder, error, 0, offset)
+
+
+@pytest.fixture
+def timer() -> MockTimer:
+    return MockTimer()
+
+
+@pytest.fixture
+def purgatory(timer: MockTimer) -> Iterator[DelayedOperationPurgatory[Any]]:
+    p = DelayedOperationPurgatory[Any]("request", timer=timer, reaper_enabled=False)
+    yield p
+    p.shutdown()
+
+
+def _submitted(purgatory: DelayedOperationPurgatory[Any], **options: Any) -> DelayedRequest:
+    op = DelayedRequest("c1", "prices", timeout_ms=options.pop("timeout_ms", 100), **options)
+    purgatory.try_complete_else_watch(op, op.watch_keys())
+    return op
+
+
+def _deliver(purgatory: DelayedOperationPurgatory[Any], op: DelayedRequest, reply: Reply) -> int:
+    op.offer(reply)
+    return purgatory.check_and_complete(op.key)
+
+
+# -- DelayedRequest ------------------------------------------------------------------------------
+
+
+def test_the_first_reply_completes_the_request_and_copies_are_ignored(
+    purgatory: DelayedOperationPurgatory[Any],
+) -> None:
+    op = _submitted(purgatory)
+    assert _deliver(purgatory, op, _reply("pricer", b"42")) == 1
+    assert _deliver(purgatory, op, _reply("pricer", b"42")) == 0, "a copy finishes nothing"
+    assert op.outcome is Outcome.COMPLETED and op.duplicates == 1
+    result = op.result()
+    assert result.complete and result.value == b"42" and len(result.replies) == 1
+
+
+def test_n_of_m_counts_distinct_responders_not_copies(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    op = _submitted(purgatory, wanted=2)
+    _deliver(purgatory, op, _reply("a"))
+    _deliver(purgatory, op, _reply("a"))
+    assert not op.is_completed(), "two copies of a's reply are one reply"
+    _deliver(purgatory, op, _reply("b"))
+    assert op.is_completed() and [r.responder for r in op.result().replies] == ["a", "b"]
+
+
+def test_anonymous_replies_are_distinct_by_record(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    op = _submitted(purgatory, wanted=2)
+    _deliver(purgatory, op, _reply(None, offset=1))
+    _deliver(purgatory, op, _reply(None, offset=2))
+    assert op.is_completed(), "replies without purgatory_replyFrom (e.g. Spring's) count per record"
+
+
+def test_deadline_raises_a_timeout_carrying_what_arrived(
+    purgatory: DelayedOperationPurgatory[Any], timer: MockTimer
+) -> None:
+    op = _submitted(purgatory, wanted=3)
+    _deliver(purgatory, op, _reply("a"))
+    timer.advance_clock(100)
+    assert op.outcome is Outcome.EXPIRED and op.done.is_set()
+    with pytest.raises(RequestTimeoutError, match="1 of 3 replies within 100 ms") as timed_out:
+        op.result()
+    assert [r.responder for r in timed_out.value.replies] == ["a"]
+    assert not op.offer(_reply("b")), "a reply after the deadline is not kept"
+
+
+def test_deadline_with_partial_answers_with_what_arrived(
+    purgatory: DelayedOperationPurgatory[Any], timer: MockTimer
+) -> None:
+    op = _submitted(purgatory, wanted=3, partial=True)
+    _deliver(purgatory, op, _reply("a"))
+    _deliver(purgatory, op, _reply("b"))
+    timer.advance_clock(100)
+    result = op.result()
+    assert not result.complete and [r.responder for r in result.replies] == ["a", "b"]
+
+
+def test_an_error_reply_raises_responder_error(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    op = _submitted(purgatory)
+    _deliver(purgatory, op, _reply("pricer", error="ValueError: no such symbol"))
+    with pytest.raises(ResponderError, match=r"pricer .* ValueError: no such symbol"):
+        op.result()
+
+
+def test_fail_finishes_once_and_loses_to_an_earlier_reply(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    from purgatory.adapters.kafka import KafkaUnavailableError
+
+    failed = _submitted(purgatory)
+    assert failed.fail(KafkaUnavailableError("not delivered"))
+    with pytest.raises(KafkaUnavailableError, match="not delivered"):
+        failed.result()
+    answered = DelayedRequest("c2", "prices", timeout_ms=100)
+    purgatory.try_complete_else_watch(answered, answered.watch_keys())
+    _deliver(purgatory, answered, _reply("a"))
+    assert not answered.fail(KafkaUnavailableError("too late")), "the reply finished it first"
+    assert answered.result().value == b"v" and answered.error is None
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [({"wanted": 0}, "replies"), ({"wanted": True}, "replies"), ({"timeout_ms": 0}, "timeout_ms")],
+)
+def test_bad_arguments_name_the_field(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        DelayedRequest("c", "t", **{"timeout_ms": 100, **options})
+
+
+# -- ReplyRouter ---------------------------------------------------------------------------------
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.events: list[JournalEvent] = []
+
+    def write(self, events: Any) -> None:
+        self.events.extend(events)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _router(purgatory: DelayedOperationPurgatory[Any], ready: set[int]) -> ReplyRouter:
+    router = ReplyRouter(
+        KafkaSettings(bootstrap_servers="127.0.0.1:9"), purgatory, cast(Any, None), topic=REPLIES, group="g"
+    )
+    # What the ownership group and the tail report: partitions owned, then read from a position.
+    router.on_assigned(frozenset(TopicPartitionKey(REPLIES, p) for p in ready), 1)
+    router.tail.stats.following = frozenset(TopicPartitionKey(REPLIES, p) for p in ready)
+    router._on_high_watermarks({})
+    return router
+
+
+def _record(
+    correlation_id: str | None, responder: str = "r", offset: int = 0, error: str | None = None
+) -> FetchedRecord:
+    headers: list[tuple[str, bytes | None]] = [(REPLY_FROM, responder.encode())]
+    if correlation_id is not None:
+        headers.append((CORRELATION_ID, correlation_id.encode()))
+    if error is not None:
+        headers.append((ERROR, error.encode()))
+    return FetchedRecord(offset, None, b"answer", 0, tuple(headers))
+
+
+def _request(router: ReplyRouter, **options: Any) -> DelayedRequest:
+    op = router.prepare("prices", timeout_ms=options.pop("timeout_ms", 100), **options)
+    router.purgatory.try_complete_else_watch(op, op.watch_keys())
+    return op
+
+
+def test_router_completes_the_request_named_by_the_correlation_header(
+    purgatory: DelayedOperationPurgatory[Any],
+) -> None:
+    router = _router(purgatory, {0, 1})
+    ops = [_request(router) for _ in range(2)]
+    assert {op.reply_partition for op in ops} == {0, 1}, "requests name the ready partitions in turn"
+    key = TopicPartitionKey(REPLIES, 1)
+    router._on_records(key, [_record(ops[1].correlation_id), _record(ops[1].correlation_id)])
+    assert ops[1].is_completed() and not ops[0].is_completed()
+    assert (router.stats.answered, router.stats.duplicates, router.pending()) == (1, 1, 1)
+
+
+def test_router_tells_late_duplicate_unknown_and_malformed_replies_apart(
+    purgatory: DelayedOperationPurgatory[Any], timer: MockTimer
+) -> None:
+    sink = ListSink()
+    journal = Journal([sink]).attach(purgatory)
+    router = _router(purgatory, {0})
+    answered, expired = _request(router), _request(router, timeout_ms=50)
+    key = TopicPartitionKey(REPLIES, 0)
+    router._on_records(key, [_record(answered.correlation_id)])
+    timer.advance_clock(50)
+    assert expired.outcome is Outcome.EXPIRED
+    router._on_records(
+        key,
+        [
+            _record(answered.correlation_id),
+            _record(expired.correlation_id),
+            _record("someone-else"),
+            _record(None),
+        ],
+    )
+    stats = router.stats
+    assert (stats.duplicates, stats.late, stats.unknown, stats.malformed) == (1, 1, 1, 1)
+    assert (stats.answered, stats.expired) == (1, 1)
+    journal.close()
+    late = [e for e in sink.events if e.op_type == "LateReply"]
+    assert [e.event_type.value for e in late] == ["created", "completed"]
+    assert late[0].keys == (f"correlation:{expired.correlation_id}",), "journaled on the request's key"
+
+
+def test_a_revoked_reply_partition_is_read_until_its_requests_finish(
+    purgatory: DelayedOperationPurgatory[Any],
+) -> None:
+    router = _router(purgatory, {0, 1})
+    waiting = [_request(router) for _ in range(2)]
+    on_1 = next(op for op in waiting if op.reply_partition == 1)
+    router.on_revoked(frozenset({TopicPartitionKey(REPLIES, 1)}), Moved("revoked", None, 2))
+    assert router.ready() == (0,), "new requests no longer name the revoked partition"
+    assert all(_request(router).reply_partition == 0 for _ in range(3))
+    assert TopicPartitionKey(REPLIES, 1) in router.tail._wanted, "still read: a request waits on it"
+    router._on_records(TopicPartitionKey(REPLIES, 1), [_record(on_1.correlation_id)])
+    assert on_1.result().complete
+    assert TopicPartitionKey(REPLIES, 1) not in router.tail._wanted, "its last waiter done: dropped"
+
+
+def test_no_ready_partition_is_a_typed_error(purgatory: DelayedOperationPurgatory[Any]) -> None:
+    from purgatory.adapters.kafka import KafkaUnavailableError
+
+    router = _router(purgatory, set())
+    with pytest.raises(KafkaUnavailableError, match="group 'g' has not assigned one"):
+        router.prepare("prices", timeout_ms=100)
+    with pytest.raises(ValueError, match="topic"):
+        _router(purgatory, {0}).prepare("", timeout_ms=100)
