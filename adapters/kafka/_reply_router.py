@@ -262,6 +262,9 @@ class ReplyRouter:
 
     def _on_high_watermarks(self, moved: dict[TopicPartitionKey, int]) -> None:
         # The first high watermark of a partition means the tail reads it from a fixed position.
+        # Called every round the tail fetched something: nothing to do once all owned are ready.
+        if len(self._ready) == len(self._owned):
+            return
         with self._lock:
             self._update_ready()
 

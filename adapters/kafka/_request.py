@@ -38,6 +38,10 @@ from ._errors import KafkaAdapterError
 
 __all__ = ["DelayedRequest", "RequestResult", "RequestTimeoutError", "ResponderError"]
 
+# Guards the lazy creation of a request's completion event against on_complete setting it: held
+# for a few bytecodes (as _operations._DONE_LOCK).
+_DONE_LOCK = threading.Lock()
+
 
 class RequestTimeoutError(KafkaAdapterError, TimeoutError):
     """The request's deadline passed before ``wanted`` replies arrived; ``replies`` holds those that did."""
@@ -131,13 +135,25 @@ class DelayedRequest(DelayedOperation):
         self.reply_partition = reply_partition
         self.duplicates = 0
         self.error: KafkaAdapterError | None = None
-        self.done = threading.Event()
+        # Built on first use (threads' wait()); an awaited request never needs one (~1 KB each).
+        self._done: threading.Event | None = None
+        self._finished = False  # on_complete has run to its end (what done reports)
         self.created_ns = time.monotonic_ns()
         self.finished_ns = 0
         self._by_identity: dict[str, Reply] = {}
         self._final: tuple[Reply, ...] = ()
         self._failing: KafkaAdapterError | None = None
         self._on_finished = on_finished
+
+    @property
+    def done(self) -> threading.Event:
+        """Set once the request finished (``on_complete`` ran)."""
+        with _DONE_LOCK:  # against on_complete setting a just-created event too early or never
+            if self._done is None:
+                self._done = threading.Event()
+                if self._finished:
+                    self._done.set()
+            return self._done
 
     @property
     def correlation_id(self) -> str:
@@ -177,7 +193,10 @@ class DelayedRequest(DelayedOperation):
             self.error = self._failing
         if self._on_finished is not None:
             self._on_finished(self)
-        self.done.set()
+        with _DONE_LOCK:
+            self._finished = True
+            if self._done is not None:
+                self._done.set()
 
     def on_expiration(self) -> None:
         pass  # result() reports the expiry; the router counts it in on_finished

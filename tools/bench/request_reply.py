@@ -80,7 +80,9 @@ class RunResult:
     p50_ms: float
     p99_ms: float
     max_ms: float
-    cpu_us_per_request: float
+    cpu_us_per_request: float  # the requester process (this one)
+    responder_cpu_us_per_request: float
+    brokers_cpu_us_per_request: float
 
 
 # -- the responder process ---------------------------------------------------------------------
@@ -264,6 +266,21 @@ def _resolve(future: asyncio.Future[bytes | None], value: bytes | None) -> None:
         future.set_result(value)
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far (Linux /proc; 0 for a process gone)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15)
+    return total
+
+
 def run_once(
     side: str,
     bootstrap: str,
@@ -275,8 +292,12 @@ def run_once(
     duration_s: float,
     timeout_ms: int,
     linger_ms: int = 0,
+    responder_pid: int | None = None,
+    broker_pids: tuple[int, ...] = (),
 ) -> RunResult:
     """One requester side against the running responder of ``topic``."""
+    others = [responder_pid] if responder_pid is not None else []
+    responder0, brokers0 = _cpu_s(others), _cpu_s(list(broker_pids))
     reply_topic = f"bench-replies-{uuid.uuid4().hex[:8]}"
     cpu0 = time.process_time()
     if side == "purgatory":
@@ -312,6 +333,8 @@ def run_once(
             baseline.close()
     latencies.sort()
     ms = [x * 1000.0 for x in latencies]
+    requests = max(1, int((warmup_s + duration_s) * rate))
+    responder_cpu, brokers_cpu = _cpu_s(others) - responder0, _cpu_s(list(broker_pids)) - brokers0
     return RunResult(
         side=side,
         brokers=brokers,
@@ -323,7 +346,9 @@ def run_once(
         p50_ms=percentile(ms, 0.50),
         p99_ms=percentile(ms, 0.99),
         max_ms=ms[-1] if ms else float("nan"),
-        cpu_us_per_request=cpu / max(1, int((warmup_s + duration_s) * rate)) * 1e6,
+        cpu_us_per_request=cpu / requests * 1e6,
+        responder_cpu_us_per_request=responder_cpu / requests * 1e6,
+        brokers_cpu_us_per_request=brokers_cpu / requests * 1e6,
     )
 
 
@@ -380,14 +405,18 @@ def request_reply(
                         result = run_once(
                             side, bootstrap, topic, count,
                             rate=rate, warmup_s=warmup, duration_s=duration, timeout_ms=timeout_ms,
-                            linger_ms=linger_ms,
+                            linger_ms=linger_ms, responder_pid=responder.process.pid,
+                            broker_pids=tuple(n.pid for n in cluster.nodes.values() if n.pid is not None),
                         )  # fmt: skip
                         runs.append(result)
                         typer.echo(
                             f"  run {i + 1} {side:<11} {result.achieved_per_s:7.0f} req/s  "
                             f"p50 {result.p50_ms:6.2f} ms  p99 {result.p99_ms:6.2f} ms  "
                             f"max {result.max_ms:7.2f} ms  "
-                            f"timeouts {result.timeouts}  cpu {result.cpu_us_per_request:5.0f} us/req"
+                            f"timeouts {result.timeouts}  cpu us/req: requester "
+                            f"{result.cpu_us_per_request:4.0f} "
+                            f"responder {result.responder_cpu_us_per_request:4.0f} "
+                            f"brokers {result.brokers_cpu_us_per_request:4.0f}"
                         )
             finally:
                 responder.stop()
