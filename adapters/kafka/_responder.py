@@ -21,8 +21,9 @@ responder share the load), and a request's offset is committed only after its re
 acknowledged (idempotent producer, ``acks=all``). A responder that dies between reading a request
 and that commit leaves it uncommitted; the group hands the partition to another member, which
 answers it again. Replies may therefore repeat — the requester's purgatory keeps the first.
-Every ``COMMIT_INTERVAL_S`` the loop flushes the producer (all replies so far acknowledged) and
-commits the positions it consumed; on a rebalance it does the same before giving partitions up.
+Every ``COMMIT_INTERVAL_S``, at a moment when no reply is in flight (all acknowledged), the loop
+commits the positions it consumed; under sustained load it flushes the producer for such a moment
+after ``COMMIT_MAX_DELAY_S``; on a rebalance it flushes and commits before giving partitions up.
 A reply that could not be delivered stops commits: the loop rewinds to the last committed
 offsets (``seek``), so those requests are answered again.
 
@@ -64,7 +65,7 @@ from ._correlation import (
     headers_of,
 )
 from ._errors import KafkaAdapterError
-from ._sender import RecordSender
+from ._sender import DEFAULT_LINGER_MS, RecordSender
 
 __all__ = ["Handler", "Request", "Responder", "ResponderStats", "request_of", "responder"]
 
@@ -72,7 +73,10 @@ _log = structlog.get_logger("purgatory.kafka.responder")
 
 POLL_S = 0.1  # an idle poll: how soon a stop is seen
 BATCH = 500  # requests drained per round once one arrived
-COMMIT_INTERVAL_S = 0.2  # flush + commit at most this often: a crash repeats at most ~this much work
+COMMIT_INTERVAL_S = 0.2  # commit at most this often: a crash repeats at most ~this much work
+# Commits need a moment with no reply in flight; past this the loop stops to flush for one. (A
+# flush every interval stalled answering for a broker round trip five times a second.)
+COMMIT_MAX_DELAY_S = 2.0
 # The broker answers an idle fetch after this long; a request ends the wait at once. Low so that a
 # request arriving just after an empty response is not held by librdkafka's fetch backoff.
 FETCH_WAIT_MS = 10
@@ -152,7 +156,7 @@ class Responder:
         *,
         group: str,
         session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
-        linger_ms: int = 0,
+        linger_ms: int = DEFAULT_LINGER_MS,
     ) -> None:
         if not isinstance(topic, str) or not topic:
             raise ValueError(f"topic must be a non-empty string, got {topic!r}")
@@ -297,7 +301,15 @@ class Responder:
                     self._answer(message, sender, loop, state)
                 if state.dirty and time.monotonic() - state.since >= COMMIT_INTERVAL_S:
                     try:
-                        flush_and_commit()
+                        if not state.undelivered and sender.in_flight() == 0:
+                            # Every reply so far is acknowledged: commit the positions without
+                            # stopping to flush (the same thread consumes, so nothing was read
+                            # since the check). Asynchronous: a lost commit is covered by the next.
+                            consumer.commit(asynchronous=True)
+                            self.stats.commits += 1
+                            state.reset()
+                        elif time.monotonic() - state.since >= COMMIT_MAX_DELAY_S:
+                            flush_and_commit()  # replies always in flight (sustained load): wait once
                     except Exception:  # an outage (committed() timed out): retry at the next interval
                         self.stats.commit_failures += 1
                         state.since = time.monotonic()
@@ -374,7 +386,11 @@ class _CommitState:
 
 
 def responder(
-    topic: str, *, group: str, session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS, linger_ms: int = 0
+    topic: str,
+    *,
+    group: str,
+    session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+    linger_ms: int = DEFAULT_LINGER_MS,
 ) -> Callable[[Handler], Responder]:
     """Decorator: turn ``handler(request) -> bytes | None`` into a :class:`Responder` of ``topic``."""
 

@@ -70,6 +70,7 @@ from ._operations import (
 from ._reply_router import DEFAULT_REPLY_PARTITIONS, ReplyRouter
 from ._request import DelayedRequest, RequestResult
 from ._results import CommitResult, DeleteRecordsResult, FetchResult, ProduceResult, TopicReadyResult
+from ._sender import DEFAULT_LINGER_MS
 from ._view import ClusterView
 
 __all__ = ["PURGATORY_NAMES", "AsyncKafkaPurgatory", "KafkaPurgatory"]
@@ -412,7 +413,7 @@ class KafkaPurgatory:
         group: str | None = None,
         partitions: int = DEFAULT_REPLY_PARTITIONS,
         replication_factor: int = BROKER_DEFAULT,
-        linger_ms: int = 0,
+        linger_ms: int = DEFAULT_LINGER_MS,
     ) -> ReplyRouter:
         """The :class:`ReplyRouter` of this instance; the first call configures it (not started).
 

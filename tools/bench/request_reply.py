@@ -56,7 +56,7 @@ from purgatory.adapters.kafka import (
 
 from purgatory.settings import KafkaSettings
 
-from ._measure import percentile
+from ._measure import GcMeter, percentile
 
 __all__ = ["RunResult", "request_reply", "run_once"]
 
@@ -83,6 +83,8 @@ class RunResult:
     cpu_us_per_request: float  # the requester process (this one)
     responder_cpu_us_per_request: float
     brokers_cpu_us_per_request: float
+    gc_ms: float  # the requester's cyclic-GC pauses during the run (they stall every thread)
+    gc_full: int  # ... of which full (generation 2) collections
 
 
 # -- the responder process ---------------------------------------------------------------------
@@ -296,6 +298,7 @@ def run_once(
     broker_pids: tuple[int, ...] = (),
 ) -> RunResult:
     """One requester side against the running responder of ``topic``."""
+    gc_meter = GcMeter()
     others = [responder_pid] if responder_pid is not None else []
     responder0, brokers0 = _cpu_s(others), _cpu_s(list(broker_pids))
     reply_topic = f"bench-replies-{uuid.uuid4().hex[:8]}"
@@ -313,7 +316,8 @@ def run_once(
                 )
 
             cpu0 = time.process_time()
-            latencies, timeouts, sent, window = asyncio.run(drive())
+            with gc_meter:
+                latencies, timeouts, sent, window = asyncio.run(drive())
             cpu = time.process_time() - cpu0
         finally:
             kp.close()
@@ -327,7 +331,8 @@ def run_once(
                 return await _paced(lambda: baseline.request(timeout_ms / 1000.0), rate, warmup_s, duration_s)
 
             cpu0 = time.process_time()
-            latencies, timeouts, sent, window = asyncio.run(drive())
+            with gc_meter:
+                latencies, timeouts, sent, window = asyncio.run(drive())
             cpu = time.process_time() - cpu0
         finally:
             baseline.close()
@@ -349,6 +354,8 @@ def run_once(
         cpu_us_per_request=cpu / requests * 1e6,
         responder_cpu_us_per_request=responder_cpu / requests * 1e6,
         brokers_cpu_us_per_request=brokers_cpu / requests * 1e6,
+        gc_ms=gc_meter.seconds * 1000.0,
+        gc_full=gc_meter.counts[2],
     )
 
 
@@ -378,7 +385,7 @@ def request_reply(
     warmup: Annotated[float, typer.Option(help="Unmeasured seconds before each run.")] = 2.0,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Runs per side (medians).")] = 3,
     timeout_ms: Annotated[int, typer.Option(help="Each request's deadline.")] = 5_000,
-    linger_ms: Annotated[int, typer.Option(help="linger.ms of requests and replies (both sides).")] = 0,
+    linger_ms: Annotated[int, typer.Option(help="linger.ms of requests and replies (both sides).")] = 2,
     out: Annotated[Path, typer.Option(help="Directory for the JSON result file.")] = Path("bench-results"),
 ) -> None:
     """Request-reply round trips (p50/p99) and requests/s on a local Kafka, vs a hand-rolled requester."""
@@ -416,7 +423,8 @@ def request_reply(
                             f"timeouts {result.timeouts}  cpu us/req: requester "
                             f"{result.cpu_us_per_request:4.0f} "
                             f"responder {result.responder_cpu_us_per_request:4.0f} "
-                            f"brokers {result.brokers_cpu_us_per_request:4.0f}"
+                            f"brokers {result.brokers_cpu_us_per_request:4.0f}  "
+                            f"GC {result.gc_ms:.0f} ms ({result.gc_full} full)"
                         )
             finally:
                 responder.stop()
