@@ -19,3 +19,26 @@ def test_bench_completes_operations_and_keeps_requests_per_poll_constant(
     # ListOffsets(latest) every poll, DescribeTopics every 5th; DelayedProduce reads no log start.
     assert 1.0 <= result.requests_per_poll <= 1.5, "one or two batched requests per poll for one topic"
     assert result.lag_p50_ms > 0
+
+
+def test_request_reply_bench_answers_every_request_on_both_sides(kafka_bootstrap: str) -> None:
+    """``purgatory bench request-reply``'s run on the session cluster, a short, slow run per side."""
+    import uuid
+
+    from purgatory.tools.bench import request_reply
+
+    topic = f"bench-smoke-{uuid.uuid4().hex[:8]}"
+    request_reply._create(kafka_bootstrap, topic, 1, 1)
+    responder = request_reply._ResponderProcess(topic, f"smoke-{uuid.uuid4().hex[:6]}", kafka_bootstrap, 2)
+    try:
+        for side in ("purgatory", "hand-rolled"):
+            result = request_reply.run_once(
+                side, kafka_bootstrap, topic, 1, rate=50.0, warmup_s=0.2, duration_s=1.0, timeout_ms=10_000,
+                responder_pid=responder.process.pid,
+            )  # fmt: skip
+            assert result.timeouts == 0 and result.answered == result.sent == 50, result
+            assert 0 < result.p50_ms <= result.p99_ms <= result.max_ms
+            assert result.responder_cpu_us_per_request > 0, "the responder process's CPU is read"
+    finally:
+        responder.stop()
+    assert responder.process.returncode == 0, "the responder stopped on SIGTERM (no SIGKILL needed)"
