@@ -92,7 +92,7 @@ class ReplyRouterStats:
     requests: int = 0
     replies: int = 0  # reply records read
     answered: int = 0  # requests finished with their replies
-    expired: int = 0
+    expired: int = 0  # requests finished by their deadline (or cancelled by their caller)
     failed: int = 0  # requests that could not be produced
     duplicates: int = 0  # copies of a reply already counted (while waiting or after the answer)
     late: int = 0  # replies to requests that had expired or failed
@@ -187,16 +187,21 @@ class ReplyRouter:
             if self._started:
                 return self
             self._started = True
-        create_topic(
-            self._admin,
-            self.topic,
-            partitions=self._partitions,
-            replication_factor=self._replication_factor,
-            timeout_s=ADMIN_TIMEOUT_S,
-        )
+        try:
+            create_topic(
+                self._admin,
+                self.topic,
+                partitions=self._partitions,
+                replication_factor=self._replication_factor,
+                timeout_s=ADMIN_TIMEOUT_S,
+            )
+            count = self._partition_count() if self.group is None else 0
+        except BaseException:
+            with self._lock:
+                self._started = False  # Kafka did not answer: the next request tries again
+            raise
         self.tail.start()
         if self.group is None:
-            count = self._partition_count()
             self._set_owned(frozenset(range(count)))
         else:
             self.ownership = PartitionOwnership(

@@ -24,8 +24,10 @@ answers it again. Replies may therefore repeat — the requester's purgatory kee
 Every ``COMMIT_INTERVAL_S``, at a moment when no reply is in flight (all acknowledged), the loop
 commits the positions it consumed; under sustained load it flushes the producer for such a moment
 after ``COMMIT_MAX_DELAY_S``; on a rebalance it flushes and commits before giving partitions up.
-A reply that could not be delivered stops commits: the loop rewinds to the last committed
-offsets (``seek``), so those requests are answered again.
+A reply Kafka did not take (unavailable past the producer's retries) stops commits: the loop
+rewinds to the last committed offsets (``seek``), so those requests are answered again — until
+their deadline, after which they are skipped. A reply refused for good (its topic or partition
+does not exist, too large) is not retried: counted ``unanswerable``.
 
 Requests whose ``purgatory_deadlineMs`` has passed are skipped (counted, committed): nobody waits
 for their answer. Requests without a reply topic are handled and not answered (fire and forget).
@@ -64,7 +66,7 @@ from ._correlation import (
     header,
     headers_of,
 )
-from ._errors import KafkaAdapterError
+from ._errors import KafkaAdapterError, KafkaUnavailableError
 from ._sender import DEFAULT_LINGER_MS, RecordSender
 
 __all__ = ["Handler", "Request", "Responder", "ResponderStats", "request_of", "responder"]
@@ -353,17 +355,30 @@ class Responder:
         headers.append((CORRELATION_ID, request.correlation_id.encode()))
 
         def delivered(error: KafkaAdapterError | None, _message: Message) -> None:
-            if error is not None:
-                state.undelivered += 1
+            # On the sender thread (or this one, in a flush): only failures are reported.
+            if isinstance(error, KafkaUnavailableError):
+                state.undelivered += 1  # Kafka did not take it: rewind, answer again (module doc)
+            elif error is not None:
+                # Refused for good (reply topic or partition gone, too large): answering again
+                # would fail again, so it is not retried; the requester's deadline answers it.
+                self.stats.unanswerable += 1
+                _log.warning("responder_reply_refused", group=self.group, error=str(error))
 
-        sender.send(
-            request.reply_to.topic,
-            None if value is None else bytes(value),
-            key=request.key,
-            partition=request.reply_to.partition,
-            headers=headers,
-            on_delivery=delivered,
-        )
+        try:
+            sender.send(
+                request.reply_to.topic,
+                None if value is None else bytes(value),
+                key=request.key,
+                partition=request.reply_to.partition,
+                headers=headers,
+                on_delivery=delivered,
+            )
+        except KafkaAdapterError as exc:
+            # Refused at once (a reply partition or topic that does not exist, a reply too
+            # large): this request cannot be answered; the others still can.
+            self.stats.unanswerable += 1
+            _log.warning("responder_reply_refused", group=self.group, offset=request.offset, error=str(exc))
+            return
         self.stats.answered += 1
 
 

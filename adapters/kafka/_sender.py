@@ -26,6 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from purgatory.settings import KafkaSettings
 
+from ._clients import _typed
 from ._config import client_config, redacted
 from ._errors import KafkaAdapterError, KafkaUnavailableError
 
@@ -114,7 +115,9 @@ class RecordSender:
                 typed = None
             else:
                 self.stats.failed += 1
-                typed = KafkaUnavailableError(f"topic {topic!r}: record not delivered ({error.str()})")
+                # Typed as the append's errors are: unavailable (worth another try) or a refusal
+                # that will repeat (unknown topic or partition, too large).
+                typed = _typed(error, f"topic {topic!r}: record not delivered")
             if on_delivery is not None:
                 on_delivery(typed, message)
 
