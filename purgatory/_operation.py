@@ -25,8 +25,9 @@ class DelayedOperation(OperationCore):
     Finishing is *claimed* by an atomic test-and-set that is independent of ``op.lock``: exactly
     one of ``force_complete``, expiry (``run``) and cancellation wins; the others get False. So
     ``force_complete`` may be called from anywhere, including inside ``try_complete`` whatever
-    lock the operation was given. ``op.lock`` defaults to a fresh ``RLock`` (user code inside
-    ``try_complete`` may take it again); operations may share one lock.
+    lock the operation was given. ``op.lock`` defaults to the operation's own re-entrant lock,
+    which behaves as a fresh ``threading.RLock`` (user code inside ``try_complete`` may take it
+    again) without allocating one (``_operation_core.OwnLock``); operations may share one lock.
 
     Concurrency contract: ``safe_try_complete*`` may run on many threads at once (they serialise
     on ``op.lock``); ``force_complete`` and ``run`` may race each other and those freely.

@@ -11,9 +11,10 @@ the field (typed ``int``, mypyc would refuse a float with "int object expected; 
 from __future__ import annotations
 
 import threading
-from _thread import RLock as _RLock
+import time
+from _thread import get_ident
 from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 import structlog
 from mypy_extensions import mypyc_attr
@@ -26,8 +27,29 @@ __all__ = ["LockLike", "OperationCore", "OperationOwner", "Waiter"]
 
 _log = structlog.get_logger("purgatory.operation")
 
-# Guards every operation's claim (finish) and the outcome counters.
-_CLAIM_LOCK = threading.Lock()
+# Guards every operation's claim (finish) and the outcome counters. Final: compiled code reads
+# it as a C static instead of looking it up in the module's dict on every finish.
+_CLAIM_LOCK: Final = threading.Lock()
+
+# The state of every operation's own lock (see OwnLock) changes only under this one lock, and a
+# thread waiting for an operation's lock waits on this condition. Nothing under it runs user
+# code, so it is held for a few native steps, like the claim lock (compiled: no Python code
+# runs while it is held but for the contended path's Condition calls).
+_OWN_LOCKS_GUARD: Final = threading.Lock()
+_OWN_LOCK_RELEASED: Final = threading.Condition(_OWN_LOCKS_GUARD)
+
+
+class _Waiting:
+    """How many threads wait on ``_OWN_LOCK_RELEASED`` (changed under the guard): releases
+    notify only while someone waits, so the uncontended path runs no Condition code."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+_WAITING: Final = _Waiting()
 
 
 class LockLike(Protocol):
@@ -63,10 +85,12 @@ class OperationCore(TimerTask):
 
     __slots__ = (
         "_keys_cancelled",
+        "_lock",
+        "_lock_depth",
+        "_lock_owner",
         "_owner",
         "_waiter",
         "_watch_keys",
-        "lock",
         "outcome",
         "submitted_ns",
     )
@@ -81,9 +105,14 @@ class OperationCore(TimerTask):
         # Assigned first: mypyc lays fields out in assignment order, so this 1-byte bool shares
         # the 8-byte word of TimerTask's last field (``_scheduled``, also a bool): 8 B per op.
         self._keys_cancelled = False
-        # _thread.RLock is what threading.RLock() returns, minus a Python-level factory call
-        # (245 -> 90 ns, a sixth of constructing an operation).
-        self.lock: LockLike = lock if lock is not None else _RLock()  # type: ignore[assignment]
+        # The lock given, or None: then ``op.lock`` is the operation's own re-entrant lock, kept
+        # in the two fields below (see OwnLock). A threading.RLock per operation cost 104 of the
+        # 405 bytes a pending operation held (``purgatory bench purgatory``) and an allocation,
+        # a semaphore init and destroy per request.
+        self._lock: LockLike | None = lock
+        # The own lock's owner (a thread ident, 0 when free) and its re-entry depth.
+        self._lock_owner = 0
+        self._lock_depth = 0
         # None until claimed (see _finish): the claim and is_completed() both read this field.
         self.outcome: Outcome | None = None
         self._owner: OperationOwner | None = None
@@ -104,6 +133,29 @@ class OperationCore(TimerTask):
 
     def on_expiration(self) -> None:
         """Extra work when the operation timed out (after ``on_complete``)."""
+
+    @property
+    def lock(self) -> LockLike:
+        """The lock ``safe_try_complete*`` hold while ``try_complete`` runs: the one given to the
+        constructor, else the operation's own re-entrant lock (:class:`OwnLock`)."""
+        lock = self._lock
+        if lock is None:
+            # First look at the own lock from outside: give it a face, once. Two threads may both
+            # build one; the guard lets only the first be kept, so ``op.lock is op.lock``.
+            face = OwnLock(self)
+            guard = _OWN_LOCKS_GUARD
+            guard.acquire()
+            try:
+                lock = self._lock
+                if lock is None:
+                    self._lock = lock = face
+            finally:
+                guard.release()
+        return lock
+
+    @lock.setter
+    def lock(self, lock: LockLike) -> None:
+        self._lock = lock
 
     # -- finishing ----------------------------------------------------------------------------
 
@@ -134,7 +186,17 @@ class OperationCore(TimerTask):
 
     def safe_try_complete_or_else(self, action: Callable[[], None]) -> bool:
         """Under ``op.lock``: ``try_complete()``; if False run ``action()`` and try once more."""
-        with self.lock:
+        given = self._lock
+        if given is None or type(given) is OwnLock:
+            own_acquire(self, True, -1.0)
+            try:
+                if self.try_complete():
+                    return True
+                action()
+                return self.try_complete()
+            finally:
+                own_release(self)
+        with given:
             if self.try_complete():
                 return True
             action()
@@ -166,10 +228,154 @@ def is_finished(op: OperationCore) -> bool:
 
 def safe_try_complete(op: OperationCore) -> bool:
     """Under ``op.lock``: False if already finished, else ``try_complete()``."""
-    with op.lock:
+    given = op._lock
+    if given is None or type(given) is OwnLock:
+        own_acquire(op, True, -1.0)
+        try:
+            if op.outcome is not None:
+                return False
+            return op.try_complete()
+        finally:
+            own_release(op)
+    with given:
         if op.outcome is not None:
             return False
         return op.try_complete()
+
+
+# -- the operation's own lock ------------------------------------------------------------------
+
+
+class OwnLock:
+    """An operation's default ``op.lock``: a re-entrant lock whose state lives in the operation.
+
+    It behaves as ``threading.RLock`` (the thread holding it may acquire it again and must
+    release it as often; ``acquire(blocking, timeout)``; releasing a lock this thread does not
+    hold raises RuntimeError; ``threading.Condition`` can be built on it), but costs no object
+    per operation: the owner's thread ident and the depth are two fields of the operation
+    (``_lock_owner``, ``_lock_depth``), so an operation whose lock only the purgatory takes
+    never allocates one. This object is only a face, made the first time someone reads
+    ``op.lock``; the purgatory itself calls ``own_acquire``/``own_release`` directly.
+
+    Concurrency: every change of an own lock's state happens under one process-wide guard
+    (``_OWN_LOCKS_GUARD``), held for a few steps that run no user code. A thread that finds the
+    lock taken waits on the guard's condition, which each release that leaves a lock free
+    notifies while anyone waits: one condition for all operations is enough because an
+    operation's lock is held only while ``try_complete`` runs, and contention on one is rare.
+    (tests/core/test_delayed_operation.py::test_own_lock_*)
+    """
+
+    __slots__ = ("_op",)
+
+    def __init__(self, op: OperationCore) -> None:
+        self._op = op
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return own_acquire(self._op, blocking, float(timeout))
+
+    def release(self) -> None:
+        own_release(self._op)
+
+    def __enter__(self) -> bool:
+        return own_acquire(self._op, True, -1.0)
+
+    def __exit__(self, *exc: object) -> None:
+        own_release(self._op)
+
+    def locked(self) -> bool:
+        return self._op._lock_owner != 0
+
+    # What threading.Condition uses of an RLock, so a Condition built on op.lock waits correctly
+    # when this thread holds it more than once.
+    def _is_owned(self) -> bool:
+        return self._op._lock_owner == get_ident()
+
+    def _release_save(self) -> tuple[int, int]:
+        op = self._op
+        guard = _OWN_LOCKS_GUARD
+        guard.acquire()
+        try:
+            if op._lock_owner != get_ident():
+                raise RuntimeError("cannot release un-acquired lock")
+            state = (op._lock_depth, op._lock_owner)
+            op._lock_depth = 0
+            op._lock_owner = 0
+            _OWN_LOCK_RELEASED.notify_all()
+            return state
+        finally:
+            guard.release()
+
+    def _acquire_restore(self, state: tuple[int, int]) -> None:
+        op = self._op
+        own_acquire(op, True, -1.0)
+        op._lock_depth = state[0]
+
+    def __repr__(self) -> str:
+        op = self._op
+        status = "unlocked" if op._lock_owner == 0 else f"locked by {op._lock_owner} x{op._lock_depth}"
+        return f"<OwnLock of {type(op).__name__} {status}>"
+
+
+def own_acquire(op: OperationCore, blocking: bool, timeout: float) -> bool:
+    """Take ``op``'s own lock (see OwnLock); False if not blocking, or timed out, and taken."""
+    me = get_ident()
+    guard = _OWN_LOCKS_GUARD
+    guard.acquire()
+    try:
+        owner = op._lock_owner
+        if owner == 0:
+            op._lock_owner = me
+            op._lock_depth = 1
+            return True
+        if owner == me:
+            op._lock_depth += 1
+            return True
+        if not blocking:
+            return False
+        return _own_acquire_contended(op, me, timeout)
+    finally:
+        guard.release()
+
+
+def _own_acquire_contended(op: OperationCore, me: int, timeout: float) -> bool:
+    # Caller holds the guard; Condition.wait releases it while waiting and takes it back.
+    released = _OWN_LOCK_RELEASED
+    waiting = _WAITING
+    deadline = time.monotonic() + timeout if timeout >= 0 else 0.0
+    waiting.count += 1
+    try:
+        while op._lock_owner != 0:
+            if timeout < 0:
+                released.wait()
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                released.wait(remaining)
+    finally:
+        waiting.count -= 1
+    op._lock_owner = me
+    op._lock_depth = 1
+    return True
+
+
+def own_release(op: OperationCore) -> None:
+    """Release ``op``'s own lock once; RuntimeError if this thread does not hold it."""
+    me = get_ident()
+    guard = _OWN_LOCKS_GUARD
+    guard.acquire()
+    try:
+        if op._lock_owner != me:
+            raise RuntimeError("cannot release un-acquired lock")
+        depth = op._lock_depth - 1
+        op._lock_depth = depth
+        if depth == 0:
+            op._lock_owner = 0
+            # Threads waiting for any own lock wait on this one condition: wake them to look.
+            if _WAITING.count:
+                _OWN_LOCK_RELEASED.notify_all()
+    finally:
+        guard.release()
 
 
 def finish(op: OperationCore, outcome: Outcome) -> bool:

@@ -16,7 +16,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, cast
 
 import structlog
 from mypy_extensions import mypyc_attr
@@ -24,7 +24,15 @@ from mypy_extensions import mypyc_attr
 from . import _metrics
 from ._errors import PurgatoryClosedError, PurgatoryFullError
 from ._metrics import PurgatoryStats
-from ._operation_core import OperationCore, finish, is_finished, safe_try_complete
+from ._operation_core import (
+    OperationCore,
+    OwnLock,
+    finish,
+    is_finished,
+    own_acquire,
+    own_release,
+    safe_try_complete,
+)
 from ._outcome import Outcome
 from ._watchers import SHARDS, WatcherList, unwatch, watch
 from .timer import SystemTimer, Timer, add_task, cancel_task
@@ -196,42 +204,22 @@ class PurgatoryCore(Generic[T]):
                 listener.on_submitted(self.name, op, watch_keys)
 
         try:
-            with core.lock:
-                # First try: user code; if it raises, nothing was watched or timed yet.
-                if core.try_complete():
-                    return True
-                max_pending = self.max_pending
-                if max_pending is not None:
-                    pending = self._timer.size()
-                    if pending >= max_pending:
-                        raise PurgatoryFullError(self.name, pending, max_pending)
-                max_per_key = self.max_pending_per_key
-                if max_per_key is not None:
-                    # O(keys): one dict lookup and len() per key. Best effort like max_pending:
-                    # concurrent submitters on one key may overshoot by at most their number.
-                    for key in watch_keys:
-                        on_key = self._shards[hash(key) % SHARDS].watchers_by_key.get(key)
-                        if on_key is not None and len(on_key.ops) >= max_per_key:
-                            raise PurgatoryFullError(self.name, len(on_key.ops), max_per_key, key)
-                # Set before the first insert: whoever finishes the op from now on unwatches it
-                # from every one of these keys (operation_finished).
-                core._watch_keys = watch_keys
-                shards = self._shards
-                watched = watch(shards, core, watch_keys)
-                self._estimated_total += 1
-                if is_finished(core):
-                    # Finished on another thread while we watched (force_complete needs no lock).
-                    # Its finisher unwatched every key, but may have done so before our insert
-                    # on a later key: take the op out again, so no watch list keeps it alive.
-                    unwatch(shards, op, watch_keys[:watched])
-                    return False
+            # Kafka's safeTryCompleteOrElse: try, watch, try again, all under op.lock.
+            given = core._lock
+            if given is None or type(given) is OwnLock:
+                # The op's own lock: two native steps, no lock object (see OwnLock).
+                own_acquire(core, True, -1.0)
                 try:
-                    if core.try_complete():
-                        return True
-                except BaseException:
-                    core._watch_keys = ()
-                    unwatch(shards, op, watch_keys[:watched])
-                    raise
+                    tried = _try_else_watch(self, core, watch_keys)
+                finally:
+                    own_release(core)
+            else:
+                with given:
+                    tried = _try_else_watch(self, core, watch_keys)
+            if tried == _TRIED_COMPLETED:
+                return True
+            if tried == _TRIED_FINISHED_ELSEWHERE:
+                return False
 
             if not is_finished(core):
                 if self._closed:
@@ -492,6 +480,56 @@ def _is_closed(purgatory: PurgatoryCore[Any]) -> bool:
     # A call, not a field read: mypy would narrow the field, and it may flip on another thread
     # mid-submission.
     return purgatory._closed
+
+
+# What _try_else_watch found (an int: compiled, no object per call).
+_TRIED_COMPLETED: Final = 0  # a try completed the op: this submission returns True
+_TRIED_FINISHED_ELSEWHERE: Final = 1  # another thread finished it meanwhile: return False
+_TRIED_WATCHED: Final = 2  # watched on every key, not finished: time it next
+
+
+def _try_else_watch(
+    purgatory: PurgatoryCore[Any], core: OperationCore, watch_keys: Sequence[Hashable]
+) -> int:
+    """The part of ``try_complete_else_watch`` that runs under ``op.lock``: try to complete,
+    else watch on every key and try again (Kafka's story about lock: a key event between the
+    two tries cannot be missed, the op being on every watch list before the second)."""
+    # First try: user code; if it raises, nothing was watched or timed yet.
+    if core.try_complete():
+        return _TRIED_COMPLETED
+    max_pending = purgatory.max_pending
+    if max_pending is not None:
+        pending = purgatory._timer.size()
+        if pending >= max_pending:
+            raise PurgatoryFullError(purgatory.name, pending, max_pending)
+    max_per_key = purgatory.max_pending_per_key
+    if max_per_key is not None:
+        # O(keys): one dict lookup and len() per key. Best effort like max_pending:
+        # concurrent submitters on one key may overshoot by at most their number.
+        for key in watch_keys:
+            on_key = purgatory._shards[hash(key) % SHARDS].watchers_by_key.get(key)
+            if on_key is not None and len(on_key.ops) >= max_per_key:
+                raise PurgatoryFullError(purgatory.name, len(on_key.ops), max_per_key, key)
+    # Set before the first insert: whoever finishes the op from now on unwatches it
+    # from every one of these keys (operation_finished).
+    core._watch_keys = watch_keys
+    shards = purgatory._shards
+    watched = watch(shards, core, watch_keys)
+    purgatory._estimated_total += 1
+    if is_finished(core):
+        # Finished on another thread while we watched (force_complete needs no lock).
+        # Its finisher unwatched every key, but may have done so before our insert
+        # on a later key: take the op out again, so no watch list keeps it alive.
+        unwatch(shards, core, watch_keys[:watched])
+        return _TRIED_FINISHED_ELSEWHERE
+    try:
+        if core.try_complete():
+            return _TRIED_COMPLETED
+    except BaseException:
+        core._watch_keys = ()
+        unwatch(shards, core, watch_keys[:watched])
+        raise
+    return _TRIED_WATCHED
 
 
 def _check_key(purgatory: PurgatoryCore[Any], key: Hashable) -> int:

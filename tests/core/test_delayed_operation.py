@@ -330,3 +330,146 @@ def test_outcome_is_set_before_on_complete_runs() -> None:
 def test_bad_delay_is_refused(delay: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="delay_ms"):
         MockDelayedOperation(delay)  # type: ignore[arg-type]
+
+
+# -- the operation's own lock (the default op.lock, an RLock kept in two fields) -----------------
+
+
+def _held_elsewhere(lock: object) -> bool:
+    """True iff another thread cannot take ``lock`` now (it is held by this or some thread)."""
+    got: list[bool] = []
+
+    def probe() -> None:
+        ok = lock.acquire(blocking=False)  # type: ignore[attr-defined]
+        if ok:
+            lock.release()  # type: ignore[attr-defined]
+        got.append(ok)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return not got[0]
+
+
+def test_own_lock_is_held_while_trying_on_submit_and_check(
+    mock_purgatory: DelayedOperationPurgatory[MockDelayedOperation],
+) -> None:
+    op = MockDelayedOperation(100_000)
+    held: list[bool] = []
+    op.on_try = lambda: held.append(_held_elsewhere(op.lock))
+    mock_purgatory.try_complete_else_watch(op, ["key"])
+    mock_purgatory.check_and_complete("key")
+    assert held == [True, True, True], "try_complete must run with the op's own lock held"
+    assert not _held_elsewhere(op.lock), "released after each try"
+
+
+def test_own_lock_is_reentrant_and_the_same_object_every_time() -> None:
+    op = MockDelayedOperation(1000)
+    lock = op.lock
+    assert op.lock is lock, "op.lock is one object"
+    with lock:
+        assert lock.acquire(blocking=False), "the holder may take it again"
+        op.completable = True
+        assert op.safe_try_complete() is True, "try_complete may run while user code holds op.lock"
+        lock.release()
+        assert _held_elsewhere(lock), "still held once: released once of twice"
+    assert not _held_elsewhere(lock)
+
+
+def test_own_lock_blocks_other_threads_until_released() -> None:
+    op = MockDelayedOperation(1000)
+    op.completable = True
+    started = threading.Event()
+    result: list[bool] = []
+
+    def other() -> None:
+        started.set()
+        result.append(op.safe_try_complete())
+
+    with op.lock:
+        t = threading.Thread(target=other)
+        t.start()
+        assert started.wait(5)
+        t.join(0.2)
+        assert t.is_alive(), "safe_try_complete waits for op.lock held by another thread"
+        assert op.completions == 0
+    t.join(5)
+    assert result == [True] and op.completions == 1
+
+
+def test_own_lock_refuses_release_by_a_thread_not_holding_it() -> None:
+    op = MockDelayedOperation(1000)
+    with pytest.raises(RuntimeError, match="un-acquired"):
+        op.lock.release()
+    errors: list[BaseException] = []
+    with op.lock:
+
+        def release_elsewhere() -> None:
+            try:
+                op.lock.release()
+            except RuntimeError as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=release_elsewhere)
+        t.start()
+        t.join()
+    assert len(errors) == 1, "only the holder may release op.lock"
+
+
+def test_own_lock_acquire_times_out_and_non_blocking_fails_while_held() -> None:
+    op = MockDelayedOperation(1000)
+    outcomes: list[bool] = []
+    with op.lock:
+
+        def contend() -> None:
+            outcomes.append(op.lock.acquire(blocking=False))
+            outcomes.append(op.lock.acquire(timeout=0.05))
+
+        t = threading.Thread(target=contend)
+        t.start()
+        t.join()
+    assert outcomes == [False, False]
+    assert op.lock.acquire(timeout=0.05), "free again"
+    op.lock.release()
+
+
+def test_condition_on_own_lock_waits_with_the_lock_held_twice() -> None:
+    op = MockDelayedOperation(1000)
+    cond = threading.Condition(op.lock)
+    ready: list[bool] = []
+
+    def notifier() -> None:
+        with cond:
+            ready.append(True)
+            cond.notify()
+
+    with op.lock, cond:  # held twice: wait() must release both levels, then restore them
+        t = threading.Thread(target=notifier)
+        t.start()
+        assert cond.wait_for(lambda: bool(ready), timeout=5)
+        assert _held_elsewhere(op.lock)
+    t.join()
+    assert not _held_elsewhere(op.lock), "both levels released"
+
+
+def test_own_lock_stress_mutual_exclusion() -> None:
+    """Eight threads take one op's own lock (re-entering it) 2,000 times each; a counter updated
+    non-atomically inside must end exact: the window is the owner check and the store."""
+    op = MockDelayedOperation(1000)
+    box = [0]
+
+    def work() -> None:
+        for _ in range(2000):
+            with op.lock, op.lock:
+                value = box[0]
+                if value % 97 == 0:
+                    time.sleep(0)  # hand the GIL over inside the critical section
+                box[0] = value + 1
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert box[0] == 8 * 2000
+    assert not _held_elsewhere(op.lock)
