@@ -35,9 +35,10 @@ class DelayedOperationPurgatory(PurgatoryCore[T]):
     shards by key hash so that threads on different keys rarely share a lock. No purgatory lock is
     held while user code (``try_complete``, ``on_complete``, ``on_expiration``) runs, except
     ``op.lock``; so user code may call back into the purgatory, on any key. Completed operations
-    are removed from all their watch lists as they finish (beyond Kafka, see KAFKA-19389), and a
-    watch that races a finish is undone by the watcher; so ``watched()`` counts a finished
-    operation only while its finish is under way. The reaper's purge stays as a safety net.
+    are released from all their watch lists as they finish (beyond Kafka, see KAFKA-19389: one
+    store, their entries compacted away once half a list is dead), and a watch that races a
+    finish is released again by the watcher; so ``watched()`` counts a finished operation only
+    while its finish is under way. The reaper's purge stays as a safety net.
 
     Methods (compiled with mypyc, which drops method docstrings: they are summarised here):
         try_complete_else_watch(op, keys) -> bool: try to complete ``op``; if not, watch it on

@@ -27,6 +27,7 @@ from ._metrics import PurgatoryStats
 from ._operation_core import (
     OperationCore,
     OwnLock,
+    Watch,
     finish,
     is_finished,
     own_acquire,
@@ -34,7 +35,7 @@ from ._operation_core import (
     safe_try_complete,
 )
 from ._outcome import Outcome
-from ._watchers import SHARDS, WatcherList, unwatch, watch
+from ._watchers import SHARDS, WatcherList, compact_after_finish, keys_not_holding, watch
 from .timer import SystemTimer, Timer, add_task, cancel_task
 
 if TYPE_CHECKING:
@@ -428,18 +429,21 @@ class PurgatoryCore(Generic[T]):
                 _log.exception("listener_failed", purgatory=self.name, listener=repr(listener))
 
     def operation_finished(self, op: OperationCore) -> None:
-        # Unwatch the finished op from all its keys now (KAFKA-19389: a completed operation kept
-        # alive — with its response data — by its other watch keys until the next purge). One dict
-        # pop per key. A watch racing this removal is undone by the watcher itself
-        # (try_complete_else_watch); the purge remains the safety net.
-        keys = op._watch_keys
-        if keys:
-            op._watch_keys = ()
-            # Unwatched here, so it will not linger for the reaper to purge: keep it out of the
+        # Release the finished op from all its keys now (KAFKA-19389: a completed operation kept
+        # alive — with its response data — by its other watch keys until the next purge). One
+        # store, then a dead count per key that compacts lists once half dead. A watch racing
+        # this release is released again by the watcher itself (try_complete_else_watch); the
+        # purge remains the safety net.
+        entry = op._watch
+        if entry is not None:
+            op._watch = None
+            # One store releases the op from all its lists (see Watch): nothing keeps it alive.
+            entry.op = None
+            # Released here, so it will not linger for the reaper to purge: keep it out of the
             # estimate that triggers purges (else every purge_interval finishes would start a
             # full scan finding nothing — 11% of a 100k-pending profile).
             self._estimated_total -= 1
-            unwatch(self._shards, op, keys)
+            compact_after_finish(self._shards, entry)
         listeners = self._listeners
         if not listeners:
             return
@@ -504,30 +508,42 @@ def _try_else_watch(
             raise PurgatoryFullError(purgatory.name, pending, max_pending)
     max_per_key = purgatory.max_pending_per_key
     if max_per_key is not None:
-        # O(keys): one dict lookup and len() per key. Best effort like max_pending:
+        # O(keys): one dict lookup per key, and a count of the list's live entries only when its
+        # length less the deaths known says it may be full. Best effort like max_pending:
         # concurrent submitters on one key may overshoot by at most their number.
         for key in watch_keys:
             on_key = purgatory._shards[hash(key) % SHARDS].watchers_by_key.get(key)
-            if on_key is not None and len(on_key.ops) >= max_per_key:
-                raise PurgatoryFullError(purgatory.name, len(on_key.ops), max_per_key, key)
-    # Set before the first insert: whoever finishes the op from now on unwatches it
-    # from every one of these keys (operation_finished).
-    core._watch_keys = watch_keys
+            if on_key is not None and len(on_key.ops) - on_key.dead >= max_per_key:
+                live = on_key.live()
+                if live >= max_per_key:
+                    raise PurgatoryFullError(purgatory.name, live, max_per_key, key)
+    # Set before the first append: whoever finishes the op from now on releases it from every
+    # list holding this entry (operation_finished). An op handed back by cancel_for_key and
+    # submitted again keeps its entry, which then joins the new keys' lists too.
     shards = purgatory._shards
-    watched = watch(shards, core, watch_keys)
+    entry = core._watch
+    if entry is None or entry.op is not core:
+        entry = Watch(core, watch_keys)
+        core._watch = entry
+        watch(shards, core, watch_keys, entry)
+    else:
+        # Still on the lists of keys other than the cancelled one: join only the others.
+        entry.keys = list(dict.fromkeys([*entry.keys, *watch_keys]))
+        watch(shards, core, keys_not_holding(shards, watch_keys, entry), entry)
     purgatory._estimated_total += 1
     if is_finished(core):
-        # Finished on another thread while we watched (force_complete needs no lock).
-        # Its finisher unwatched every key, but may have done so before our insert
-        # on a later key: take the op out again, so no watch list keeps it alive.
-        unwatch(shards, core, watch_keys[:watched])
+        # Finished on another thread while we watched (force_complete needs no lock). Its
+        # finisher released the entry, but may have done so before our append on a later key:
+        # release it again, so no watch list keeps the op alive.
+        entry.op = None
         return _TRIED_FINISHED_ELSEWHERE
     try:
         if core.try_complete():
             return _TRIED_COMPLETED
     except BaseException:
-        core._watch_keys = ()
-        unwatch(shards, core, watch_keys[:watched])
+        # Neither watched nor timed when the error propagates: release it from every list.
+        core._watch = None
+        entry.op = None
         raise
     return _TRIED_WATCHED
 
@@ -535,8 +551,8 @@ def _try_else_watch(
 def _check_key(purgatory: PurgatoryCore[Any], key: Hashable) -> int:
     """One pass of ``check_and_complete`` over the ops watched on ``key``; how many it finished."""
     completed = 0
-    # No removals here: an op finishing (here or anywhere) unwatches itself from all its keys
-    # (operation_finished), and a watch racing that finish is undone by the watcher.
+    # No removals here: an op finishing (here or anywhere) releases itself from all its keys
+    # (operation_finished), and a watch racing that finish is released again by the watcher.
     for op in purgatory._shard(key).snapshot(key):
         try:
             if safe_try_complete(op):  # False for an op already finished elsewhere

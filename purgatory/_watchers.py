@@ -5,79 +5,58 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable, Sequence
 
-from ._operation_core import OperationCore, is_finished
+from ._operation_core import OperationCore, Watch, is_finished
 
-__all__ = ["SHARDS", "WatcherList", "Watchers", "entry_key", "unwatch", "watch"]
+__all__ = ["SHARDS", "Watch", "WatcherList", "Watchers", "compact_after_finish", "keys_not_holding", "watch"]
 
 SHARDS = 512  # Kafka's figure: shard the watcher lists so threads on different keys rarely contend
 
-# Operation class -> whether its instances hash and compare by identity (filled on first use).
-_IDENTITY_HASHED: dict[type, bool] = {}
-
-
-def entry_key(op: OperationCore) -> object:
-    """The key of ``op``'s entry in every ``Watchers.ops`` dict: the op itself, or ``id(op)``.
-
-    An op whose class keeps ``object``'s identity ``__hash__`` and ``__eq__`` (every op unless its
-    class redefines them, a dataclass say) is its own key: nothing allocated. ``id(op)`` was an int
-    boxed at each insert, three per request on three keys: 96 of the 509 bytes a pending operation
-    cost (``purgatory bench purgatory``, bytes per pending op) and three allocations per submit.
-    An op comparing by value cannot be its own key (two equal ops would share one entry), so it
-    keeps ``id(op)``, boxed once per call. The two kinds never collide: an int and an
-    identity-compared op are never equal.
-    """
-    cls = type(op)
-    identity = _IDENTITY_HASHED.get(cls)
-    if identity is None:
-        identity = _compares_by_identity(cls)
-        _IDENTITY_HASHED[cls] = identity
-    return op if identity else id(op)
-
-
-def _compares_by_identity(cls: type) -> bool:
-    hash_method: object = getattr(cls, "__hash__", None)
-    eq_method: object = getattr(cls, "__eq__", None)
-    return hash_method is object.__hash__ and eq_method is object.__eq__
+# A list is compacted once at least half of its entries are dead (their operation finished or
+# was unwatched): each compaction of n entries follows n/2 deaths, so O(1) per death amortised,
+# and a list never holds more than twice its live entries (plus what was appended meanwhile).
+COMPACT_DEAD_FRACTION = 2
 
 
 class Watchers:
-    """The operations watched on one key, in watch order.
+    """The entries watched on one key, in watch order: an append-only list (Kafka: a
+    ConcurrentLinkedQueue), compacted in place when half of it is dead.
 
-    A dict keyed by :func:`entry_key` (the op, or ``id(op)``) gives O(1) removal while keeping
-    insertion order (Kafka uses a
-    ConcurrentLinkedQueue, also lock-free for add and remove). Single inserts and pops need no
-    lock: each dict operation is atomic (under the GIL, and in free-threaded CPython where dicts
-    lock themselves). See :class:`WatcherList` for the one race that needs care.
+    Appending needs no lock (``list.append`` is atomic). Compaction rewrites the prefix it
+    examined in one C-level slice assignment, so entries appended meanwhile (at the end) are
+    kept; compactions of one list are serialised by the shard lock. ``dead`` counts entries known
+    dead since the last compaction: a heuristic for when to compact (a lost update from racing
+    threads only delays one), never a figure anyone reads as exact.
     """
 
-    __slots__ = ("key", "ops")
+    __slots__ = ("dead", "key", "ops")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        self.ops: dict[object, OperationCore] = {}
+        self.ops: list[Watch] = []
+        self.dead = 0
+
+    def live(self) -> int:
+        """Entries whose operation is still watched here (finished-but-unpurged ones included)."""
+        return sum(1 for entry in self.ops[:] if entry.op is not None)
 
 
 class WatcherList:
     """One shard: key -> :class:`Watchers`, and the lock for its compound updates.
 
-    Watching and unwatching one op are lock-free (they run for every key of every request; the
-    locks were a quarter of the submit path in ``purgatory bench purgatory``). The lock serialises
-    only the *removal of a key* (when its Watchers empties, in purge and in cancel) and snapshots.
-    The race it leaves is this story:
+    Watching is lock-free (it runs for every key of every request; the locks were a quarter of
+    the submit path in ``purgatory bench purgatory``). The lock serialises compactions, the
+    *removal of a key* (when its list empties) and ``cancel``. The race it leaves is this story:
 
     1. thread_a (watch) reads ``watchers_by_key[key]`` -> W
-    2. thread_b (unwatch) empties W and, under the lock, removes ``key`` -> W is orphaned
-    3. thread_a adds op to W — which no key event will ever look at again
+    2. thread_b (compact) empties W and, under the lock, removes ``key`` -> W is orphaned
+    3. thread_a appends to W — which no key event will ever look at again
 
-    So a watcher re-reads the mapping after inserting and, if it no longer points at W, moves
-    its op to the current Watchers. Watching and unwatching run on every request, so they are
-    the module functions ``watch`` and ``unwatch`` below, one call per operation over all its
-    keys, the one implementation of each: a method call per key was 20% of the submit path
-    (3 keys). Removal
-    checks emptiness under the lock and only removes the Watchers it saw, so a key is never
-    removed with an op inserted before the check, and one inserted after it is caught by the
-    watcher's re-read.
-    (tests/core/test_concurrency.py and tests/core/test_kafka_regressions.py attack this.)
+    So a watcher re-reads the mapping after appending and, if it no longer points at W, appends
+    to the current Watchers (its entry in the orphan is garbage with it). Removal checks
+    emptiness under the lock and only removes the Watchers it saw, so a key is never removed
+    with an entry appended before the check, and one appended after it is caught by the
+    watcher's re-read. (tests/core/test_concurrency.py and tests/core/test_kafka_regressions.py
+    attack this; tests/core/test_watchers_snapshot.py the compaction's copy.)
     Never held while user code runs: ``try_complete`` may re-enter the purgatory on the same key
     (KAFKA-3994 was a deadlock from doing otherwise).
     """
@@ -88,64 +67,88 @@ class WatcherList:
         self.lock = threading.Lock()
         self.watchers_by_key: dict[Hashable, Watchers] = {}
 
-    def drop_if_empty(self, watchers: Watchers) -> None:
-        with self.lock:
-            # Only the Watchers we emptied, and only if still empty: see the story above.
-            if not watchers.ops and self.watchers_by_key.get(watchers.key) is watchers:
-                del self.watchers_by_key[watchers.key]
+    # Below, every iteration runs over a snapshot taken by one C call (``ops[:]``, ``dict.copy()``,
+    # ``list(d.values())``): watchers append lock-free, and a copy that allocates per item
+    # (``list(d.items())``) can start a GC, whose Python code (gc.callbacks, weakref callbacks,
+    # __del__) may hand the GIL to a watcher mid-copy — "dictionary changed size during
+    # iteration" in the reaper, 1 purge in ~10 under ``purgatory bench purgatory`` with its GC
+    # meter (tests/core/test_watchers_snapshot.py).
 
     def snapshot(self, key: Hashable) -> list[OperationCore]:
-        with self.lock:
-            watchers = self.watchers_by_key.get(key)
-            return [] if watchers is None else list(watchers.ops.values())
+        watchers = self.watchers_by_key.get(key)
+        return [] if watchers is None else _ops_of(watchers.ops[:])
 
     def cancel(self, key: Hashable) -> list[OperationCore]:
         with self.lock:
             watchers = self.watchers_by_key.pop(key, None)
         if watchers is None:
             return []
-        return list(watchers.ops.values())
+        return [op for op in _ops_of(watchers.ops[:]) if not is_finished(op)]
 
-    # Below, every iteration runs over a snapshot taken by one C call: watchers insert lock-free,
-    # and iterating a live dict while Python code runs (``is_completed``) could see it change
-    # size. The snapshot is ``dict.copy()`` or ``list(d.values())``, never ``list(d.items())``:
-    # building the item tuples allocates, an allocation can start a GC, and a GC runs Python code
-    # (gc.callbacks, weakref callbacks, __del__) that may hand the GIL to a watcher mid-copy —
-    # "dictionary changed size during iteration" in the reaper, 1 purge in ~10 under
-    # ``purgatory bench purgatory`` with its GC meter (tests/core/test_watchers_snapshot.py).
+    def compact(self, watchers: Watchers) -> int:
+        """Drop the released and finished entries of ``watchers``; drop its key if none is left.
+        Returns how many held a finished operation."""
+        with self.lock:
+            return _compact_locked(self, watchers)
 
     def purge_completed(self) -> int:
         purged = 0
         with self.lock:
-            for key, watchers in self.watchers_by_key.copy().items():
-                ops = watchers.ops
-                for entry, op in ops.copy().items():
-                    if op.is_completed():
-                        ops.pop(entry, None)
-                        purged += 1
-                if not ops:
-                    del self.watchers_by_key[key]
+            for watchers in list(self.watchers_by_key.copy().values()):
+                purged += _compact_locked(self, watchers)
         return purged
 
     def count_watched(self) -> int:
-        return sum(len(w.ops) for w in list(self.watchers_by_key.values()))
+        return sum(w.live() for w in list(self.watchers_by_key.values()))
 
     def all_ops(self) -> list[OperationCore]:
         with self.lock:
-            return [op for w in list(self.watchers_by_key.values()) for op in list(w.ops.values())]
+            return [op for w in list(self.watchers_by_key.values()) for op in _ops_of(w.ops[:])]
+
+
+def _ops_of(entries: list[Watch]) -> list[OperationCore]:
+    """The operations of the live entries of a snapshot, in order."""
+    out: list[OperationCore] = []
+    for entry in entries:
+        op = entry.op
+        if op is not None:
+            out.append(op)
+    return out
+
+
+def _compact_locked(shard: WatcherList, watchers: Watchers) -> int:
+    """Drop released and finished entries; return how many held a finished operation (the
+    released ones are bookkeeping: their operation left at its finish). Caller holds the lock."""
+    # Only the prefix examined is rewritten, in one C-level slice assignment: entries appended
+    # by lock-free watchers meanwhile sit after it and stay.
+    ops = watchers.ops
+    examined = ops[:]
+    kept: list[Watch] = []
+    lingering = 0
+    for entry in examined:
+        op = entry.op
+        if op is None:
+            continue
+        if is_finished(op):
+            lingering += 1
+            continue
+        kept.append(entry)
+    watchers.dead = 0
+    ops[: len(examined)] = kept
+    if not ops and shard.watchers_by_key.get(watchers.key) is watchers:
+        # Only the Watchers we emptied, and only if still empty: see WatcherList's story.
+        del shard.watchers_by_key[watchers.key]
+    return lingering
 
 
 # Module-level functions, not methods: compiled code calls a function of this module directly.
 
 
-def watch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]) -> int:
-    """Watch ``op`` on ``keys`` in order, lock-free; return how many keys it was watched on.
-
-    Stops early once ``op`` has finished: a key event on an already-watched key may finish it.
-    WatcherList's docstring tells the race the re-read closes.
+def watch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable], entry: Watch) -> None:
+    """Append ``entry`` (``op``'s) to the lists of ``keys`` in order, lock-free. Stops early once
+    ``op`` has finished: a key event on an already-watched key may finish it. WatcherList's
+    docstring tells the race the re-read closes.
     """
-    op_entry = entry_key(op)
-    watched = 0
     for key in keys:
         if is_finished(op):  # a call: a narrowed field re-read would be type-checked by mypyc
             break
@@ -154,21 +157,34 @@ def watch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]
             watchers = by_key.get(key)
             if watchers is None:
                 watchers = by_key.setdefault(key, Watchers(key))
-            watchers.ops[op_entry] = op
+            ops = watchers.ops
+            # A key given twice is watched once (as with a dict entry per key): the entry is
+            # then at the tail already, unless another submission appended in between (a
+            # duplicate entry only makes a check try the op twice, the second try a no-op).
+            if not ops or ops[-1] is not entry:
+                ops.append(entry)
             if by_key.get(key) is watchers:
                 break
-            watchers.ops.pop(op_entry, None)
-        watched += 1
-    return watched
 
 
-def unwatch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]) -> None:
-    op_entry = entry_key(op)
+def keys_not_holding(shards: list[WatcherList], keys: Sequence[Hashable], entry: Watch) -> list[Hashable]:
+    """The ``keys`` whose lists do not hold ``entry`` (an O(n) scan per key: only for an op
+    submitted again after ``cancel_for_key``, whose entry may still be on its other keys)."""
+    missing: list[Hashable] = []
     for key in keys:
+        watchers = shards[hash(key) % SHARDS].watchers_by_key.get(key)
+        if watchers is None or entry not in watchers.ops[:]:
+            missing.append(key)
+    return missing
+
+
+def compact_after_finish(shards: list[WatcherList], entry: Watch) -> None:
+    """Count ``entry``'s death in the lists of its keys; compact those now half dead."""
+    for key in entry.keys:
         shard = shards[hash(key) % SHARDS]
         watchers = shard.watchers_by_key.get(key)
         if watchers is not None:
-            ops = watchers.ops
-            ops.pop(op_entry, None)  # lock-free; only removing the key takes the shard lock
-            if not ops:
-                shard.drop_if_empty(watchers)
+            dead = watchers.dead + 1
+            watchers.dead = dead
+            if dead * COMPACT_DEAD_FRACTION >= len(watchers.ops):
+                shard.compact(watchers)

@@ -145,7 +145,7 @@ def test_reaper_step_purges_completed_operations_past_the_purge_interval(mock_ti
         p.try_complete_else_watch(op, ["a", "b"])
     for op in ops[:3]:
         # Simulate a watch that raced the finish: the op stays in its lists until a purge.
-        op._watch_keys = ()
+        op._watch = None
         op.force_complete()
     assert p.watched() == 8, "entries that escaped the eager unwatch linger until purged"
     p.advance_clock(0)
@@ -473,3 +473,29 @@ def test_own_lock_stress_mutual_exclusion() -> None:
         t.join(60)
     assert box[0] == 8 * 2000
     assert not _held_elsewhere(op.lock)
+
+
+def test_finished_operations_leave_no_entries_or_keys_behind(
+    mock_purgatory: DelayedOperationPurgatory[MockDelayedOperation],
+) -> None:
+    """Watch lists are append-only with a dead count (compacted once half dead): a key whose ops
+    all finished must still be dropped, or one-op keys (correlation ids) would pile up."""
+    ops = [MockDelayedOperation(100_000) for _ in range(1000)]
+    for i, op in enumerate(ops):
+        mock_purgatory.try_complete_else_watch(op, [f"corr-{i}", "shared"])
+    for op in ops:
+        op.force_complete()
+    assert mock_purgatory.watched() == 0
+    left = {key: len(w.ops) for shard in mock_purgatory._shards for key, w in shard.watchers_by_key.items()}
+    assert left == {}, f"keys or dead entries left behind: {left}"
+
+
+def test_a_key_given_twice_is_watched_once(
+    mock_purgatory: DelayedOperationPurgatory[MockDelayedOperation],
+) -> None:
+    op = MockDelayedOperation(100_000)
+    mock_purgatory.try_complete_else_watch(op, ["a", "b", "a"])
+    assert mock_purgatory.watched() == 2
+    op.completable = True
+    assert mock_purgatory.check_and_complete("a") == 1
+    assert mock_purgatory.watched() == 0
