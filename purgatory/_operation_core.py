@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from _thread import get_ident
+from _thread import get_native_id
 from collections.abc import Callable, Hashable, Sequence
 from typing import Final, Protocol
 
@@ -50,6 +50,10 @@ class _Waiting:
 
 
 _WAITING: Final = _Waiting()
+
+# An own lock's state word: (owner's native thread id << OWNER_SHIFT) | depth. Native thread ids
+# are below 2**22 on Linux (pid_max), so the word stays a short int (unboxed, compiled).
+OWNER_SHIFT: Final = 32
 
 
 class LockLike(Protocol):
@@ -106,8 +110,7 @@ class OperationCore(TimerTask):
     __slots__ = (
         "_keys_cancelled",
         "_lock",
-        "_lock_depth",
-        "_lock_owner",
+        "_lock_state",
         "_owner",
         "_waiter",
         "_watch",
@@ -130,9 +133,9 @@ class OperationCore(TimerTask):
         # 405 bytes a pending operation held (``purgatory bench purgatory``) and an allocation,
         # a semaphore init and destroy per request.
         self._lock: LockLike | None = lock
-        # The own lock's owner (a thread ident, 0 when free) and its re-entry depth.
-        self._lock_owner = 0
-        self._lock_depth = 0
+        # The own lock's state in one word: 0 when free, else the owner thread's native id
+        # shifted by OWNER_SHIFT plus the re-entry depth (see OwnLock; one field, not two: 8 B).
+        self._lock_state = 0
         # None until claimed (see _finish): the claim and is_completed() both read this field.
         self.outcome: Outcome | None = None
         self._owner: OperationOwner | None = None
@@ -273,8 +276,8 @@ class OwnLock:
     It behaves as ``threading.RLock`` (the thread holding it may acquire it again and must
     release it as often; ``acquire(blocking, timeout)``; releasing a lock this thread does not
     hold raises RuntimeError; ``threading.Condition`` can be built on it), but costs no object
-    per operation: the owner's thread ident and the depth are two fields of the operation
-    (``_lock_owner``, ``_lock_depth``), so an operation whose lock only the purgatory takes
+    per operation: the owner's native thread id and the depth share one field of the operation
+    (``_lock_state``), so an operation whose lock only the purgatory takes
     never allocates one. This object is only a face, made the first time someone reads
     ``op.lock``; the purgatory itself calls ``own_acquire``/``own_release`` directly.
 
@@ -304,52 +307,51 @@ class OwnLock:
         own_release(self._op)
 
     def locked(self) -> bool:
-        return self._op._lock_owner != 0
+        return self._op._lock_state != 0
 
     # What threading.Condition uses of an RLock, so a Condition built on op.lock waits correctly
     # when this thread holds it more than once.
     def _is_owned(self) -> bool:
-        return self._op._lock_owner == get_ident()
+        return self._op._lock_state >> OWNER_SHIFT == get_native_id()
 
-    def _release_save(self) -> tuple[int, int]:
+    def _release_save(self) -> int:
         op = self._op
         guard = _OWN_LOCKS_GUARD
         guard.acquire()
         try:
-            if op._lock_owner != get_ident():
+            state = op._lock_state
+            if state >> OWNER_SHIFT != get_native_id():
                 raise RuntimeError("cannot release un-acquired lock")
-            state = (op._lock_depth, op._lock_owner)
-            op._lock_depth = 0
-            op._lock_owner = 0
+            op._lock_state = 0
             _OWN_LOCK_RELEASED.notify_all()
             return state
         finally:
             guard.release()
 
-    def _acquire_restore(self, state: tuple[int, int]) -> None:
+    def _acquire_restore(self, state: int) -> None:
         op = self._op
         own_acquire(op, True, -1.0)
-        op._lock_depth = state[0]
+        op._lock_state = state  # the same owner (this thread), the depth it had
 
     def __repr__(self) -> str:
-        op = self._op
-        status = "unlocked" if op._lock_owner == 0 else f"locked by {op._lock_owner} x{op._lock_depth}"
-        return f"<OwnLock of {type(op).__name__} {status}>"
+        state = self._op._lock_state
+        owner, depth = state >> OWNER_SHIFT, state & ((1 << OWNER_SHIFT) - 1)
+        status = "unlocked" if state == 0 else f"locked by thread {owner} x{depth}"
+        return f"<OwnLock of {type(self._op).__name__} {status}>"
 
 
 def own_acquire(op: OperationCore, blocking: bool, timeout: float) -> bool:
     """Take ``op``'s own lock (see OwnLock); False if not blocking, or timed out, and taken."""
-    me = get_ident()
+    me = get_native_id()
     guard = _OWN_LOCKS_GUARD
     guard.acquire()
     try:
-        owner = op._lock_owner
-        if owner == 0:
-            op._lock_owner = me
-            op._lock_depth = 1
+        state = op._lock_state
+        if state == 0:
+            op._lock_state = (me << OWNER_SHIFT) | 1
             return True
-        if owner == me:
-            op._lock_depth += 1
+        if state >> OWNER_SHIFT == me:
+            op._lock_state = state + 1
             return True
         if not blocking:
             return False
@@ -365,7 +367,7 @@ def _own_acquire_contended(op: OperationCore, me: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout if timeout >= 0 else 0.0
     waiting.count += 1
     try:
-        while op._lock_owner != 0:
+        while op._lock_state != 0:
             if timeout < 0:
                 released.wait()
             else:
@@ -375,26 +377,26 @@ def _own_acquire_contended(op: OperationCore, me: int, timeout: float) -> bool:
                 released.wait(remaining)
     finally:
         waiting.count -= 1
-    op._lock_owner = me
-    op._lock_depth = 1
+    op._lock_state = (me << OWNER_SHIFT) | 1
     return True
 
 
 def own_release(op: OperationCore) -> None:
     """Release ``op``'s own lock once; RuntimeError if this thread does not hold it."""
-    me = get_ident()
+    me = get_native_id()
     guard = _OWN_LOCKS_GUARD
     guard.acquire()
     try:
-        if op._lock_owner != me:
+        state = op._lock_state
+        if state >> OWNER_SHIFT != me:
             raise RuntimeError("cannot release un-acquired lock")
-        depth = op._lock_depth - 1
-        op._lock_depth = depth
-        if depth == 0:
-            op._lock_owner = 0
-            # Threads waiting for any own lock wait on this one condition: wake them to look.
-            if _WAITING.count:
-                _OWN_LOCK_RELEASED.notify_all()
+        state -= 1
+        if state & ((1 << OWNER_SHIFT) - 1) == 0:
+            state = 0
+        op._lock_state = state
+        # Threads waiting for any own lock wait on this one condition: wake them to look.
+        if state == 0 and _WAITING.count:
+            _OWN_LOCK_RELEASED.notify_all()
     finally:
         guard.release()
 
