@@ -38,6 +38,16 @@ _CLAIM_LOCK: Final = threading.Lock()
 _OWN_LOCKS_GUARD: Final = threading.Lock()
 _OWN_LOCK_RELEASED: Final = threading.Condition(_OWN_LOCKS_GUARD)
 
+# The hot paths call these bound methods and this builtin through Final statics: compiled,
+# ``lock.acquire()`` looks the method up by name on every call (PyObject_VectorcallMethod, ~430
+# instructions) and a module-level function imported from _thread is fetched from the module's
+# dict; a Final callable is one vectorcall.
+_claim_acquire: Final = _CLAIM_LOCK.acquire
+_claim_release: Final = _CLAIM_LOCK.release
+_guard_acquire: Final = _OWN_LOCKS_GUARD.acquire
+_guard_release: Final = _OWN_LOCKS_GUARD.release
+_native_id: Final = get_native_id
+
 
 class _Waiting:
     """How many threads wait on ``_OWN_LOCK_RELEASED`` (changed under the guard): releases
@@ -167,14 +177,13 @@ class OperationCore(TimerTask):
             # First look at the own lock from outside: give it a face, once. Two threads may both
             # build one; the guard lets only the first be kept, so ``op.lock is op.lock``.
             face = OwnLock(self)
-            guard = _OWN_LOCKS_GUARD
-            guard.acquire()
+            _guard_acquire()
             try:
                 lock = self._lock
                 if lock is None:
                     self._lock = lock = face
             finally:
-                guard.release()
+                _guard_release()
         return lock
 
     @lock.setter
@@ -312,21 +321,20 @@ class OwnLock:
     # What threading.Condition uses of an RLock, so a Condition built on op.lock waits correctly
     # when this thread holds it more than once.
     def _is_owned(self) -> bool:
-        return self._op._lock_state >> OWNER_SHIFT == get_native_id()
+        return self._op._lock_state >> OWNER_SHIFT == _native_id()
 
     def _release_save(self) -> int:
         op = self._op
-        guard = _OWN_LOCKS_GUARD
-        guard.acquire()
+        _guard_acquire()
         try:
             state = op._lock_state
-            if state >> OWNER_SHIFT != get_native_id():
+            if state >> OWNER_SHIFT != _native_id():
                 raise RuntimeError("cannot release un-acquired lock")
             op._lock_state = 0
             _OWN_LOCK_RELEASED.notify_all()
             return state
         finally:
-            guard.release()
+            _guard_release()
 
     def _acquire_restore(self, state: int) -> None:
         op = self._op
@@ -342,9 +350,8 @@ class OwnLock:
 
 def own_acquire(op: OperationCore, blocking: bool, timeout: float) -> bool:
     """Take ``op``'s own lock (see OwnLock); False if not blocking, or timed out, and taken."""
-    me = get_native_id()
-    guard = _OWN_LOCKS_GUARD
-    guard.acquire()
+    me = _native_id()
+    _guard_acquire()
     try:
         state = op._lock_state
         if state == 0:
@@ -357,7 +364,7 @@ def own_acquire(op: OperationCore, blocking: bool, timeout: float) -> bool:
             return False
         return _own_acquire_contended(op, me, timeout)
     finally:
-        guard.release()
+        _guard_release()
 
 
 def _own_acquire_contended(op: OperationCore, me: int, timeout: float) -> bool:
@@ -383,9 +390,8 @@ def _own_acquire_contended(op: OperationCore, me: int, timeout: float) -> bool:
 
 def own_release(op: OperationCore) -> None:
     """Release ``op``'s own lock once; RuntimeError if this thread does not hold it."""
-    me = get_native_id()
-    guard = _OWN_LOCKS_GUARD
-    guard.acquire()
+    me = _native_id()
+    _guard_acquire()
     try:
         state = op._lock_state
         if state >> OWNER_SHIFT != me:
@@ -398,7 +404,7 @@ def own_release(op: OperationCore) -> None:
         if state == 0 and _WAITING.count:
             _OWN_LOCK_RELEASED.notify_all()
     finally:
-        guard.release()
+        _guard_release()
 
 
 def finish(op: OperationCore, outcome: Outcome) -> bool:
@@ -415,8 +421,7 @@ def finish(op: OperationCore, outcome: Outcome) -> bool:
     # ``purgatory bench purgatory`` ended with 40-70k of 100k requests expired, not ~4.6k).
     # acquire/release rather than ``with``: compiled, ``with`` also looks up and calls
     # ``__enter__``/``__exit__`` through the generic protocol (see WheelTimerCore.schedule).
-    claim = _CLAIM_LOCK
-    claim.acquire()
+    _claim_acquire()
     try:
         if op.outcome is not None:
             return False
@@ -425,7 +430,7 @@ def finish(op: OperationCore, outcome: Outcome) -> bool:
         if owner is not None:
             owner.stats.count(outcome)
     finally:
-        claim.release()
+        _claim_release()
     # The winner removes the timer entry so the wheel frees it now rather than at expiry.
     cancel_task(op)
     try:

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable, Sequence
+from typing import Final
 
 from ._operation_core import OperationCore, Watch, is_finished
 
 __all__ = ["SHARDS", "Watch", "WatcherList", "Watchers", "compact_after_finish", "keys_not_holding", "watch"]
 
-SHARDS = 512  # Kafka's figure: shard the watcher lists so threads on different keys rarely contend
+# Kafka's figure: shard the watcher lists so threads on different keys rarely contend. Final:
+# compiled code reads it as a constant, not from the module's dict (twice per key per request).
+SHARDS: Final = 512
 
 # A list is compacted once at least half of its entries are dead (their operation finished or
 # was unwatched): each compaction of n entries follows n/2 deaths, so O(1) per death amortised,
 # and a list never holds more than twice its live entries (plus what was appended meanwhile).
-COMPACT_DEAD_FRACTION = 2
+COMPACT_DEAD_FRACTION: Final = 2
 
 
 class Watchers:

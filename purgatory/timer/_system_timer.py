@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-import time
 
 import structlog
 from mypy_extensions import mypyc_attr
 
 from .._errors import PurgatoryClosedError
 from ._task import TimerTask, leave_bucket
-from ._wheel_timer import WheelTimerCore
+from ._wheel_timer import WheelTimerCore, monotonic_ms
 
 __all__ = ["SystemTimer", "add_task", "monotonic_ms"]
 
@@ -20,11 +19,6 @@ _log = structlog.get_logger("purgatory.timer")
 
 DEFAULT_TICK_MS = 1  # Kafka's default: 1 ms resolution for the finest wheel
 DEFAULT_WHEEL_SIZE = 20  # Kafka's default: 20 buckets per level, each level 20x coarser
-
-
-def monotonic_ms() -> int:
-    """Milliseconds of a clock that never goes back (wall-clock jumps must not fire timers)."""
-    return time.monotonic_ns() // 1_000_000
 
 
 class _Stop(TimerTask):

@@ -17,7 +17,7 @@ These modules are typed and slotted so that mypyc compiles them into native clas
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -28,7 +28,7 @@ __all__ = ["TimerTask", "TimerTaskEntry"]
 
 
 # Class -> its unimplemented abstract methods ("" once known concrete), filled on first use.
-_ABSTRACT_METHODS: dict[type, str] = {}
+_ABSTRACT_METHODS: Final[dict[type, str]] = {}
 
 
 def _abstract_methods(cls: type) -> str:

@@ -41,11 +41,15 @@ class TimerTaskList:
     caller to hold that lock already.
     """
 
-    __slots__ = ("_counter", "_expiration_ms", "_lock", "_root")
+    __slots__ = ("_counter", "_expiration_ms", "_lock", "_lock_acquire", "_lock_release", "_root")
 
     def __init__(self, task_counter: TaskCounter) -> None:
         self._counter = task_counter
         self._lock = task_counter.lock
+        # Bound once for remove_task (every cancel): compiled, ``lock.acquire()`` looks the
+        # method up by name on every call.
+        self._lock_acquire = self._lock.acquire
+        self._lock_release = self._lock.release
         self._expiration_ms = -1
         root = _Sentinel(0)
         root._next = root
@@ -80,13 +84,12 @@ class TimerTaskList:
 
     def remove_task(self, task: TimerTask) -> None:
         """Unlink ``task`` if it is (still) in this bucket."""
-        lock = self._lock
-        lock.acquire()  # not ``with``: see WheelTimerCore.schedule
+        self._lock_acquire()  # not ``with``: see WheelTimerCore.schedule
         try:
             if task._bucket is self:
                 self._unlink(task)
         finally:
-            lock.release()
+            self._lock_release()
 
     def _link(self, task: TimerTask) -> None:
         # Caller holds the lock; ``task`` is in no bucket.
