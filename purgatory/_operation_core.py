@@ -19,6 +19,7 @@ from typing import Final, Protocol
 import structlog
 from mypy_extensions import mypyc_attr
 
+from . import _accel
 from ._metrics import PurgatoryStats
 from ._outcome import Outcome
 from .timer import TimerTask, cancel_task
@@ -60,6 +61,14 @@ class _Waiting:
 
 
 _WAITING: Final = _Waiting()
+
+# Compiled (mypyc), reading and writing an operation's native field runs no Python code, so no
+# other thread runs between the read of ``_lock_state`` and the write after it (the GIL changes
+# hands only inside calls): the uncontended own-lock steps take no guard, which saved two of the
+# three calls of each acquire and release (callgrind: 31.9k -> 30.7k instructions per request).
+# Interpreted, a thread switch may fall between any two bytecodes: every step takes the guard.
+# (A free-threaded build would need the guard compiled too; this project targets the GIL.)
+_NATIVE_STEPS: Final = _accel.compiled()
 
 # An own lock's state word: (owner's native thread id << OWNER_SHIFT) | depth. Native thread ids
 # are below 2**22 on Linux (pid_max), so the word stays a short int (unboxed, compiled).
@@ -351,6 +360,17 @@ class OwnLock:
 def own_acquire(op: OperationCore, blocking: bool, timeout: float) -> bool:
     """Take ``op``'s own lock (see OwnLock); False if not blocking, or timed out, and taken."""
     me = _native_id()
+    if _NATIVE_STEPS:
+        # No call between each read and its write: atomic under the GIL (see _NATIVE_STEPS).
+        state = op._lock_state
+        if state == 0:
+            op._lock_state = (me << OWNER_SHIFT) | 1
+            return True
+        if state >> OWNER_SHIFT == me:
+            op._lock_state = state + 1
+            return True
+        if not blocking:
+            return False
     _guard_acquire()
     try:
         state = op._lock_state
@@ -391,6 +411,25 @@ def _own_acquire_contended(op: OperationCore, me: int, timeout: float) -> bool:
 def own_release(op: OperationCore) -> None:
     """Release ``op``'s own lock once; RuntimeError if this thread does not hold it."""
     me = _native_id()
+    if _NATIVE_STEPS:
+        # Only the holder changes a held lock's state, and the store of 0 is one native step.
+        # No wake-up is lost: a waiter counts itself in _WAITING before it reads the state, and
+        # this reads the count after storing 0; its notify waits for the guard, which the waiter
+        # gives up only once registered on the condition.
+        state = op._lock_state
+        if state >> OWNER_SHIFT != me:
+            raise RuntimeError("cannot release un-acquired lock")
+        state -= 1
+        if state & ((1 << OWNER_SHIFT) - 1) == 0:
+            state = 0
+        op._lock_state = state
+        if state == 0 and _WAITING.count:
+            _guard_acquire()
+            try:
+                _OWN_LOCK_RELEASED.notify_all()
+            finally:
+                _guard_release()
+        return
     _guard_acquire()
     try:
         state = op._lock_state
