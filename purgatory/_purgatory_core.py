@@ -23,6 +23,7 @@ from mypy_extensions import mypyc_attr
 
 from . import _metrics
 from ._errors import PurgatoryClosedError, PurgatoryFullError
+from ._loop_handoff import handoff_for
 from ._metrics import PurgatoryStats
 from ._operation_core import (
     OperationCore,
@@ -254,12 +255,15 @@ class PurgatoryCore(Generic[T]):
     async def watch(self, op: T, keys: Iterable[Hashable]) -> Outcome:
         """asyncio: submit ``op`` and wait for its outcome without blocking the event loop.
 
-        Finishing on another thread is handed to the loop with ``call_soon_threadsafe``.
+        Finishing on another thread is handed to the loop through its :class:`LoopHandoff`
+        (one wake-up for every outcome finished since the last, not one per operation).
         Cancelling the awaiting task finishes the op as ``Outcome.CANCELLED`` (``on_complete``
         once, ``on_expiration`` never) and removes its timer entry.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
+        # Finishes on other threads reach the loop in batches: one wake-up per batch, not per op.
+        handoff = handoff_for(loop)
 
         def resolve(finished: OperationCore) -> None:
             outcome = finished.outcome
@@ -272,7 +276,7 @@ class PurgatoryCore(Generic[T]):
                 if not future.done():
                     future.set_result(outcome)
             else:
-                loop.call_soon_threadsafe(_set_future_result, future, outcome)
+                handoff.post(future, outcome)
 
         op._waiter = resolve
         self.try_complete_else_watch(op, keys)
@@ -468,11 +472,6 @@ class PurgatoryCore(Generic[T]):
             f"{type(self).__name__}({self.name!r}, watched={self.watched()}, "
             f"delayed={self.num_delayed()}, closed={self._closed})"
         )
-
-
-def _set_future_result(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
-    if not future.done():
-        future.set_result(outcome)
 
 
 # Module-level functions, not methods, for what runs on every request: compiled code calls a

@@ -1,0 +1,80 @@
+"""LoopHandoff: outcomes finished on other threads reach an event loop in batches, one wake-up each.
+
+``purgatory.watch`` awaits a future of the caller's loop; the operation usually finishes on
+another thread (the change feed's, the timer's executor). Handing each outcome over with its
+own ``loop.call_soon_threadsafe`` costs a write to the loop's self-pipe and a loop iteration per
+operation: a key event completing 10,000 long polls made 10,000 wake-ups, and the first answer
+waited behind the hand-off of the rest (``purgatory bench fanout``). Here the finishing thread
+appends ``(future, outcome)`` to the loop's mailbox and schedules one drain only when none is
+pending; the drain resolves every future queued so far in one callback.
+
+Worked example: the feed thread completes ops A, B, C on one key. A's post finds no drain
+scheduled and schedules one; B's and C's only append. The loop runs the drain once and sets
+A's, B's and C's futures; their awaiting tasks run in the next iteration.
+
+Concurrency contract: ``post`` may be called from any thread, ``_drain`` runs on the loop.
+The race it must survive — a post landing while a drain runs — is closed by the order of the
+two steps: ``_drain`` clears ``_scheduled`` *before* it pops, and ``post`` appends *before* it
+reads ``_scheduled``. A post whose append the running drain misses therefore sees the flag
+cleared and schedules another drain; at worst a drain finds nothing (deque appends and pops are
+atomic under the GIL). Two posters racing on a cleared flag both schedule: an extra, empty drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections import deque
+from typing import Any
+
+__all__ = ["LoopHandoff", "handoff_for"]
+
+
+class LoopHandoff:
+    """One event loop's mailbox of finished outcomes (see the module docstring)."""
+
+    __slots__ = ("__weakref__", "_loop", "_queue", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Weak: the module's table maps the loop to this mailbox, so a strong reference here
+        # would keep every loop that ever awaited an operation alive.
+        self._loop = weakref.ref(loop)
+        self._queue: deque[tuple[asyncio.Future[Any], Any]] = deque()
+        self._scheduled = False
+
+    def post(self, future: asyncio.Future[Any], result: Any) -> None:
+        """Set ``future``'s result on its loop soon (from any thread); a done future is left alone."""
+        self._queue.append((future, result))  # first append, then read the flag (module docstring)
+        if not self._scheduled:
+            self._scheduled = True
+            loop = self._loop()
+            try:
+                if loop is None:
+                    raise RuntimeError("the loop is gone")
+                loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed or gone: nobody awaits its futures any more
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        self._scheduled = False  # first clear the flag, then pop (module docstring)
+        queue = self._queue
+        while queue:
+            future, result = queue.popleft()
+            if not future.done():  # cancelled meanwhile (the waiting task gave up)
+                future.set_result(result)
+
+
+_handoffs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopHandoff] = weakref.WeakKeyDictionary()
+_handoffs_lock = threading.Lock()
+
+
+def handoff_for(loop: asyncio.AbstractEventLoop) -> LoopHandoff:
+    """The mailbox of ``loop`` (one per loop, created on first use, gone with the loop)."""
+    handoff = _handoffs.get(loop)
+    if handoff is None:
+        with _handoffs_lock:  # two first watchers on one loop must share one mailbox
+            handoff = _handoffs.get(loop)
+            if handoff is None:
+                handoff = _handoffs[loop] = LoopHandoff(loop)
+    return handoff

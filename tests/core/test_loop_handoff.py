@@ -1,0 +1,115 @@
+"""LoopHandoff: outcomes finished off the loop arrive in batches, one wake-up each."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from purgatory import DelayedOperationPurgatory, Outcome
+from purgatory._loop_handoff import LoopHandoff, handoff_for
+
+from .ops import MockDelayedOperation
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """Counts the thread-safe wake-ups asked of it."""
+
+    threadsafe_calls = 0
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+        self.threadsafe_calls += 1
+        return super().call_soon_threadsafe(callback, *args, context=context)
+
+
+def test_a_burst_of_outcomes_from_another_thread_costs_one_wake_up() -> None:
+    loop = CountingLoop()
+    try:
+        futures = [loop.create_future() for _ in range(1000)]
+        handoff = LoopHandoff(loop)
+        poster = threading.Thread(target=lambda: [handoff.post(f, i) for i, f in enumerate(futures)])
+        poster.start()
+        poster.join()  # every post lands before the loop runs once
+        assert loop.threadsafe_calls == 1, "one drain scheduled for the whole burst"
+        loop.run_until_complete(asyncio.sleep(0))
+        assert [f.result() for f in futures] == list(range(1000))
+    finally:
+        loop.close()
+
+
+def test_a_post_after_a_drain_schedules_the_next_one() -> None:
+    loop = CountingLoop()
+    try:
+        handoff = LoopHandoff(loop)
+        first, second = loop.create_future(), loop.create_future()
+        handoff.post(first, "a")
+        loop.run_until_complete(first)
+        handoff.post(second, "b")  # the first drain ran: this post must not wait for nothing
+        assert loop.run_until_complete(asyncio.wait_for(second, 5)) == "b"
+        assert loop.threadsafe_calls == 2
+    finally:
+        loop.close()
+
+
+def test_a_cancelled_future_is_left_alone() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        handoff = LoopHandoff(loop)
+        cancelled, kept = loop.create_future(), loop.create_future()
+        cancelled.cancel()
+        handoff.post(cancelled, 1)
+        handoff.post(kept, 2)
+        assert loop.run_until_complete(kept) == 2
+        assert cancelled.cancelled()
+    finally:
+        loop.close()
+
+
+def test_a_post_to_a_closed_loop_is_dropped_without_raising() -> None:
+    loop = asyncio.new_event_loop()
+    future = loop.create_future()
+    loop.close()
+    LoopHandoff(loop).post(future, 1)  # nobody can await it any more; the poster must not die
+    assert not future.done()
+
+
+def test_one_mailbox_per_loop() -> None:
+    loop, other = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        assert handoff_for(loop) is handoff_for(loop)
+        assert handoff_for(loop) is not handoff_for(other)
+    finally:
+        loop.close()
+        other.close()
+
+
+def test_ops_completed_together_off_the_loop_resolve_their_watchers_with_one_wake_up() -> None:
+    """The purgatory's watch uses the mailbox: 500 ops finished by one key event, one wake-up."""
+    loop = CountingLoop()
+    purgatory: DelayedOperationPurgatory[MockDelayedOperation] = DelayedOperationPurgatory("handoff")
+    try:
+        ops = [MockDelayedOperation(60_000) for _ in range(500)]
+
+        async def main() -> list[Outcome]:
+            tasks = [asyncio.ensure_future(purgatory.watch(op, ["k"])) for op in ops]
+            await asyncio.sleep(0)  # every task submitted its op
+            assert purgatory.watched() == 500
+            calls_before = loop.threadsafe_calls
+
+            def complete_all() -> None:
+                for op in ops:
+                    op.completable = True
+                assert purgatory.check_and_complete("k") == 500
+
+            await loop.run_in_executor(None, complete_all)
+            outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 5)
+            # The executor's own result hand-off is one more call_soon_threadsafe.
+            assert loop.threadsafe_calls - calls_before <= 2, loop.threadsafe_calls - calls_before
+            return outcomes
+
+        assert loop.run_until_complete(main()) == [Outcome.COMPLETED] * 500
+        assert all(op.completions == 1 for op in ops), "each op finished exactly once"
+    finally:
+        purgatory.shutdown()
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
