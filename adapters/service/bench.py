@@ -13,6 +13,8 @@ Figures:
 * idle CPU: the service's user+system CPU over ``--idle-s`` seconds with N waiting, in % of a core;
 * produce → answer: one record appended to each partition (``acks=1``), then the time from that
   partition's produce call to each of its long polls' answers (p50 / p99 / max);
+* CPU per answer: the service's CPU from the produce to the last answer, / answers (on a shared
+  machine the answer times move with the load, this figure much less);
 * completed vs expired: every answer's ``outcome``; an EXPIRED one is an unexpected expiry
   (``max_wait_ms`` is far longer than the case), a non-200 one an error.
 
@@ -81,6 +83,7 @@ class FanoutResult:
     answer_p50_ms: float
     answer_p99_ms: float
     answer_max_ms: float
+    answer_cpu_us: float
     completed: int
     expired: int
     errors: int
@@ -127,7 +130,9 @@ def _http_json(url: str, timeout_s: float = 30.0) -> dict[str, object]:
 class _Service:
     """The example service under uvicorn in a child process; stopped by its PID."""
 
-    def __init__(self, bootstrap: str, port: int, server_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, bootstrap: str, port: int, server_args: tuple[str, ...] = (), python: str | None = None
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         env = {
             **os.environ,
@@ -139,7 +144,8 @@ class _Service:
         }
         self.process = subprocess.Popen(  # our own interpreter and module
             [
-                sys.executable, "-m", "uvicorn", "--factory", "purgatory.adapters.service:create_app",
+                python or sys.executable, "-m", "uvicorn",
+                "--factory", "purgatory.adapters.service:create_app",
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                 "--backlog", "4096", "--no-access-log", *server_args,
             ],
@@ -192,8 +198,8 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _service(bootstrap: str, server_args: tuple[str, ...]) -> Iterator[_Service]:
-    service = _Service(bootstrap, _free_port(), server_args)
+def _service(bootstrap: str, server_args: tuple[str, ...], python: str | None = None) -> Iterator[_Service]:
+    service = _Service(bootstrap, _free_port(), server_args, python)
     try:
         service.wait_ready()
         yield service
@@ -235,8 +241,9 @@ class _LongPoll(asyncio.Protocol):
         self.status = int(head[0].split()[1])
         self.body = bytes(self.buffer[head_end + 4 : head_end + 4 + length])
         self.buffer = bytearray()
-        if self.transport is not None:
-            self.transport.close()
+        # The connection stays open (a consumer polls again on it): closing it here made the
+        # service tear down thousands of sockets while it was still answering the others, a
+        # third of its loop's time in that window, charged to the answers still on their way.
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.answered_ns:
@@ -327,6 +334,7 @@ async def _run_case_async(
     idle_cpu_pct = 100.0 * (_cpu_s(service.pid) - cpu0) / (time.monotonic() - t0)
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 0, "log_level": 0})
     produced_ns: dict[int, int] = {}
+    cpu_before_produce = _cpu_s(service.pid)
     for partition in range(partitions):
         produced_ns[partition] = time.monotonic_ns()
         producer.produce(topic, b"fanout", partition=partition)
@@ -334,13 +342,14 @@ async def _run_case_async(
     producer.flush(10)
     while time.monotonic() < deadline and not all(p.answered_ns for p in polls):
         await asyncio.sleep(0.05)
+    # The service's CPU per answer from the produce to the last answer: unlike the answer times,
+    # it hardly depends on what else the (shared) machine runs.
+    answer_cpu_s = _cpu_s(service.pid) - cpu_before_produce
     lags: list[float] = []
     completed = expired = errors = 0
     for poll in polls:
         if poll.status != 200:
             errors += 1
-            if poll.transport is not None:
-                poll.transport.close()
             continue
         outcome = json.loads(poll.body).get("outcome")
         if outcome == "COMPLETED":
@@ -349,6 +358,9 @@ async def _run_case_async(
         else:
             expired += 1
     lags.sort()
+    for poll in polls:
+        if poll.transport is not None:
+            poll.transport.close()
     return FanoutResult(
         waiters=waiters,
         partitions=partitions,
@@ -360,6 +372,7 @@ async def _run_case_async(
         answer_p50_ms=_pct(lags, 0.50),
         answer_p99_ms=_pct(lags, 0.99),
         answer_max_ms=lags[-1] if lags else float("nan"),
+        answer_cpu_us=1e6 * answer_cpu_s / max(completed, 1),
         completed=completed,
         expired=expired,
         errors=errors,
@@ -375,6 +388,7 @@ def run_case(
     idle_s: float,
     timeout_s: float,
     server_args: tuple[str, ...] = (),
+    service_python: str | None = None,
 ) -> FanoutResult:
     """One case on a fresh topic and a fresh service process (see the module docstring)."""
     topic = _create_topic(bootstrap, partitions)
@@ -383,7 +397,7 @@ def run_case(
     gc.freeze()
     gc.set_threshold(CLIENT_GC_THRESHOLD0, *thresholds[1:])
     try:
-        with _service(bootstrap, server_args) as service:
+        with _service(bootstrap, server_args, service_python) as service:
             _warm_up(service, topic, partitions)
             return asyncio.run(
                 _run_case_async(service, bootstrap, topic, waiters, partitions, idle_s, timeout_s)
@@ -407,6 +421,7 @@ def _median(runs: list[FanoutResult]) -> FanoutResult:
         answer_p50_ms=statistics.median(r.answer_p50_ms for r in runs),
         answer_p99_ms=statistics.median(r.answer_p99_ms for r in runs),
         answer_max_ms=statistics.median(r.answer_max_ms for r in runs),
+        answer_cpu_us=statistics.median(r.answer_cpu_us for r in runs),
         completed=min(r.completed for r in runs),
         expired=max(r.expired for r in runs),
         errors=max(r.errors for r in runs),
@@ -443,6 +458,13 @@ def fanout(
         list[str] | None,
         typer.Option("--server-arg", help="Extra uvicorn argument (e.g. --http=h11); repeatable."),
     ] = None,
+    service_python: Annotated[
+        str | None,
+        typer.Option(
+            "--service-python",
+            help="Interpreter that runs the service (another build's venv: compare builds, same client).",
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option("--out", help="Directory of the JSON result file.")] = Path(
         "bench-results"
     ),
@@ -468,7 +490,7 @@ def fanout(
         )
         typer.echo(
             f"{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} {'p50':>8} {'p99':>8} "
-            f"{'max':>8} {'done':>7} {'expired':>7} {'errors':>6}  load"
+            f"{'max':>8} {'CPU/ans':>8} {'done':>7} {'expired':>7} {'errors':>6}  load"
         )
         for count in counts:
             for parts in partition_counts:
@@ -480,6 +502,7 @@ def fanout(
                         idle_s=idle,
                         timeout_s=case_timeout,
                         server_args=tuple(server_arg or ()),
+                        service_python=service_python,
                     )
                     for _ in range(repeats)
                 ]
@@ -489,7 +512,7 @@ def fanout(
                     f"{result.waiters:>8} {result.partitions:>5} {result.register_per_s:>8.0f} "
                     f"{result.rss_per_waiter_bytes:>8.0f} {result.idle_cpu_pct:>7.1f}% "
                     f"{result.answer_p50_ms:>6.1f}ms {result.answer_p99_ms:>6.1f}ms "
-                    f"{result.answer_max_ms:>6.1f}ms "
+                    f"{result.answer_max_ms:>6.1f}ms {result.answer_cpu_us:>6.0f}µs "
                     f"{result.completed:>7} {result.expired:>7} {result.errors:>6}  "
                     + " ".join(f"{x:.2f}" for x in result.load_average)
                 )
