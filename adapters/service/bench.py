@@ -224,7 +224,7 @@ class _LongPoll(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
-        transport.write(self.request)
+        self.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
