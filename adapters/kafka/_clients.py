@@ -238,7 +238,17 @@ class RecordProducer:
 
 
 class RecordReader:
-    """Reads offset ranges of partitions with one consumer (assign, consume, no group commits)."""
+    """Reads offset ranges of partitions with one consumer (assign, consume, no group commits).
+
+    Reads are serialised on the one consumer, and a read of records the broker does not deliver
+    (it stopped answering: SIGSTOP, a hung disk) waits its whole ``timeout_s``. So a read that
+    *stalled* (ended by its deadline short of its range, which lies below the high watermark and
+    exists) is remembered per partition: for the next ``timeout_s`` a read of that partition
+    returns what it has at once (nothing) instead of waiting again. Without it, N long polls on
+    a stalled partition waited N timeouts one after another (8 polls: answered after 10-22 s
+    where their bound is max wait + request timeout + *one* read, tests/service/test_answer_bounds.py
+    in push mode). A read that completes clears the mark.
+    """
 
     def __init__(
         self, settings: KafkaSettings | None = None, *, bootstrap_servers: str | None = None
@@ -248,6 +258,10 @@ class RecordReader:
         self._lock = threading.Lock()
         self._consumer: Consumer | None = None
         self.reads = 0
+        self.stalled_reads = 0  # reads that ended by their deadline short of their range
+        self.skipped_reads = 0  # reads answered at once because the partition had just stalled
+        # partition -> until when its reads answer at once (its stalled read's end + timeout)
+        self._stalled: dict[TopicPartitionKey, float] = {}
 
     def _get(self) -> Consumer:
         if self._consumer is None:
@@ -277,42 +291,61 @@ class RecordReader:
             raise InvalidOffsetError(f"fetch offset {start} of {key.label} is negative")
         if end <= start:
             return []
-        out: list[FetchedRecord] = []
-        size = 0
         with self._lock:
+            stalled_until = self._stalled.get(key)
+            if stalled_until is not None and time.monotonic() < stalled_until:
+                self.skipped_reads += 1
+                return []  # it stalled a moment ago (perhaps while this read waited for the lock)
             consumer = self._get()
             self.reads += 1
             consumer.assign([TopicPartition(key.topic, key.partition, start)])
             try:
-                deadline = time.monotonic() + timeout_s
-                while time.monotonic() < deadline:
-                    # consume() returns after num_messages or the timeout: ask for no more than remain.
-                    expected = (out[-1].offset + 1) if out else start
-                    wanted = min(READ_BATCH, max(1, end - expected))
-                    messages = consumer.consume(wanted, timeout=max(0.0, deadline - time.monotonic()))
-                    for message in messages:
-                        error = message.error()
-                        if error is not None:
-                            if error.code() == KafkaError._PARTITION_EOF:
-                                return out
-                            raise _typed(error, key.label)
-                        offset = message.offset() or 0
-                        if offset >= end:
-                            return out
-                        ts = message.timestamp()[1]
-                        record = FetchedRecord(offset, message.key(), message.value(), ts)
-                        if out and size + record.size > max_bytes:
-                            return out
-                        out.append(record)
-                        size += record.size
-                        if offset >= end - 1:
-                            return out
-                return out
+                out, complete = _consume_range(consumer, key, start, end, max_bytes, timeout_s)
             finally:
                 consumer.unassign()
+            if complete:
+                self._stalled.pop(key, None)
+            else:
+                # The deadline passed short of the range: the broker did not deliver records
+                # that exist. Reads of this partition answer at once for the next timeout_s.
+                self.stalled_reads += 1
+                self._stalled[key] = time.monotonic() + timeout_s
+            return out
 
     def close(self) -> None:
         with self._lock:
             consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
+
+
+def _consume_range(
+    consumer: Consumer, key: TopicPartitionKey, start: int, end: int, max_bytes: int, timeout_s: float
+) -> tuple[list[FetchedRecord], bool]:
+    """Records of ``[start, end)`` from the assigned ``consumer`` within ``timeout_s``, and whether
+    the read ended on its own terms (range, ``max_bytes`` or end of log) rather than by the deadline."""
+    out: list[FetchedRecord] = []
+    size = 0
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        # consume() returns after num_messages or the timeout: ask for no more than remain.
+        expected = (out[-1].offset + 1) if out else start
+        wanted = min(READ_BATCH, max(1, end - expected))
+        messages = consumer.consume(wanted, timeout=max(0.0, deadline - time.monotonic()))
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    return out, True
+                raise _typed(error, key.label)
+            offset = message.offset() or 0
+            if offset >= end:
+                return out, True
+            record = FetchedRecord(offset, message.key(), message.value(), message.timestamp()[1])
+            if out and size + record.size > max_bytes:
+                return out, True
+            out.append(record)
+            size += record.size
+            if offset >= end - 1:
+                return out, True
+    return out, False
