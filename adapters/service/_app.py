@@ -101,6 +101,9 @@ CLIENT_CLOSED_REQUEST = 499
 # Distinct long-poll answers kept rendered: one per (partition, offset, records) being answered at
 # once is what is shared; a few hundred covers many hot partitions at a few KB each.
 RENDERED_FETCHES = 256
+# ... and their bytes in all: a rendered body (and the records it keeps alive) is about the size
+# of its records, up to max_bytes each; 64 MiB is the shared record cache's own bound.
+RENDERED_FETCH_BYTES = 64 * 1024 * 1024
 
 
 def _gateway(request: Request) -> Gateway:
@@ -172,12 +175,15 @@ class RenderedFetches:
     with other records (another offset, fewer bytes) renders its own and keys its own entry.
 
     Concurrency contract: the event loop's thread only (responses are built there). At most
-    ``max_entries`` bodies are kept, least recently used dropped first.
+    ``max_entries`` bodies of at most ``max_bytes`` in all are kept (a body holds its records
+    too), least recently used dropped first; a body larger than a quarter of that is not kept.
     """
 
-    def __init__(self, max_entries: int = RENDERED_FETCHES) -> None:
+    def __init__(self, max_entries: int = RENDERED_FETCHES, max_bytes: int = RENDERED_FETCH_BYTES) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[Any, ...], tuple[list[FetchedRecord], bytes]] = OrderedDict()
+        self._bytes = 0
         self.hits = 0
 
     def body(self, topic: str, partition: int, op: DelayedFetch) -> bytes:
@@ -198,9 +204,12 @@ class RenderedFetches:
             self.hits += 1
             return entry[1]
         body = _json_bytes(_fetch_json(topic, partition, op))
-        self._entries[cache_key] = (records, body)
-        if len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        if len(body) <= self.max_bytes // 4:
+            self._entries[cache_key] = (records, body)
+            self._bytes += len(body)
+            while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._bytes -= len(dropped)
         return body
 
 

@@ -1,0 +1,78 @@
+"""RenderedFetches: a long-poll answer rendered once and shared by every waiter answered the same."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from purgatory.adapters.kafka import DelayedFetch, ErrorCode, FetchedRecord, TopicPartitionKey
+from purgatory.adapters.service._app import RenderedFetches, _fetch_json
+
+from purgatory import Outcome
+
+KEY = TopicPartitionKey("orders", 0)
+
+
+@dataclass
+class AnsweredFetch:
+    """The fields of a finished DelayedFetch that its answer is rendered from."""
+
+    records: dict[TopicPartitionKey, list[FetchedRecord]]
+    fetch_offsets: dict[TopicPartitionKey, int] = field(default_factory=lambda: {KEY: 0})
+    statuses: dict[TopicPartitionKey, ErrorCode] = field(default_factory=lambda: {KEY: ErrorCode.NONE})
+    outcome: Outcome | None = Outcome.COMPLETED
+    error: Exception | None = None
+
+
+def _answered(records: list[FetchedRecord]) -> DelayedFetch:
+    # A finished op's list: each waiter gets its own list of the shared cache's record objects.
+    return cast(DelayedFetch, AnsweredFetch({KEY: list(records)}))
+
+
+def _record(offset: int, value: bytes = b"v") -> FetchedRecord:
+    return FetchedRecord(offset, None, value, 1_700_000_000_000)
+
+
+def test_waiters_answered_with_the_same_records_share_one_body() -> None:
+    rendered = RenderedFetches()
+    shared = [_record(0), _record(1)]
+    first = rendered.body("orders", 0, _answered(shared))
+    second = rendered.body("orders", 0, _answered(shared))
+    assert second is first, "the second waiter's answer is the bytes rendered for the first"
+    assert rendered.hits == 1
+    body: Any = json.loads(first)
+    assert body == _fetch_json("orders", 0, _answered(shared)), "the shared body is the waiter's own answer"
+
+
+def test_equal_but_distinct_records_are_rendered_for_their_own_waiter() -> None:
+    rendered = RenderedFetches()
+    rendered.body("orders", 0, _answered([_record(0, b"a")]))
+    other = rendered.body("orders", 0, _answered([_record(0, b"b")]))  # same offset, other record
+    assert json.loads(other)["records"][0]["value"] == "b"
+    assert rendered.hits == 0
+
+
+def test_answers_differing_in_outcome_or_offset_are_not_shared() -> None:
+    rendered = RenderedFetches()
+    shared = [_record(5)]
+    completed = _answered(shared)
+    expired = cast(DelayedFetch, AnsweredFetch({KEY: list(shared)}, outcome=Outcome.EXPIRED))
+    later = cast(DelayedFetch, AnsweredFetch({KEY: list(shared)}, fetch_offsets={KEY: 5}))
+    bodies = [json.loads(rendered.body("orders", 0, op)) for op in (completed, expired, later)]
+    assert [b["outcome"] for b in bodies] == ["COMPLETED", "EXPIRED", "COMPLETED"]
+    assert [b["fetch_offset"] for b in bodies] == [0, 0, 5]
+    assert rendered.hits == 0
+
+
+def test_rendered_bodies_are_bounded_by_count_and_bytes() -> None:
+    rendered = RenderedFetches(max_entries=2, max_bytes=4_000)
+    batches = [[_record(i)] for i in range(3)]
+    for batch in batches:
+        rendered.body("orders", 0, _answered(batch))
+    rendered.body("orders", 0, _answered(batches[0]))
+    assert rendered.hits == 0, "the oldest of three was dropped at a bound of two"
+    big = [_record(0, b"x" * 2_000)]  # more than a quarter of the byte bound: rendered, not kept
+    rendered.body("orders", 0, _answered(big))
+    rendered.body("orders", 0, _answered(big))
+    assert rendered.hits == 0
