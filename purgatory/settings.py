@@ -183,10 +183,12 @@ class KafkaSettings(_Section):
     # lag at 10k pending was 28 ms, at 10 ms 19.5 ms (purgatory bench kafka). Requests stay ~1.2
     # per poll whatever the number of pending operations.
     feed_interval_ms: PositiveInt = Field(10, description="How often the change feed polls watched keys.")
+    # push by default since a stopped broker no longer stretches long-poll answers past their
+    # bound (tests/service/test_answer_bounds.py runs both modes); poll is the fallback.
     feed_mode: Literal["push", "poll"] = Field(
-        "poll",
-        description="poll (default): every feed_interval_ms. push: watched partitions are tailed by "
-        "a consumer (the broker's fetch long poll wakes them) and polled every feed_refresh_ms.",
+        "push",
+        description="push (default): watched partitions are tailed by a consumer (the broker's fetch "
+        "long poll wakes them) and polled every feed_refresh_ms. poll: every feed_interval_ms.",
     )
     feed_refresh_ms: PositiveInt = Field(
         500,

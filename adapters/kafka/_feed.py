@@ -1,6 +1,6 @@
 """ChangeFeed: follows the facts of the *watched* keys and wakes the purgatories whose keys changed.
 
-Two sources (docs/design.md §8). **Push** (``kafka.feed_mode = "push"``, opt-in for now): a
+Two sources (docs/design.md §8). **Push** (``kafka.feed_mode = "push"``, the default): a
 :class:`PartitionTail` consumer tails every watched partition; the broker's fetch long poll wakes
 it when records arrive, and each fetch response's high watermark is published at once (see
 ``_pushed``) — a key event costs one fetch response and the operations it completes, with no
@@ -8,10 +8,11 @@ request per interval. Its records go to ``records`` (the service's shared record
 poll below still runs, every ``feed_refresh_ms`` while every watched key is a tailed healthy
 partition (leaders, ISR, log starts, deletions, outages), and every ``interval_ms`` otherwise
 (consumer groups — commit barriers keep the batched OffsetFetch —, topics, partitions not yet
-tailed, degraded partitions, outages). **Poll** (``"poll"``, the default and the fallback): the poll
-alone, every ``interval_ms``. Push is not the default yet: its slower refresh notices a broker
-that stopped answering up to ``feed_refresh_ms`` later, and tests/service/test_answer_bounds.py
-(a long poll answered within max_wait + request timeout + one read) then fails.
+tailed, degraded partitions, outages). **Poll** (``"poll"``, the fallback): the poll alone, every
+``interval_ms``. Push notices a broker that stopped answering up to ``feed_refresh_ms`` later
+than the poll; the long polls' answer bound still holds (tests/service/test_answer_bounds.py
+runs both modes) because a read of a stalled partition stalls once, not once per waiter
+(:class:`RecordReader`).
 
 The poll (one thread, ``kafka-feed-<name>``), every interval:
 
