@@ -101,15 +101,15 @@ def test_ops_completed_together_off_the_loop_resolve_their_watchers_with_one_wak
                     op.completable = True
                 assert purgatory.check_and_complete("k") == 500
 
-            await loop.run_in_executor(None, complete_all)
+            finisher = threading.Thread(target=complete_all)
+            finisher.start()
+            finisher.join()  # blocks the loop on purpose: every finish lands before it runs again
             outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 5)
-            # The executor's own result hand-off is one more call_soon_threadsafe.
-            assert loop.threadsafe_calls - calls_before <= 2, loop.threadsafe_calls - calls_before
+            assert loop.threadsafe_calls - calls_before == 1, "one wake-up for 500 finishes"
             return outcomes
 
         assert loop.run_until_complete(main()) == [Outcome.COMPLETED] * 500
         assert all(op.completions == 1 for op in ops), "each op finished exactly once"
     finally:
         purgatory.shutdown()
-        loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
