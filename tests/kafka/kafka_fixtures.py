@@ -181,3 +181,193 @@ def restore_followers(cluster: LocalKafkaCluster, settings: KafkaSettings, key: 
         if not cluster.node(node).is_running():
             cluster.start_broker(node)
     wait_isr(settings, key, 3)
+
+
+# -- a record stranded on a leader that then dies (the acks=1 hole of DelayedProduce) --------------
+
+# Replicas [2, 3, 1]: node 2 leads, node 3 is next in line, node 1 (the controller) last — the
+# leader can die while the controller lives.
+STRANDING_REPLICAS = (2, 3, 1)
+
+
+def _config_values(admin: Any, resource: Any, names: tuple[str, ...]) -> dict[str, str]:
+    """``names`` of one config resource, as DescribeConfigs answers them (bounded)."""
+    (future,) = admin.describe_configs([resource], request_timeout=10).values()
+    entries = future.result(timeout=15)
+    missing = [n for n in names if n not in entries]
+    assert not missing, f"{resource} does not report {missing}"
+    return {n: entries[n].value for n in names}
+
+
+class StrandedRecord:
+    """Strands records on a partition's leader, then kills it, so a leader change discards them.
+
+    The scenario, each step a precondition this class establishes or fails on, clearly:
+
+    1. Every follower is frozen (SIGSTOP) *before* the append, so none can fetch what follows —
+       except through a fetch it sent before freezing: the leader holds that fetch for up to
+       ``replica.fetch.wait.max.ms`` and answers it once data arrives (after the produce that
+       brought it has been answered: Kafka completes waiting fetches after sending the produce
+       response), into the frozen node's socket buffer, read on resume. So the first append is
+       a *filler* larger than ``replica.fetch.max.bytes``: a fetch from an offset at or before
+       the filler's returns at most the filler (one batch larger than the limit is returned
+       whole and alone; a read from further back stops within the limit), never a record
+       appended after it. A frozen follower therefore never holds the records after the filler.
+    2. The leader holds them (its acks=1 answer) and its high watermark stays at the filler's
+       offset (:meth:`assert_stranded`): no follower confirmed even the filler.
+    3. The leader is killed, then the followers resume. They stay eligible only if they
+       resumed before the controller fenced them (``broker.session.timeout.ms`` since the last
+       heartbeat, up to ``broker.heartbeat.interval.ms`` before the freeze) and before the ISR
+       could drop them (``replica.lag.time.max.ms``; the frozen controller cannot commit a
+       shrink meanwhile anyway): :meth:`kill_leader_and_resume` fails when the freeze lasted
+       longer. With ``unclean.leader.election.enable`` false a follower in the ISR is elected,
+       and with ``min.insync.replicas`` no more than the survivors, their high watermark moves
+       on: the old completion rule then sees it pass the discarded records' offsets.
+    """
+
+    def __init__(self, cluster: LocalKafkaCluster, settings: KafkaSettings, key: TopicPartitionKey) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient, ConfigResource
+        from purgatory.adapters.kafka import ClusterView
+
+        self.cluster, self.settings, self.key = cluster, settings, key
+        self.leader, *followers = STRANDING_REPLICAS
+        self.followers = tuple(followers)
+        leader_address = f"127.0.0.1:{cluster.node(self.leader).spec.broker_port}"
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers, "log_level": 0})
+        broker = _config_values(
+            admin,
+            ConfigResource(ConfigResource.Type.BROKER, str(self.leader)),
+            ("replica.fetch.max.bytes", "replica.lag.time.max.ms"),
+        )
+        controller = _config_values(
+            admin,
+            ConfigResource(ConfigResource.Type.BROKER, "1"),  # node 1 is the only controller
+            ("broker.session.timeout.ms", "broker.heartbeat.interval.ms"),
+        )
+        topic = _config_values(
+            admin,
+            ConfigResource(ConfigResource.Type.TOPIC, key.topic),
+            ("unclean.leader.election.enable", "min.insync.replicas", "max.message.bytes"),
+        )
+        assert topic["unclean.leader.election.enable"] == "false", (
+            "the scenario is a clean election of an in-sync follower, not an unclean one"
+        )
+        assert int(topic["min.insync.replicas"]) <= len(self.followers), (
+            f"min.insync.replicas {topic['min.insync.replicas']} > the {len(self.followers)} survivors: "
+            "their high watermark would never pass the records, and no completion rule could be wrong"
+        )
+        self.fetch_max_bytes = int(broker["replica.fetch.max.bytes"])
+        self.filler_bytes = self.fetch_max_bytes + 1024  # a batch's overhead is < 100 bytes
+        assert self.filler_bytes + 1024 <= int(topic["max.message.bytes"]), (
+            f"the topic's max.message.bytes {topic['max.message.bytes']} cannot take the "
+            f"{self.filler_bytes}-byte filler"
+        )
+        self.freeze_budget_s = (
+            min(
+                int(controller["broker.session.timeout.ms"])
+                - int(controller["broker.heartbeat.interval.ms"]),
+                int(broker["replica.lag.time.max.ms"]),
+            )
+            / 1000.0
+        )
+        # Both clients talk to the leader only (bootstrapped there, connected before the freeze):
+        # a request routed to a frozen node would hang instead.
+        self.view = ClusterView(settings, bootstrap_servers=leader_address)
+        self._producer = Producer(
+            {
+                "bootstrap.servers": leader_address,
+                "acks": "1",
+                "linger.ms": 0,
+                "message.max.bytes": self.filler_bytes + 4096,
+                "compression.type": "none",  # the filler's size on the wire is its size in the log
+                "log_level": 0,
+            }
+        )
+        self._producer.list_topics(key.topic, timeout=10)
+        self.view.high_watermarks([key])
+        self.filler_offset: int | None = None
+        self._frozen_at: float | None = None
+
+    def freeze_followers(self) -> None:
+        for node in self.followers:
+            self.cluster.pause_broker(node)
+        self._frozen_at = time.monotonic()
+
+    def append_filler(self) -> int:
+        """Append the filler (followers frozen); its offset, as the leader answered."""
+        assert self._frozen_at is not None, "freeze the followers first"
+        delivered: list[Any] = []
+        self._producer.produce(
+            self.key.topic,
+            b"f" * self.filler_bytes,
+            partition=self.key.partition,
+            on_delivery=lambda e, m: delivered.append((e, m)),
+        )
+        self._producer.flush(WAIT_S)
+        assert delivered, f"the leader did not answer the filler's append within {WAIT_S} s"
+        ((error, message),) = delivered
+        assert error is None, f"the filler's append failed: {error}"
+        self.filler_offset = int(message.offset())
+        return self.filler_offset
+
+    def assert_stranded(self, offset: int) -> None:
+        """The leader holds ``offset`` (appended after the filler) and no follower confirmed the filler."""
+        assert self.filler_offset is not None and offset > self.filler_offset, (
+            f"record at {offset} not appended after the filler at {self.filler_offset}"
+        )
+        high = self.view.high_watermarks([self.key])[self.key]
+        assert high <= self.filler_offset, (
+            f"followers frozen, yet the leader's high watermark {high} passed the filler at "
+            f"{self.filler_offset}: a follower has records it must not"
+        )
+
+    def kill_leader_and_resume(self) -> None:
+        """SIGKILL the leader, resume the followers; fail if they were frozen too long to stay eligible."""
+        assert self._frozen_at is not None
+        try:
+            self.cluster.kill_broker(self.leader)
+        finally:
+            for node in self.followers:
+                self.cluster.resume_broker(node)
+            frozen_s = time.monotonic() - self._frozen_at
+        print(f"followers frozen {frozen_s:.2f} s (budget {self.freeze_budget_s:.2f} s)")
+        assert frozen_s < self.freeze_budget_s, (
+            f"precondition not met: followers frozen for {frozen_s:.2f} s, not under "
+            f"{self.freeze_budget_s:.2f} s (session timeout less a heartbeat, or the ISR lag bound): "
+            "the controller may have fenced them or the ISR dropped them, so no elected follower "
+            "is known to lack the records"
+        )
+
+    def close(self) -> None:
+        """Every node running and the partition's ISR full again."""
+        self._producer.flush(1)
+        self.view.close()
+        for node in self.followers:
+            self.cluster.resume_broker(node)
+        if not self.cluster.node(self.leader).is_running():
+            self.cluster.start_broker(self.leader)
+        wait_isr(self.settings, self.key, len(STRANDING_REPLICAS))
+
+
+def stranding_topic(cluster: LocalKafkaCluster, prefix: str) -> tuple[KafkaSettings, TopicPartitionKey]:
+    """An RF-3 topic for :class:`StrandedRecord` (replicas :data:`STRANDING_REPLICAS`,
+    min.insync.replicas 2, room for the filler), all replicas in sync; short admin timeouts."""
+    from purgatory.adapters.kafka import TopicPartitionKey
+
+    from purgatory.settings import KafkaSettings
+
+    settings = KafkaSettings(bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=2000)
+    topic = create_topic(
+        cluster.bootstrap_servers,
+        f"{prefix}-{uuid.uuid4().hex[:8]}",
+        replica_assignment=[list(STRANDING_REPLICAS)],
+        config={
+            "min.insync.replicas": "2",
+            "unclean.leader.election.enable": "false",
+            "max.message.bytes": str(8 << 20),
+        },
+    )
+    key = TopicPartitionKey(topic, 0)
+    wait_isr(settings, key, len(STRANDING_REPLICAS))
+    return settings, key

@@ -31,7 +31,15 @@ from purgatory import Outcome
 from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
-from .kafka_fixtures import FOLLOWERS, create_topic, replicated_topic, restore_followers, wait_isr
+from .kafka_fixtures import (
+    FOLLOWERS,
+    StrandedRecord,
+    create_topic,
+    replicated_topic,
+    restore_followers,
+    stranding_topic,
+    wait_isr,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -122,28 +130,21 @@ def test_produce_expires_with_request_timed_out_while_two_followers_hang(
 def test_produce_is_not_answered_replicated_when_a_leader_change_discarded_the_record(
     kafka_cluster3: LocalKafkaCluster,
 ) -> None:
-    """The acks=1 hole: the leader dies before the next leader fetched the record.
+    """The acks=1 hole: the leader dies before any follower fetched the record.
 
-    Replicas [2, 3, 1]: node 2 leads, node 3 is first in line. Node 3 is frozen, the record is
-    appended by node 2 (node 3 lacks it, so the high watermark stays below it), node 2 is
-    killed and node 3 resumed before it misses a heartbeat: the controller elects node 3 (in the
+    Replicas [2, 3, 1]: node 2 leads. Both followers are frozen, node 2 appends a filler and the
+    record (no follower can hold the record: see :class:`StrandedRecord`), node 2 is killed and
+    the followers resume before they miss a heartbeat: the controller elects node 3 (in the
     ISR, first in the replica order), which never had the record. Records produced afterwards
     take its offset and the new leader's high watermark passes it. Before the leader-epoch fence
     the first produce then answered NONE (replicated) for a record no broker has.
     """
     cluster = kafka_cluster3
-    settings = KafkaSettings(bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=2000)
-    topic = create_topic(
-        cluster.bootstrap_servers,
-        f"lost-{uuid.uuid4().hex[:8]}",
-        replica_assignment=[[2, 3, 1]],
-        config={"min.insync.replicas": "2"},
-    )
-    key = TopicPartitionKey(topic, 0)
-    wait_isr(settings, key, 3)
+    settings, key = stranding_topic(cluster, "lost")
     kp = KafkaPurgatory.connect(settings, name="leader-change")
+    stranded: StrandedRecord | None = None
     try:
-        warm = kp.produce([ProducerRecord(topic, b"warm-up", partition=0)], delay_ms=30_000)
+        warm = kp.produce([ProducerRecord(key.topic, b"warm-up", partition=0)], delay_ms=30_000)
         assert warm.wait(WAIT_S) and warm.succeeded, warm.statuses
         # Keep the partition watched throughout, so the feed keeps polling its facts.
         kp.submit(DelayedDeleteRecords(kp.feed, {key: 10**9}, delay_ms=120_000), validate=False)
@@ -152,32 +153,31 @@ def test_produce_is_not_answered_replicated_when_a_leader_change_discarded_the_r
             "the feed holds the partition's leader epoch",
         )
         old_epoch = kp.feed.partition(key).leader_epoch  # type: ignore[union-attr]
-        cluster.pause_broker(3)
+        stranded = StrandedRecord(cluster, settings, key)
+        stranded.freeze_followers()
         try:
-            # Node 3 froze with a fetch pending at the leader, which would answer it with the
-            # next record into node 3's socket buffer (read on resume). A filler record spends
-            # that pending fetch; the frozen node sends no other, so it never sees the next one.
-            kp.append([ProducerRecord(topic, b"filler", partition=0)])
-            lost = kp.produce([ProducerRecord(topic, b"lost", partition=0)], delay_ms=60_000)
-            cluster.kill_broker(2)
+            stranded.append_filler()
+            lost = kp.produce([ProducerRecord(key.topic, b"lost", partition=0)], delay_ms=60_000)
+            offset = lost.appended[key]
+            stranded.assert_stranded(offset)
+            assert not lost.is_completed(), "the leader has the record, no follower has: not replicated"
         finally:
-            cluster.resume_broker(3)
-        offset = lost.appended[key]
+            stranded.kill_leader_and_resume()
         wait_until(
             lambda: (
                 (facts := kp.feed.partition(key)) is not None
-                and facts.leader == 3
+                and facts.leader in stranded.followers
                 and facts.leader_epoch not in (None, old_epoch)
             ),
-            "the feed saw node 3 lead the partition in a new epoch",
+            "the feed saw a follower that lacks the record lead the partition in a new epoch",
             60.0,
         )
-        after = kp.produce([ProducerRecord(topic, f"after-{i}".encode(), partition=0) for i in range(3)])
+        after = kp.produce([ProducerRecord(key.topic, f"after-{i}".encode(), partition=0) for i in range(3)])
         assert after.wait(WAIT_S) and after.succeeded, after.statuses
         assert after.appended[key] >= offset, "the new leader reused the lost record's offset"
         assert lost.wait(WAIT_S)
         (at_offset,) = kp.reader.read(key, offset, offset + 1, max_bytes=1 << 20)
-        assert at_offset.value != b"lost", "node 3 never had the record: the leader change discarded it"
+        assert at_offset.value != b"lost", "no follower had the record: the leader change discarded it"
         assert kp.feed.partition(key).leader_epoch != old_epoch  # type: ignore[union-attr]
         assert lost.statuses == {key: ErrorCode.NOT_LEADER_OR_FOLLOWER}, (
             f"record at offset {offset} was discarded by the leader change, yet: {lost.statuses}"
@@ -185,10 +185,10 @@ def test_produce_is_not_answered_replicated_when_a_leader_change_discarded_the_r
         assert not lost.succeeded
     finally:
         kp.close()
-        cluster.resume_broker(3)
-        if not cluster.node(2).is_running():
-            cluster.start_broker(2)
-        wait_isr(settings, key, 3)
+        if stranded is not None:
+            stranded.close()
+        else:
+            wait_isr(settings, key, 3)
 
 
 def test_a_node_killed_in_a_running_cluster_restarts_from_the_state_file_and_rejoins_the_isr(
