@@ -311,9 +311,11 @@ class StrandedRecord:
         self.filler_offset = int(message.offset())
         return self.filler_offset
 
-    def assert_stranded(self, offset: int) -> None:
-        """The leader holds ``offset`` (appended after the filler) and no follower confirmed the filler."""
-        assert self.filler_offset is not None and offset > self.filler_offset, (
+    def assert_stranded(self, offset: int | None = None) -> None:
+        """No follower confirmed the filler, let alone ``offset`` (the record appended after it,
+        which the leader holds: it answered the acks=1 append)."""
+        assert self.filler_offset is not None, "append the filler first"
+        assert offset is None or offset > self.filler_offset, (
             f"record at {offset} not appended after the filler at {self.filler_offset}"
         )
         high = self.view.high_watermarks([self.key])[self.key]

@@ -9,7 +9,6 @@ restored after each test.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,9 +22,10 @@ from purgatory.settings import KafkaSettings, Settings
 from tests.kafka.kafka_fixtures import (
     FOLLOWERS,
     WAIT_S,
-    create_topic,
+    StrandedRecord,
     replicated_topic,
     restore_followers,
+    stranding_topic,
     wait_isr,
     wait_until,
 )
@@ -44,8 +44,8 @@ def topic3(kafka_cluster3: LocalKafkaCluster) -> Iterator[tuple[str, str, KafkaS
         restore_followers(kafka_cluster3, kafka, key)
 
 
-def _post(url: str, topic: str, timeout_ms: int) -> httpx.Response:
-    body = {"records": [{"value": "r", "partition": 0}], "timeout_ms": timeout_ms}
+def _post(url: str, topic: str, timeout_ms: int, records: int = 1) -> httpx.Response:
+    body = {"records": [{"value": "r", "partition": 0}] * records, "timeout_ms": timeout_ms}
     return httpx.post(f"{url}/topics/{topic}/records", json=body, timeout=30.0)
 
 
@@ -82,43 +82,47 @@ def test_produce_is_503_not_enough_replicas_when_the_isr_is_below_min_insync(
 def test_a_produce_whose_record_a_leader_change_discarded_is_503_not_leader_never_200(
     kafka_cluster3: LocalKafkaCluster,
 ) -> None:
-    """The acks=1 hole over HTTP (see test_replication's leader-change test for the mechanics):
-    leader 2 appends the record while node 3, next in line, is frozen; leader 2 dies, node 3
-    leads without it, later records take its offset. The waiting request must not say 200."""
+    """The acks=1 hole over HTTP (see test_replication's leader-change test and
+    :class:`StrandedRecord` for the mechanics): leader 2 appends the record while both followers
+    are frozen; leader 2 dies, node 3 leads without it, later records take its offset. The
+    waiting request must not say 200."""
     cluster = kafka_cluster3
-    topic = create_topic(
-        cluster.bootstrap_servers,
-        f"http-lost-{uuid.uuid4().hex[:8]}",
-        replica_assignment=[[2, 3, 1]],
-        config={"min.insync.replicas": "2"},
-    )
-    kafka = KafkaSettings(bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=2000)
-    key = TopicPartitionKey(topic, 0)
-    wait_isr(kafka, key, 3)
+    kafka, key = stranding_topic(cluster, "http-lost")
+    topic = key.topic
     app = create_app(Settings(kafka=kafka))
+    stranded: StrandedRecord | None = None
     try:
         with BackgroundServer(app) as server, ThreadPoolExecutor(1) as pool:
             assert _post(server.url, topic, 15_000).status_code == 200
             produce = app.state.gateway.produce_purgatory
-            cluster.pause_broker(3)
+            stranded = StrandedRecord(cluster, kafka, key)
+            stranded.freeze_followers()
             try:
-                # Spends node 3's pending fetch (see the purgatory-level test); times out at once.
-                assert _post(server.url, topic, 1).status_code == 504
+                filler = stranded.append_filler()
                 lost = pool.submit(_post, server.url, topic, 60_000)
                 wait_until(lambda: produce.num_delayed() == 1, "the leader appended the record")
-                cluster.kill_broker(2)
+                stranded.assert_stranded()
             finally:
-                cluster.resume_broker(3)
-            # More records, once node 3 leads: they take the lost record's offset.
-            wait_until(
-                lambda: _post(server.url, topic, 5_000).status_code == 200, "node 3 takes produces", 60
-            )
+                stranded.kill_leader_and_resume()
+            # More records, once a follower leads: they take the lost record's offset (three: the
+            # new leader may lack the filler too), and its high watermark passes it.
+            after: list[httpx.Response] = []
+
+            def a_follower_takes_produces() -> bool:
+                after.append(_post(server.url, topic, 5_000, records=3))
+                return after[-1].status_code == 200
+
+            wait_until(a_follower_takes_produces, "a follower takes produces", 60)
+            assert after[-1].json()["offsets"]["0"] > filler, "the new leader reused the lost record's offset"
             answer = lost.result(timeout=WAIT_S)
+        assert answer.json().get("offsets") == {"0": filler + 1}, (
+            f"appended right after the filler: {answer.text}"
+        )
         assert answer.status_code == 503, answer.text
         assert answer.json()["error"] == "NOT_LEADER_OR_FOLLOWER"
         assert answer.json()["statuses"] == {"0": "NOT_LEADER_OR_FOLLOWER"}
     finally:
-        cluster.resume_broker(3)
-        if not cluster.node(2).is_running():
-            cluster.start_broker(2)
-        wait_isr(kafka, key, 3)
+        if stranded is not None:
+            stranded.close()
+        else:
+            wait_isr(kafka, key, 3)
