@@ -272,8 +272,13 @@ class StrandedRecord:
             / 1000.0
         )
         # Both clients talk to the leader only (bootstrapped there, connected before the freeze):
-        # a request routed to a frozen node would hang instead.
-        self.view = ClusterView(settings, bootstrap_servers=leader_address)
+        # a request routed to a frozen node would hang instead. The leader runs throughout, so
+        # the view waits for it as long as any step here (settings' 2 s is for hung brokers; a
+        # loaded machine answered the first ListOffsets later than that). A slow answer inside
+        # the freeze counts against the freeze budget, which is checked.
+        self.view = ClusterView(
+            settings, bootstrap_servers=leader_address, request_timeout_ms=int(WAIT_S * 1000)
+        )
         self._producer = Producer(
             {
                 "bootstrap.servers": leader_address,
