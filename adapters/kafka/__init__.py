@@ -75,7 +75,14 @@ from ._ownership import (
     describe_owners,
 )
 from ._ownership_guard import OwnedOperation, OwnershipGuard, WatchedKeys
-from ._provider import BOOTSTRAP_ENV, KafkaClusterHandle, docker_available, provide_cluster
+from ._provider import (
+    BOOTSTRAP_ENV,
+    KafkaClusterHandle,
+    configured_bootstrap,
+    docker_available,
+    provide_cluster,
+)
+from ._record_cache import SharedReadReader
 from ._redirect import Redirect, moved_answer, redirect_for
 from ._reply_router import LateReply, ReplyRouter, ReplyRouterStats
 from ._request import DelayedRequest, RequestResult, RequestTimeoutError, ResponderError
@@ -170,6 +177,7 @@ __all__ = [
     "Responder",
     "ResponderError",
     "ResponderStats",
+    "SharedReadReader",
     "TopicFacts",
     "TopicKey",
     "TopicPartitionKey",
@@ -179,6 +187,7 @@ __all__ = [
     "WatchedKeys",
     "check_client_config",
     "client_config",
+    "configured_bootstrap",
     "create_topic",
     "delete_records",
     "describe_owners",

@@ -1,8 +1,9 @@
 """Which Kafka to use: an existing cluster, a testcontainers one, or the local launcher.
 
-Provider order (docs/design.md §5): ``PURGATORY_KAFKA_BOOTSTRAP`` (or ``kafka.bootstrap_servers`` in the
-settings) → testcontainers' Kafka module (KRaft) when a Docker engine answers → the project's
-local launcher (:class:`LocalKafkaCluster`). The Docker check is a ``/_ping`` on the engine's
+Provider order (docs/design.md §5): an existing cluster (:func:`configured_bootstrap`: an explicit
+argument, ``PURGATORY_KAFKA_BOOTSTRAP``, or ``kafka.bootstrap_servers`` in the settings) →
+testcontainers' Kafka module (KRaft) when a Docker engine answers → the project's local
+launcher (:class:`LocalKafkaCluster`). The Docker check is a ``/_ping`` on the engine's
 socket with a short timeout, so machines without Docker lose well under a second.
 """
 
@@ -17,15 +18,20 @@ from typing import Literal, Self
 
 import structlog
 
-from purgatory.settings import KafkaSettings
+from purgatory.settings import BOOTSTRAP_ENV, KafkaSettings
 
 from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster
 
-__all__ = ["BOOTSTRAP_ENV", "KafkaClusterHandle", "docker_available", "provide_cluster"]
+__all__ = [
+    "BOOTSTRAP_ENV",
+    "KafkaClusterHandle",
+    "configured_bootstrap",
+    "docker_available",
+    "provide_cluster",
+]
 
 _log = structlog.get_logger("purgatory.kafka.provider")
 
-BOOTSTRAP_ENV = "PURGATORY_KAFKA_BOOTSTRAP"
 DOCKER_PING_TIMEOUT_S = 0.5  # a local engine answers /_ping in milliseconds; absent ones fail fast
 TESTCONTAINERS_IMAGE = f"apache/kafka:{DEFAULT_KAFKA_VERSION}"  # the same Kafka as the local launcher
 
@@ -57,6 +63,16 @@ class KafkaClusterHandle:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def configured_bootstrap(settings: KafkaSettings, bootstrap_servers: str | None = None) -> str | None:
+    """The existing cluster meant, if any: ``bootstrap_servers``, then ``PURGATORY_KAFKA_BOOTSTRAP``,
+    then ``settings.bootstrap_servers``; None when none names one.
+
+    The one place of this order: the provider, the HTTP service (``resolve_bootstrap``) and the
+    ``purgatory kafka`` commands read it here, so they all agree on which cluster is meant.
+    """
+    return bootstrap_servers or os.environ.get(BOOTSTRAP_ENV) or settings.bootstrap_servers
 
 
 def docker_available(timeout_s: float = DOCKER_PING_TIMEOUT_S) -> bool:
@@ -105,7 +121,7 @@ def provide_cluster(
     """
     settings = settings or KafkaSettings()
     if use_existing and brokers == 1:
-        existing = os.environ.get(BOOTSTRAP_ENV) or settings.bootstrap_servers
+        existing = configured_bootstrap(settings)
         if existing:
             _log.info("kafka_provider", provider="existing", bootstrap=existing)
             return KafkaClusterHandle(existing, "existing")

@@ -24,6 +24,10 @@ Submission validates topics first (one DescribeTopics for the operation's topics
 topic raises :class:`UnknownTopicError` before anything is watched — except for
 ``DelayedTopicReady``, whose point is to wait for a topic to appear.
 
+``connect(shared_reads=True)`` reads records through a :class:`SharedReadReader` (one Kafka
+read answers every long poll on the same range; the push feed's tail fills it): the HTTP
+service's ``Gateway`` is built that way on this class, its only wiring of Kafka clients.
+
 ``connect`` also applies the settings a process-wide library would otherwise leave to the
 caller: logging (``log.level``, ``log.format``; unless structlog is already configured), the
 Prometheus collector (when ``prometheus-client`` is installed; ``purgatory.metrics``), and the
@@ -67,6 +71,7 @@ from ._operations import (
     DelayedTopicReady,
     KafkaOperation,
 )
+from ._record_cache import SharedReadReader
 from ._reply_router import DEFAULT_REPLY_PARTITIONS, ReplyRouter
 from ._request import DelayedRequest, RequestResult
 from ._results import CommitResult, DeleteRecordsResult, FetchResult, ProduceResult, TopicReadyResult
@@ -153,6 +158,8 @@ class KafkaPurgatory:
         self.feed = feed
         self.view = feed.view
         self.producer = producer
+        # Notes each partition's leader epoch before appending: DelayedProduce must not answer
+        # NONE for a record a leader change discarded (see FencedAppender).
         self.appender = FencedAppender(producer, feed, feed.view)
         self.reader = reader
         self.calls = KafkaCalls(f"purgatory-{name}", ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG)
@@ -163,7 +170,8 @@ class KafkaPurgatory:
         self._shared = purgatory  # given by the caller: every kind uses it, and it stays theirs
         self._purgatories: dict[str, DelayedOperationPurgatory[Any]] = {}
         self._lock = threading.Lock()
-        self._closed = False
+        self._closed = False  # stop() ran: no purgatory is created any more
+        self._clients_closed = False  # close() ran
         self._router: ReplyRouter | None = None  # request-reply: built by replies() or the first request
         if purgatory is not None:
             self._adopt(purgatory)
@@ -179,6 +187,7 @@ class KafkaPurgatory:
         purgatory: DelayedOperationPurgatory[Any] | None = None,
         configure_logging: bool = True,
         metrics: bool = True,
+        shared_reads: bool = False,
     ) -> KafkaPurgatory:
         """Build everything and start the feed; cheap (clients connect on first use).
 
@@ -187,6 +196,8 @@ class KafkaPurgatory:
         one purgatory for every kind of operation (it is not shut down by :meth:`close`).
         ``configure_logging``: apply ``log.*`` unless structlog is configured already.
         ``metrics``: register the Prometheus collector (``prometheus-client`` installed).
+        ``shared_reads``: read records through a :class:`SharedReadReader` (bounded memory, see
+        its module), which the push feed's tail also fills; for many long polls per partition.
         """
         full = load_settings() if settings is None else settings if isinstance(settings, Settings) else None
         kafka = full.kafka if full is not None else settings
@@ -201,7 +212,14 @@ class KafkaPurgatory:
         if metrics:
             _register_metrics()
         view = ClusterView(kafka, bootstrap_servers=bootstrap_servers)
-        feed = ChangeFeed(view, settings=kafka, name=name)
+        reader = (SharedReadReader if shared_reads else RecordReader)(
+            kafka, bootstrap_servers=bootstrap_servers
+        )
+        # Long polls on one partition share their reads (one Kafka read answers them all), and
+        # in push mode the feed's tail fills the shared reader with every watched partition's
+        # new records.
+        records = reader if isinstance(reader, SharedReadReader) else None
+        feed = ChangeFeed(view, settings=kafka, name=name, records=records)
         journal = None
         if full is not None and full.journal.enabled:
             from .journal_sink import build_journal
@@ -210,7 +228,7 @@ class KafkaPurgatory:
         service = cls(
             feed,
             RecordProducer(kafka, bootstrap_servers=bootstrap_servers),
-            RecordReader(kafka, bootstrap_servers=bootstrap_servers),
+            reader,
             settings=full,
             name=name,
             purgatory=purgatory,
@@ -257,8 +275,13 @@ class KafkaPurgatory:
 
     def purgatory_for(self, op: KafkaOperation) -> DelayedOperationPurgatory[Any]:
         """The purgatory ``op`` is held in: the one of its kind (:data:`PURGATORY_NAMES`)."""
-        for kind in type(op).__mro__:
-            name = PURGATORY_NAMES.get(kind)
+        return self.purgatory_for_kind(type(op))
+
+    def purgatory_for_kind(self, kind: type[KafkaOperation]) -> DelayedOperationPurgatory[Any]:
+        """The purgatory operations of ``kind`` (or of a subclass of it) are held in; created now
+        if need be, so an owner can set it up (limits, listeners) before the first operation."""
+        for base in kind.__mro__:
+            name = PURGATORY_NAMES.get(base)
             if name is not None:
                 return self._named(name)
         return self.purgatory
@@ -484,11 +507,14 @@ class KafkaPurgatory:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Stop the feed, drain the purgatories (ours), flush the journal, close the clients.
+    def stop(self, *, drain: bool = True) -> None:
+        """Stop the feed and shut the purgatories (ours) down; the clients stay open.
 
-        Blocks while operations drain (they expire, none is lost); from asyncio use :meth:`aclose`.
-        Idempotent.
+        ``drain``: every operation still held expires now (none is lost, nobody hangs);
+        ``drain=False`` is Kafka's behaviour: they are left unexecuted.
+        :meth:`close` starts with this; an owner with workers of its own that may still read
+        through the clients (the HTTP service's fetch attempts) calls it first, waits for them,
+        then calls :meth:`close`. Blocks while operations drain. Idempotent.
         """
         with self._lock:
             if self._closed:
@@ -499,7 +525,19 @@ class KafkaPurgatory:
         for purgatory in purgatories:
             self.feed.detach(purgatory)
             if purgatory is not self._shared:
-                purgatory.shutdown()
+                purgatory.shutdown(drain=drain)
+
+    def close(self) -> None:
+        """Stop the feed, drain the purgatories (ours), flush the journal, close the clients.
+
+        Blocks while operations drain (they expire, none is lost); from asyncio use :meth:`aclose`.
+        Idempotent.
+        """
+        self.stop()
+        with self._lock:
+            if self._clients_closed:
+                return
+            self._clients_closed = True
         if self._router is not None:  # after the drain: waiting requests expired, none is lost
             self._router.close()
         if self.journal is not None:

@@ -113,15 +113,14 @@ def owners(
 ) -> None:
     """Show the members of a scaled-out service's ownership group, their URLs and partitions."""
     import json
-    import os
 
     from purgatory.settings import load_settings
 
     from ._ownership import describe_owners
-    from ._provider import BOOTSTRAP_ENV
+    from ._provider import BOOTSTRAP_ENV, configured_bootstrap
 
     settings = load_settings()
-    servers = bootstrap or os.environ.get(BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers
+    servers = configured_bootstrap(settings.kafka, bootstrap)
     if not servers:
         typer.echo(f"no Kafka configured: pass --bootstrap or set {BOOTSTRAP_ENV}", err=True)
         raise typer.Exit(2)

@@ -1,4 +1,4 @@
-"""The example service: an HTTP gateway that embeds Kafka's Fetch and Produce purgatories.
+"""The example service: an HTTP gateway over one KafkaPurgatory (Kafka's Fetch and Produce purgatories).
 
 Run it (``service`` and ``kafka`` extras) against a cluster::
 

@@ -41,8 +41,9 @@ operation whose partition moves while it waits is answered MOVED (307/303 to the
 A client that disconnects while waiting cancels its operation (finished CANCELLED, out of the
 timer): abandoned long polls do not fill the purgatory.
 
-Lifespan: startup builds the :class:`Gateway` and starts its change feed; shutdown drains the
-purgatories (every waiting request is answered) and closes the Kafka clients.
+Lifespan: startup builds the :class:`Gateway` (its :class:`KafkaPurgatory`: change feed, clients,
+purgatories); shutdown drains the purgatories (every waiting request is answered) and closes the
+Kafka clients.
 """
 
 from __future__ import annotations

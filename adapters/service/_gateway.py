@@ -1,4 +1,4 @@
-"""Gateway: the example service's purgatories, change feed and Kafka clients, behind two async calls.
+"""Gateway: the example service's HTTP-facing layer over one :class:`KafkaPurgatory`.
 
 ``await gateway.fetch(topic, partition, params)`` submits a :class:`DelayedFetch` (a long poll)
 to the ``fetch`` purgatory and ``await gateway.produce(topic, request)`` appends records
@@ -6,6 +6,15 @@ to the ``fetch`` purgatory and ``await gateway.produce(topic, request)`` appends
 in-sync replica has them — Kafka's broker does the same with its Fetch and Produce purgatories.
 Both await ``purgatory.watch(op, keys)``: the event loop never blocks on the purgatory, and one
 change feed (one batched admin request per kind of fact per interval) completes them all.
+
+Wiring: the gateway holds one :class:`KafkaPurgatory` (``gateway.kafka``, connected with
+``shared_reads=True`` and named ``service``): the cluster view, the change feed, the producer
+and its fenced appender, the shared reader, the journal and the ``fetch`` / ``produce``
+purgatories are its, built once there (``gateway.view``, ``.feed``, ``.reader`` and the
+others are those very objects).
+What is the gateway's is the HTTP side: cached metadata, admission, the bounded call pools,
+the fetch-attempt pool, scale-out placement, the collector's thresholds, and Kafka's errors
+turned into answers.
 
 Before submitting, the topic and partition are checked against cached metadata (one
 DescribeTopics per topic per ``METADATA_MAX_AGE_S``), so an unknown topic or partition is a 404
@@ -35,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,10 +54,10 @@ import structlog
 
 from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError, PurgatoryFullError
 from purgatory.journal import Journal
-from purgatory.settings import ConfigError, Settings
+from purgatory.settings import BOOTSTRAP_ENV, ConfigError, Settings
 
 from ..kafka import (
-    BOOTSTRAP_ENV,
+    PURGATORY_NAMES,
     Appended,
     AppendOutcomeUnknownError,
     ChangeFeed,
@@ -61,18 +69,19 @@ from ..kafka import (
     InvalidTopicError,
     KafkaAdapterError,
     KafkaCalls,
+    KafkaPurgatory,
     KafkaUnavailableError,
     ProducerRecord,
     RecordProducer,
     RecordTooLargeError,
+    SharedReadReader,
     TopicKey,
     TopicPartitionKey,
     UnknownTopicError,
+    configured_bootstrap,
 )
-from ..kafka.journal_sink import build_journal
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
-from ._record_cache import SharedReadReader
 from ._requests import FetchParams, ProduceRequest
 from ._scaleout import OwnedFetch, OwnedProduce, ScaleOut
 
@@ -80,8 +89,10 @@ __all__ = ["FETCH_PURGATORY", "PRODUCE_PURGATORY", "Gateway", "resolve_bootstrap
 
 _log = structlog.get_logger("purgatory.service")
 
-FETCH_PURGATORY = "fetch"  # Kafka's broker: "Fetch" purgatory (delayedOperation tag)
-PRODUCE_PURGATORY = "produce"  # Kafka's broker: "Produce" purgatory
+FETCH_PURGATORY = PURGATORY_NAMES[DelayedFetch]  # Kafka's broker: "Fetch" purgatory (delayedOperation tag)
+PRODUCE_PURGATORY = PURGATORY_NAMES[DelayedProduce]  # Kafka's broker: "Produce" purgatory
+# The KafkaPurgatory's name: its change feed's (thread and log names) and its call pool's.
+SERVICE_NAME = "service"
 # Topic metadata (partition count) is cached this long: new partitions appear within it, and a
 # burst of requests on one topic costs one DescribeTopics. Unknown topics are never cached (the
 # topic may be created a moment later).
@@ -104,10 +115,10 @@ DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 def resolve_bootstrap(settings: Settings, bootstrap_servers: str | None = None) -> str:
     """Explicit argument, then ``PURGATORY_KAFKA_BOOTSTRAP``, then ``kafka.bootstrap_servers``.
 
-    The same order as the Kafka adapter's provider (docs/design.md §5), so the service and ``purgatory
-    run`` agree on which cluster is meant.
+    The Kafka adapter's provider order (:func:`configured_bootstrap`, docs/design.md §5), so the
+    service and ``purgatory run`` agree on which cluster is meant; a ConfigError when none is named.
     """
-    servers = bootstrap_servers or os.environ.get(BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers
+    servers = configured_bootstrap(settings.kafka, bootstrap_servers)
     if not servers:
         raise ConfigError(
             "the service needs a Kafka cluster: set PURGATORY_KAFKA__BOOTSTRAP_SERVERS "
@@ -123,34 +134,40 @@ class _TopicMeta:
 
 
 class Gateway:
-    """Purgatories ``fetch`` and ``produce``, their change feed and clients (see the module docstring)."""
+    """The HTTP-facing layer over one :class:`KafkaPurgatory` (see the module docstring)."""
 
     def __init__(self, settings: Settings, bootstrap_servers: str | None = None) -> None:
         self.settings = settings
         self.bootstrap_servers = resolve_bootstrap(settings, bootstrap_servers)
-        kafka = settings.kafka
-        self.view = ClusterView(kafka, bootstrap_servers=self.bootstrap_servers)
-        # Long polls on one partition share their reads (one Kafka read answers them all), and
-        # in push mode the feed's tail fills it with every watched partition's new records.
-        self.reader = SharedReadReader(kafka, bootstrap_servers=self.bootstrap_servers)
-        self.feed = ChangeFeed(self.view, settings=kafka, name="service", records=self.reader)
-        self.producer = RecordProducer(kafka, bootstrap_servers=self.bootstrap_servers)
-        # Notes each partition's leader epoch before appending: DelayedProduce must not answer
-        # NONE for a record a leader change discarded (see FencedAppender).
-        self.appender = FencedAppender(self.producer, self.feed, self.view)
-        self.fetch_purgatory: DelayedOperationPurgatory[DelayedFetch] = (
-            DelayedOperationPurgatory.from_settings(FETCH_PURGATORY, settings)
+        # The view, the change feed (started: idle until an operation waits), the clients, the
+        # journal and the purgatories: one wiring, KafkaPurgatory's. Logging is the host's to
+        # configure and the app registers the metrics in its own registry: neither here.
+        self.kafka = KafkaPurgatory.connect(
+            settings,
+            bootstrap_servers=self.bootstrap_servers,
+            name=SERVICE_NAME,
+            configure_logging=False,
+            metrics=False,
+            shared_reads=True,
         )
-        self.produce_purgatory: DelayedOperationPurgatory[DelayedProduce] = (
-            DelayedOperationPurgatory.from_settings(PRODUCE_PURGATORY, settings)
+        try:
+            self._set_up(settings)
+        except BaseException:
+            self.kafka.close()  # the feed's thread and the clients must not outlive a failed start
+            raise
+
+    def _set_up(self, settings: Settings) -> None:
+        # Created now (not on the first operation): admission limits are set before any request.
+        self.fetch_purgatory: DelayedOperationPurgatory[DelayedFetch] = self.kafka.purgatory_for_kind(
+            DelayedFetch
         )
-        self.journal: Journal | None = build_journal(settings, self.bootstrap_servers)
+        self.produce_purgatory: DelayedOperationPurgatory[DelayedProduce] = self.kafka.purgatory_for_kind(
+            DelayedProduce
+        )
         for purgatory in self.purgatories:
             if purgatory.max_pending_per_key is None:  # purgatories.<name>.max_pending_per_key wins
                 purgatory.max_pending_per_key = settings.admission.max_waiters_per_key
-            self.feed.attach(purgatory)
-            if self.journal is not None:
-                self.journal.attach(purgatory)
+        kafka = settings.kafka
         self._topics: dict[str, _TopicMeta] = {}
         self.metadata_calls = KafkaCalls("metadata", METADATA_THREADS, METADATA_BACKLOG)
         self.append_calls = KafkaCalls("append", APPEND_THREADS, APPEND_BACKLOG)
@@ -173,15 +190,44 @@ class Gateway:
             else None
         )
 
+    # -- the KafkaPurgatory's parts, by the names the app, metrics and tests read ---------------
+
     @property
     def purgatories(self) -> tuple[DelayedOperationPurgatory[Any], ...]:
         return (self.fetch_purgatory, self.produce_purgatory)
 
+    @property
+    def view(self) -> ClusterView:
+        return self.kafka.view
+
+    @property
+    def feed(self) -> ChangeFeed:
+        return self.kafka.feed
+
+    @property
+    def reader(self) -> SharedReadReader:
+        reader = self.kafka.reader
+        assert isinstance(reader, SharedReadReader), "the gateway connects with shared_reads=True"
+        return reader
+
+    @property
+    def producer(self) -> RecordProducer:
+        return self.kafka.producer
+
+    @property
+    def appender(self) -> FencedAppender:
+        # Notes each partition's leader epoch before appending: DelayedProduce must not answer
+        # NONE for a record a leader change discarded (see FencedAppender).
+        return self.kafka.appender
+
+    @property
+    def journal(self) -> Journal | None:
+        return self.kafka.journal
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the change feed (no Kafka request is made until an operation waits)."""
-        self.feed.start()
+        """Start serving (the change feed runs since construction, idle until an operation waits)."""
         if self.scaleout is not None:
             self.scaleout.start()
         thresholds = self.settings.admission.gc_thresholds
@@ -201,23 +247,18 @@ class Gateway:
         self.serving = False
         if self.scaleout is not None:
             self.scaleout.close()  # first: waiting operations are answered MOVED, not drained EXPIRED
-        self.feed.stop()
         drain = self.settings.drain_on_shutdown
-        for purgatory in self.purgatories:
-            self.feed.detach(purgatory)
-            purgatory.shutdown(drain=drain)  # drained waiters get EXPIRED: nobody hangs
-        self._attempts.shutdown(wait=True, cancel_futures=True)  # after the drain: nothing waits on them
+        self.kafka.stop(drain=drain)  # drained waiters get EXPIRED: nobody hangs
+        # After the drain (nothing waits on them), before the clients close (an attempt may be
+        # reading through the shared reader).
+        self._attempts.shutdown(wait=True, cancel_futures=True)
         if self._gc_before is not None:
             gc.set_threshold(*self._gc_before)
             gc.unfreeze()
             self._gc_before = None
-        if self.journal is not None:
-            self.journal.close()
         for calls in (self.metadata_calls, self.append_calls, self.read_calls):
             calls.close()
-        self.producer.close()
-        self.reader.close()
-        self.view.close()
+        self.kafka.close()  # flushes the journal, closes the clients
         _log.info("service_stopped", drained=drain)
 
     # -- metadata -------------------------------------------------------------------------------
@@ -321,7 +362,7 @@ class Gateway:
         # other waiters on the key (OffLoopFetch hands its own attempt off only when the facts
         # say it could complete now). Cancelling this await (the client left) finishes the op
         # as CANCELLED inside purgatory.watch.
-        await self._watch(self.fetch_purgatory, op)
+        await self._watch(op)
         if op.statuses[key] is ErrorCode.OFFSET_OUT_OF_RANGE:
             raise RequestError(416, "OFFSET_OUT_OF_RANGE", "offset", str(op.error), value=offset)
         if op.statuses[key] is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
@@ -464,12 +505,10 @@ class Gateway:
         )
         if self.scaleout is not None:
             self.scaleout.place(op)
-        await self._watch(self.produce_purgatory, op)
+        await self._watch(op)
         return op
 
-    async def _watch(
-        self, purgatory: DelayedOperationPurgatory[Any], op: DelayedFetch | DelayedProduce
-    ) -> Outcome:
+    async def _watch(self, op: DelayedFetch | DelayedProduce) -> Outcome:
         if not self.serving:
             raise RequestError(503, "SHUTTING_DOWN", None, "the service is shutting down")
         admission = self.settings.admission
@@ -479,7 +518,8 @@ class Gateway:
                 # The whole process's budget (memory is bounded by it): refused before anything
                 # is built into the purgatory. The loop thread submits one at a time, so no overshoot.
                 raise PurgatoryFullError("service", pending, admission.max_waiters)
-            return await purgatory.watch(op, op.watch_keys())
+            # In the purgatory of its kind (fetch or produce); the partition was checked already.
+            return await self.kafka.watch(op, validate=False)
         except PurgatoryFullError as exc:
             # Never a silent expiry: the client hears at once that it should come back.
             raise RequestError(

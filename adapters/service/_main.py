@@ -19,7 +19,6 @@ Steps, each bounded in time:
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,7 +33,13 @@ from rich.table import Table
 
 from purgatory.settings import ConfigError, Settings, load_settings
 
-from ..kafka import BOOTSTRAP_ENV, KafkaAdapterError, KafkaClusterHandle, client_config, provide_cluster
+from ..kafka import (
+    KafkaAdapterError,
+    KafkaClusterHandle,
+    client_config,
+    configured_bootstrap,
+    provide_cluster,
+)
 from ._app import create_app
 from ._server import BackgroundServer
 
@@ -190,7 +195,7 @@ def main(brokers: int = 1) -> bool:
         console.print(str(exc), highlight=False)
         return False
     started = time.monotonic()
-    configured = os.environ.get(BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers
+    configured = configured_bootstrap(settings.kafka)
     try:
         # A configured cluster is used as it is; --brokers only shapes a local one we start.
         handle: KafkaClusterHandle = provide_cluster(settings.kafka, brokers=1 if configured else brokers)

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from purgatory.settings import ConfigError, load_settings
+from purgatory.settings import BOOTSTRAP_ENV, ConfigError, load_settings
 
 __all__ = ["analyze"]
 
-BOOTSTRAP_ENV = "PURGATORY_KAFKA_BOOTSTRAP"
 TOPIC_CHECK_TIMEOUT_S = 10.0  # one metadata request; a cluster that does not answer in 10 s is down
 
 
@@ -156,9 +154,9 @@ def analyze(
     bootstrap_servers = ""
     journal_topic = topic or js.topic
     if source is Source.kafka:
-        bootstrap_servers = (
-            bootstrap or os.environ.get(BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers or ""
-        )
+        from ..kafka import configured_bootstrap  # the provider's order: --bootstrap, env, settings
+
+        bootstrap_servers = configured_bootstrap(settings.kafka, bootstrap) or ""
         if not bootstrap_servers:
             raise _fail(
                 f"no Kafka to read from: pass --bootstrap host:port, set {BOOTSTRAP_ENV}, "

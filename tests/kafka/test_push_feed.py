@@ -20,10 +20,10 @@ from purgatory.adapters.kafka import (
     LocalKafkaCluster,
     ProducerRecord,
     RecordProducer,
+    SharedReadReader,
     TopicPartitionKey,
     UnknownTopicError,
 )
-from purgatory.adapters.service._record_cache import SharedReadReader
 
 from purgatory import DelayedOperationPurgatory, Outcome
 from purgatory.settings import KafkaSettings

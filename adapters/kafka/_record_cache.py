@@ -4,7 +4,7 @@ Without it, each :class:`DelayedFetch` reads its own records when it completes: 
 on one partition answered by one new record cost 500 reads (~15 ms each, serialised on the
 reader's consumer) — measured 9.8 s from the produce to the last answer, with the change feed
 busy all along. Kafka's broker reads its local log (the page cache) instead; this is the
-service's page cache.
+page cache of a :class:`KafkaPurgatory` connected with ``shared_reads=True`` (the HTTP service's).
 
 Algorithm: per partition, the records of one contiguous *span* ``[start, end)`` read before —
 by a fetch, or pushed by the change feed's tail (``append``), which follows every watched
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from purgatory.settings import KafkaSettings
 
-from ..kafka import FetchedRecord, RecordReader, TopicPartitionKey
-from ..kafka._clients import READ_TIMEOUT_S
+from ._clients import READ_TIMEOUT_S, FetchedRecord, RecordReader
+from ._keys import TopicPartitionKey
 
 __all__ = ["SPAN_MAX_BYTES", "TOTAL_MAX_BYTES", "SharedReadReader"]
 

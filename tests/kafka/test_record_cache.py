@@ -17,10 +17,10 @@ from purgatory.adapters.kafka import (
     ProducerRecord,
     RecordProducer,
     RecordReader,
+    SharedReadReader,
     TopicPartitionKey,
+    _record_cache,
 )
-from purgatory.adapters.service import _record_cache
-from purgatory.adapters.service._record_cache import SharedReadReader
 
 from purgatory.settings import KafkaSettings
 from tests.kafka.kafka_fixtures import TopicFactory
