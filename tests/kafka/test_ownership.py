@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -33,6 +34,9 @@ from purgatory.adapters.kafka import (
 from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
 from purgatory.settings import KafkaSettings, ScaleOutSettings
 from purgatory.testing import MockTimer
+
+if TYPE_CHECKING:
+    from purgatory.adapters.service._scaleout import ScaleOut
 
 TOPIC = "orders"
 ME, OTHER = "http://127.0.0.1:8001", "http://127.0.0.1:8002"
@@ -109,6 +113,26 @@ def publish(ownership: PartitionOwnership, owners: dict[int, str], state: str = 
         "g", state, tuple(members.values()), {tp(p): members[u] for p, u in owners.items()}, time.monotonic()
     )
     ownership._snapshot = snapshot
+
+
+class NoKeys:
+    """Watched keys of nobody: the scale-out of a service whose feed follows nothing yet."""
+
+    def watched_keys(self) -> frozenset[TopicPartitionKey]:
+        return frozenset()
+
+
+def service_scaleout(purgatory: DelayedOperationPurgatory[DelayedOperation]) -> ScaleOut:
+    """The HTTP service's scale-out of this instance (ME) over ``purgatory``; nothing connects."""
+    from purgatory.adapters.service._scaleout import ScaleOut
+
+    from purgatory.settings import Settings
+
+    settings = Settings(
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
+        scaleout=ScaleOutSettings(enabled=True, topics=(TOPIC,), advertised_url=ME),
+    )
+    return ScaleOut(settings, "127.0.0.1:1", [purgatory], NoKeys())
 
 
 # -- who owns this key ------------------------------------------------------------------------
@@ -333,20 +357,8 @@ def test_unkeyed_records_go_to_owned_partitions_and_keyed_ones_where_librdkafka_
     import zlib
 
     from purgatory.adapters.service import ProduceRequest
-    from purgatory.adapters.service._scaleout import ScaleOut
 
-    from purgatory.settings import Settings
-
-    settings = Settings(
-        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
-        scaleout=ScaleOutSettings(enabled=True, topics=(TOPIC,), advertised_url=ME),
-    )
-
-    class NoKeys:
-        def watched_keys(self) -> frozenset[TopicPartitionKey]:
-            return frozenset()
-
-    scaleout = ScaleOut(settings, "127.0.0.1:1", [purgatory], NoKeys())
+    scaleout = service_scaleout(purgatory)
     assign(scaleout.ownership, 2, 5)
     request = ProduceRequest.model_validate(
         {
@@ -371,20 +383,8 @@ def test_a_moved_produce_carries_its_offsets_and_leader_epochs_to_the_new_owner(
     from urllib.parse import parse_qs, urlsplit
 
     from purgatory.adapters.kafka import Appended
-    from purgatory.adapters.service._scaleout import ScaleOut
 
-    from purgatory.settings import Settings
-
-    settings = Settings(
-        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
-        scaleout=ScaleOutSettings(enabled=True, topics=(TOPIC,), advertised_url=ME),
-    )
-
-    class NoKeys:
-        def watched_keys(self) -> frozenset[TopicPartitionKey]:
-            return frozenset()
-
-    scaleout = ScaleOut(settings, "127.0.0.1:1", [purgatory], NoKeys())
+    scaleout = service_scaleout(purgatory)
     op = DelayedProduce(FakeFacts(), Appended({tp(1): 41, tp(0): 7}, {tp(1): 5, tp(0): 3}), delay_ms=30_000)
     assert op.move(Moved("revoked", OTHER, 4))
     answer = scaleout.moved_produce(TOPIC, op, time.monotonic(), 30_000)
