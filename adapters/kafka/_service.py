@@ -137,7 +137,8 @@ class KafkaPurgatory:
         producer: the :class:`RecordProducer` behind :meth:`produce` (``acks=1`` appends).
         appender: the :class:`FencedAppender` that notes leader epochs before each append.
         calls: the bounded :class:`KafkaCalls` pool the async methods run blocking calls on.
-        reader: the :class:`RecordReader` behind :meth:`fetch`.
+        reader: the :class:`RecordReader` behind :meth:`fetch` (a :class:`SharedReadReader` with
+            ``connect(shared_reads=True)``).
         journal: the operation :class:`Journal` when ``journal.enabled``, else ``None``.
         purgatories: the purgatories created so far, by name (one per kind of operation).
         purgatory: the purgatory of operations of any other kind (named by ``connect(name=)``).

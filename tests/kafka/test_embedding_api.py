@@ -144,3 +144,25 @@ def test_connect_without_a_cluster_says_which_variable_to_set(monkeypatch: pytes
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match="PURGATORY_KAFKA_BOOTSTRAP"):
         KafkaPurgatory.connect(metrics=False)
+
+
+@pytest.mark.parametrize("drain", [True, False])
+async def test_stop_shuts_the_purgatories_down_and_leaves_the_clients_to_close(drain: bool) -> None:
+    """What an owner with workers of its own relies on (the HTTP gateway's fetch attempts): after
+    ``stop()`` the operations are drained (or left, as Kafka does) while the clients still serve;
+    ``close()`` then closes them."""
+    from purgatory.adapters.kafka import KafkaUnavailableError
+
+    kp = KafkaPurgatory.connect(KafkaSettings(bootstrap_servers="127.0.0.1:9"), metrics=False)
+    try:
+        op = DelayedTopicReady(NoFacts(), "orders", delay_ms=60_000)
+        # Watched on a key the feed does not poll: nothing here waits on the (absent) cluster.
+        kp.purgatory_for_kind(DelayedTopicReady).try_complete_else_watch(op, ["not-a-kafka-key"])
+        kp.stop(drain=drain)
+        assert op.outcome is (Outcome.EXPIRED if drain else None), "drained, or left unexecuted"
+        probe = await kp.calls.run(lambda: "served", timeout_s=5.0, what="probe")
+        assert probe == "served", "the clients stay open between stop() and close()"
+    finally:
+        kp.close()
+    with pytest.raises(KafkaUnavailableError, match="closed"):
+        await kp.calls.run(lambda: "served", timeout_s=5.0, what="probe")
