@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
+import purgatory._logging as purgatory_logging
+
 # Real Kafka for every test directory: the single-broker cluster is started once per session
 # (provider order of docs/design.md §5), only when a test asks for one of these fixtures.
 from tests.kafka.kafka_fixtures import (  # noqa: F401
@@ -46,3 +48,15 @@ def _structlog_config_restored() -> Iterator[None]:
         structlog.configure(**saved)
     else:
         structlog.reset_defaults()
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """For a test that configures logging on purpose (``force=True``): structlog's configuration
+    and the logging module's once-flag are put back afterwards."""
+    saved, done = structlog.get_config(), purgatory_logging._done
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+        purgatory_logging._done = done

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import structlog
@@ -101,16 +100,6 @@ def test_settings_secrets_are_masked_by_value_in_any_text() -> None:
 def test_very_short_values_are_not_masked_by_value() -> None:
     KafkaSettings(client_config={"my.apikey": "ab"})
     assert mask_secret_values("ab" * MIN_MASKED_CHARS) == "ab" * MIN_MASKED_CHARS
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    saved, done = structlog.get_config(), purgatory_logging._done
-    try:
-        yield
-    finally:
-        structlog.configure(**saved)
-        purgatory_logging._done = done
 
 
 @pytest.mark.parametrize("fmt", ["json", "console"])

@@ -51,16 +51,6 @@ def secret_config(tmp_path: Path) -> Iterator[Path]:
         yield config
 
 
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    saved, done = structlog.get_config(), purgatory_logging._done
-    try:
-        yield
-    finally:
-        structlog.configure(**saved)
-        purgatory_logging._done = done
-
-
 def _adapter_activity(settings: Settings, captured: dict[str, str], tag: str) -> None:
     """Use every Kafka client the adapter builds from these settings, against nothing."""
     from purgatory.adapters.kafka import ClusterView, KafkaUnavailableError, TopicKey, client_config
