@@ -69,8 +69,9 @@ def configured_bootstrap(settings: KafkaSettings, bootstrap_servers: str | None 
     """The existing cluster meant, if any: ``bootstrap_servers``, then ``PURGATORY_KAFKA_BOOTSTRAP``,
     then ``settings.bootstrap_servers``; None when none names one.
 
-    The one place of this order: the provider, the HTTP service (``resolve_bootstrap``) and the
-    ``purgatory kafka`` commands read it here, so they all agree on which cluster is meant.
+    The one place of this order: the provider, the HTTP service (``resolve_bootstrap``),
+    ``purgatory run``, ``purgatory kafka owners`` and ``purgatory analyze`` read it here, so they
+    all agree on which cluster is meant (tests/repo/test_wiring.py keeps it the only one).
     """
     return bootstrap_servers or os.environ.get(BOOTSTRAP_ENV) or settings.bootstrap_servers
 
