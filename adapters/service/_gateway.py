@@ -4,8 +4,9 @@
 to the ``fetch`` purgatory and ``await gateway.produce(topic, request)`` appends records
 (``acks=1``) and holds a :class:`DelayedProduce` in the ``produce`` purgatory until every
 in-sync replica has them — Kafka's broker does the same with its Fetch and Produce purgatories.
-Both await ``purgatory.watch(op, keys)``: the event loop never blocks on the purgatory, and one
-change feed (one batched admin request per kind of fact per interval) completes them all.
+Both await ``kafka.watch(op)`` (``purgatory.watch`` in the op's purgatory): the event loop
+never blocks on the purgatory, and one change feed (one batched admin request per kind of fact
+per interval) completes them all.
 
 Wiring: the gateway holds one :class:`KafkaPurgatory` (``gateway.kafka``, connected with
 ``shared_reads=True`` and named ``service``): the cluster view, the change feed, the producer
