@@ -17,6 +17,12 @@ from purgatory.adapters.kafka import (
     docker_available,
     provide_cluster,
 )
+from purgatory.adapters.kafka.local import (
+    FAST_START_JVM_OPTIONS,
+    STEADY_STATE_JVM_OPTIONS,
+    KafkaNode,
+    NodeSpec,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -81,6 +87,34 @@ def test_local_cluster_stop_leaves_no_process(tmp_path: Path) -> None:
         assert pid is not None
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_nodes_start_c1_only_by_default_for_a_fast_start(tmp_path: Path) -> None:
+    node = KafkaNode(NodeSpec(1, 1, 2), tmp_path, "libs/*", 256)
+    command = node.format_command("id")
+    assert all(option in command for option in FAST_START_JVM_OPTIONS)
+    assert "-XX:TieredStopAtLevel=1" in command
+    assert LocalKafkaCluster(brokers=1).jvm_options == FAST_START_JVM_OPTIONS
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [("-XX:+UseSerialGC", "string"), (["UseSerialGC"], "UseSerialGC"), (["-Xmx2g"], "heap_mb")],
+)
+def test_jvm_options_that_are_not_options_raise_naming_the_option(options: list[str], named: str) -> None:
+    with pytest.raises(ValueError, match="jvm_options") as failure:
+        LocalKafkaCluster(brokers=1, jvm_options=options)
+    assert named in str(failure.value)
+
+
+def test_a_full_jit_cluster_runs_its_jvm_options_and_keeps_them_for_restarts(tmp_path: Path) -> None:
+    work_dir = tmp_path / "full-jit"
+    with LocalKafkaCluster(brokers=1, work_dir=work_dir, jvm_options=STEADY_STATE_JVM_OPTIONS) as cluster:
+        pid = cluster.node(1).pid
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert b"-XX:+UseSerialGC" in argv and b"-XX:TieredStopAtLevel=1" not in argv, argv[:8]
+        # A handle rebuilt by another process (``purgatory kafka down``/restarts) keeps the options.
+        assert LocalKafkaCluster.from_state(work_dir).jvm_options == STEADY_STATE_JVM_OPTIONS
 
 
 def test_down_never_signals_a_pid_that_is_no_longer_our_broker(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ from purgatory.adapters.kafka import (
     header,
     headers_of,
 )
+from purgatory.adapters.kafka.local import FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
 
 from purgatory.settings import KafkaSettings
 
@@ -400,6 +401,23 @@ def _median(runs: list[RunResult], field: str) -> float:
     return float(statistics.median(getattr(r, field) for r in runs))
 
 
+# Broker JIT: "full" (C1 then C2, what a production broker runs) or "c1" (the launcher's fast-start
+# default for tests). Both requesters share the cluster, so the same-run ratio stays fair.
+JVM_PROFILES: dict[str, tuple[str, ...]] = {"full": STEADY_STATE_JVM_OPTIONS, "c1": FAST_START_JVM_OPTIONS}
+
+
+def _warm_up(bootstrap: str, topic: str, brokers: int, rate: float, seconds: float, linger_ms: int) -> None:
+    """Unmeasured traffic through brokers and responder until the JIT has compiled the hot paths
+    (with C2 the first seconds cost extra CPU and stall requests while methods compile)."""
+    if seconds <= 0:
+        return
+    for side in ("purgatory", "hand-rolled"):
+        run_once(
+            side, bootstrap, topic, brokers,
+            rate=rate, warmup_s=seconds / 2, duration_s=0.5, timeout_ms=5_000, linger_ms=linger_ms,
+        )  # fmt: skip
+
+
 def request_reply(
     brokers: Annotated[
         list[int] | None, typer.Option("--brokers", help="Broker counts (default 1 and 3).")
@@ -410,25 +428,37 @@ def request_reply(
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Runs per side (medians).")] = 3,
     timeout_ms: Annotated[int, typer.Option(help="Each request's deadline.")] = 5_000,
     linger_ms: Annotated[int, typer.Option(help="linger.ms of requests and replies (both sides).")] = 2,
+    jit: Annotated[
+        str, typer.Option(help="Broker JVM JIT: 'full' (C1+C2, steady state) or 'c1' (fast start).")
+    ] = "full",
+    jit_warmup: Annotated[
+        float, typer.Option(help="Unmeasured seconds of traffic per cluster before the first run.")
+    ] = 20.0,
     out: Annotated[Path, typer.Option(help="Directory for the JSON result file.")] = Path("bench-results"),
 ) -> None:
     """Request-reply round trips (p50/p99) and requests/s on a local Kafka, vs a hand-rolled requester."""
     from purgatory import configure_logging
 
     configure_logging("WARNING", "console", force=True)
+    if jit not in JVM_PROFILES:
+        raise typer.BadParameter(f"--jit must be one of {sorted(JVM_PROFILES)}, got {jit!r}")
     all_runs: list[RunResult] = []
     for count in brokers or [1, 3]:
-        with LocalKafkaCluster(brokers=count) as cluster:
+        started = time.monotonic()
+        with LocalKafkaCluster(brokers=count, jvm_options=JVM_PROFILES[jit]) as cluster:
+            start_s = time.monotonic() - started
             bootstrap = cluster.bootstrap_servers
             topic = f"bench-requests-{uuid.uuid4().hex[:8]}"
             _create(bootstrap, topic, 1, count)
             responder = _ResponderProcess(topic, f"bench-echo-{uuid.uuid4().hex[:6]}", bootstrap, linger_ms)
             typer.echo(
-                f"{count} broker(s) at {bootstrap}: {rate:.0f} requests/s for {duration:.0f} s "
+                f"{count} broker(s) at {bootstrap} (JIT {jit}, started in {start_s:.1f} s, "
+                f"load {os.getloadavg()[0]:.1f}): {rate:.0f} requests/s for {duration:.0f} s "
                 f"(+{warmup:.0f} s warm-up) x {repeats}, linger.ms {linger_ms}, "
                 f"echo responder in process {responder.process.pid}"
             )
             try:
+                _warm_up(bootstrap, topic, count, rate, jit_warmup, linger_ms)
                 runs: list[RunResult] = []
                 for i in range(repeats):
                     order = ("purgatory", "hand-rolled") if i % 2 == 0 else ("hand-rolled", "purgatory")
@@ -448,7 +478,8 @@ def request_reply(
                             f"{result.cpu_us_per_request:4.0f} "
                             f"responder {result.responder_cpu_us_per_request:4.0f} "
                             f"brokers {result.brokers_cpu_us_per_request:4.0f}  "
-                            f"GC {result.gc_ms:.0f} ms ({result.gc_full} full)"
+                            f"GC {result.gc_ms:.0f} ms ({result.gc_full} full)  "
+                            f"load {os.getloadavg()[0]:.1f}"
                         )
             finally:
                 responder.stop()

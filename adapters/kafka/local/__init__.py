@@ -1,13 +1,24 @@
 """A local Apache Kafka cluster (KRaft) from Maven jars, no Docker: ``_maven.py`` resolves the
 jars, ``_cluster.py`` lays out, formats, starts, waits for and stops the nodes (see its docstring)."""
 
-from ._cluster import DEFAULT_HEAP_MB, STATE_FILE, KafkaNode, LocalKafkaCluster, NodeSpec, free_port
+from ._cluster import (
+    DEFAULT_HEAP_MB,
+    FAST_START_JVM_OPTIONS,
+    STATE_FILE,
+    STEADY_STATE_JVM_OPTIONS,
+    KafkaNode,
+    LocalKafkaCluster,
+    NodeSpec,
+    free_port,
+)
 from ._maven import DEFAULT_KAFKA_VERSION, cache_dir, resolve_kafka
 
 __all__ = [
     "DEFAULT_HEAP_MB",
     "DEFAULT_KAFKA_VERSION",
+    "FAST_START_JVM_OPTIONS",
     "STATE_FILE",
+    "STEADY_STATE_JVM_OPTIONS",
     "KafkaNode",
     "LocalKafkaCluster",
     "NodeSpec",

@@ -12,7 +12,8 @@ Algorithm:
    Every node listens on free ``127.0.0.1`` ports and gets its own ``server.properties``,
    ``log4j2.properties``, data directory and logs under the cluster's work directory.
 3. **Format** every node's storage (``kafka.tools.StorageTool format``) in parallel JVMs.
-4. **Start** one JVM per node (small heap, serial GC), each in its own session so a Ctrl-C to
+4. **Start** one JVM per node (small heap, serial GC; C1-only JIT unless ``jvm_options`` say
+   otherwise), each in its own session so a Ctrl-C to
    the caller does not tear it down half-way; stdout/stderr go to ``<node>/stdout.log``.
 5. **Wait** (bounded) until the cluster serves metadata naming all n brokers. On failure every
    node is stopped and :class:`KafkaStartError` carries the tail of the nodes' logs.
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -66,6 +67,17 @@ STOP_TIMEOUT_S = 20.0  # controlled shutdown of a broker normally takes 1-3 s
 METADATA_POLL_S = 0.25
 LOG_TAIL_LINES = 40
 DEFAULT_HEAP_MB = 384  # plenty for test traffic; keeps 4 JVMs well inside a laptop's memory
+
+# JIT/GC options of every node's JVM. Serial GC either way: one collector thread, short young
+# pauses on a small heap, no concurrent threads fighting the 2 cores.
+# FAST_START (the default, tests and ``purgatory kafka up``): C1 only — the JVM starts with less
+# compilation work on a busy 2-core machine; test traffic is light, so slower steady-state code
+# does not matter there.
+FAST_START_JVM_OPTIONS: tuple[str, ...] = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+# STEADY_STATE (benchmarks): full tiered compilation (C1 then C2). Costs more CPU while the hot
+# paths compile (the first seconds of traffic: warm up before measuring), then less CPU per
+# request than C1-only code; see docs/performance.md (request-reply) for the measured figures.
+STEADY_STATE_JVM_OPTIONS: tuple[str, ...] = ("-XX:+UseSerialGC",)
 
 
 def free_port() -> int:
@@ -129,6 +141,7 @@ class KafkaNode:
     work_dir: Path
     classpath: str
     heap_mb: int
+    jvm_options: tuple[str, ...] = FAST_START_JVM_OPTIONS
     # Die with the process that started us (Linux): a test run killed outright leaves no broker.
     die_with_parent: bool = False
     pid: int | None = None
@@ -181,9 +194,7 @@ class KafkaNode:
             java,
             f"-Xmx{self.heap_mb}m",
             "-Xms64m",
-            # Serial GC and C1 only: less CPU at start-up on a 2-core machine; test traffic is light.
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
+            *self.jvm_options,
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self.work_dir / 'logs'}",
@@ -340,6 +351,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _checked_jvm_options(options: Sequence[str]) -> tuple[str, ...]:
+    """The options as a tuple; a typed error names the first that is not a JVM option."""
+    if isinstance(options, str):
+        raise ValueError(f"jvm_options must be a sequence of options, got the string {options!r}")
+    for option in options:
+        if not isinstance(option, str) or not option.startswith("-") or option.strip() != option:
+            raise ValueError(f"jvm_options: {option!r} is not a JVM option (one '-...' word each)")
+        if option.startswith(("-Xmx", "-cp", "-classpath")):
+            raise ValueError(f"jvm_options: {option!r} is set by the launcher (use heap_mb)")
+    return tuple(options)
+
+
 class LocalKafkaCluster:
     """1..n Apache Kafka nodes on loopback ports; see the module docstring for the algorithm.
 
@@ -347,6 +370,8 @@ class LocalKafkaCluster:
     / ``stop()``. Fault injection by node id: ``stop_broker``, ``start_broker``, ``kill_broker``,
     ``pause_broker``, ``resume_broker``. Node 1 is the controller: stopping it stops the cluster
     from changing its metadata, which is why fault tests act on the followers 2..n.
+    ``jvm_options`` (JIT/GC flags of every node): ``FAST_START_JVM_OPTIONS`` by default, pass
+    ``STEADY_STATE_JVM_OPTIONS`` to measure steady-state broker CPU (benchmarks).
 
     Unless ``detach=True`` (``purgatory kafka up``), the JVMs are stopped at interpreter exit
     and, on Linux, killed by the kernel if the starting process dies outright (SIGKILL): call
@@ -364,9 +389,11 @@ class LocalKafkaCluster:
         broker_config: Mapping[str, str] | None = None,
         keep_work_dir: bool = False,
         detach: bool = False,
+        jvm_options: Sequence[str] = FAST_START_JVM_OPTIONS,
     ) -> None:
         if isinstance(brokers, bool) or not isinstance(brokers, int) or brokers < 1:
             raise ValueError(f"brokers must be an int >= 1, got {brokers!r}")
+        self.jvm_options = _checked_jvm_options(jvm_options)
         self.brokers = brokers
         self.version = version or os.environ.get(VERSION_ENV) or DEFAULT_KAFKA_VERSION
         self._work_dir_given = work_dir is not None
@@ -399,7 +426,9 @@ class LocalKafkaCluster:
         for spec in specs:
             node_dir = self.work_dir / f"node-{spec.node_id}"
             node_dir.mkdir(parents=True, exist_ok=True)
-            node = KafkaNode(spec, node_dir, classpath, self.heap_mb, die_with_parent=not self.detach)
+            node = KafkaNode(
+                spec, node_dir, classpath, self.heap_mb, self.jvm_options, die_with_parent=not self.detach
+            )
             node.write_config(controller, self.brokers, self.broker_config)
             self.nodes[spec.node_id] = node
         self._format()
@@ -529,6 +558,7 @@ class LocalKafkaCluster:
             "work_dir": str(self.work_dir),
             # What restarting a node from another process needs (``from_state(...).start_broker``).
             "heap_mb": self.heap_mb,
+            "jvm_options": list(self.jvm_options),
             "detach": self.detach,
             "nodes": [
                 {**asdict(n.spec), "pid": n.pid, "classpath": n.classpath} for n in self.nodes.values()
@@ -551,6 +581,7 @@ class LocalKafkaCluster:
             work_dir=work_dir,
             heap_mb=state.get("heap_mb", DEFAULT_HEAP_MB),
             detach=state.get("detach", True),
+            jvm_options=state.get("jvm_options", FAST_START_JVM_OPTIONS),
         )
         cluster._work_dir_given = False  # a handle from state owns the directory it describes
         cluster.cluster_id = state["cluster_id"]
@@ -561,6 +592,7 @@ class LocalKafkaCluster:
                 Path(work_dir) / f"node-{spec.node_id}",
                 entry.get("classpath", ""),  # "": resolved by start_broker when needed
                 cluster.heap_mb,
+                cluster.jvm_options,
                 die_with_parent=not cluster.detach,
             )
             node.pid = entry["pid"]
