@@ -362,29 +362,33 @@ def own_acquire(op: OperationCore, blocking: bool, timeout: float) -> bool:
     me = _native_id()
     if _NATIVE_STEPS:
         # No call between each read and its write: atomic under the GIL (see _NATIVE_STEPS).
-        state = op._lock_state
-        if state == 0:
-            op._lock_state = (me << OWNER_SHIFT) | 1
-            return True
-        if state >> OWNER_SHIFT == me:
-            op._lock_state = state + 1
+        if _own_take(op, me):
             return True
         if not blocking:
             return False
     _guard_acquire()
     try:
-        state = op._lock_state
-        if state == 0:
-            op._lock_state = (me << OWNER_SHIFT) | 1
-            return True
-        if state >> OWNER_SHIFT == me:
-            op._lock_state = state + 1
+        if _own_take(op, me):
             return True
         if not blocking:
             return False
         return _own_acquire_contended(op, me, timeout)
     finally:
         _guard_release()
+
+
+def _own_take(op: OperationCore, me: int) -> bool:
+    """Take ``op``'s own lock if it is free or already ``me``'s (one more level); False if not.
+    Atomic only where its caller makes it so: compiled (no call between the read and the write)
+    or under the guard."""
+    state = op._lock_state
+    if state == 0:
+        op._lock_state = (me << OWNER_SHIFT) | 1
+        return True
+    if state >> OWNER_SHIFT == me:
+        op._lock_state = state + 1
+        return True
+    return False
 
 
 def _own_acquire_contended(op: OperationCore, me: int, timeout: float) -> bool:
