@@ -68,7 +68,7 @@ from ._clients import FetchedRecord
 from ._errors import KafkaUnavailableError
 from ._facts import NO_LEADER, GroupFacts, PartitionFacts, TopicFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
-from ._tail import PartitionTail
+from ._tail import PartitionTail, TailedPosition
 from ._view import ClusterView
 
 __all__ = ["ChangeFeed", "FeedStats", "Purgatoryish", "RecordSink"]
@@ -113,6 +113,7 @@ class FeedStats:
     consecutive_failures: int = 0
     reconnects: int = 0
     keys_changed: int = 0
+    pushes_withheld: int = 0  # tail positions from a leader newer than the facts' (see _pushed)
     checks: int = 0
     last_error: str | None = None
     poll_ms: list[float] = field(default_factory=list)
@@ -453,23 +454,42 @@ class ChangeFeed:
         if self._records is not None:
             self._records.append(key, records)  # before the facts: a woken fetch reads them from memory
 
-    def _pushed(self, high_watermarks: dict[TopicPartitionKey, int]) -> None:
-        """Publish the high watermarks a fetch response brought, then wake the keys that moved."""
+    def _pushed(self, positions: dict[TopicPartitionKey, TailedPosition]) -> None:
+        """Publish the high watermarks the tail vouches for, then wake the keys that moved.
+
+        A position whose records a newer leader appended than the facts' leader epoch says is not
+        published (PartitionTail's module doc): the facts' epoch and high watermark must come from
+        one leader, or DelayedProduce could count another leader's records at its offset. The
+        poll is woken instead and re-describes the partition; its ListOffsets answer brings the
+        new leader's epoch.
+        """
         changed: list[TopicPartitionKey] = []
+        newer_leader = False
         with self._publish_lock:
             old = self._snapshot
             partitions = dict(old.partitions)  # copy-on-write: readers keep the snapshot they hold
-            for key, high in high_watermarks.items():
+            for key, position in positions.items():
                 facts = partitions.get(key)
                 # Leader, ISR and min ISR come from a poll first (DelayedProduce reads them); a
                 # partition in error waits for the poll that says it recovered.
                 if facts is None or facts.error is not None:
                     continue
-                if facts.high_watermark is None or high > facts.high_watermark:
-                    partitions[key] = dataclasses.replace(facts, high_watermark=high)
+                if (
+                    position.leader_epoch is None
+                    or facts.leader_epoch is None
+                    or position.leader_epoch > facts.leader_epoch
+                ):
+                    newer_leader = True
+                    continue
+                if facts.high_watermark is None or position.read_to > facts.high_watermark:
+                    partitions[key] = dataclasses.replace(facts, high_watermark=position.read_to)
                     changed.append(key)
             if changed:
                 self._snapshot = _Snapshot(partitions, old.topics, old.groups, old.unavailable)
+        if newer_leader:
+            self.stats.pushes_withheld += 1
+            self._metadata_suspect = True
+            self._wake.set()
         self.stats.keys_changed += len(changed)
         for observer in self._observers:
             observer(list(changed))
@@ -500,12 +520,13 @@ def _newest(polled: PartitionFacts, current: PartitionFacts | None) -> Partition
 
     A ListOffsets answer may be older than a fetch response the tail handled meanwhile; high
     watermarks only grow while a partition keeps its leader, so the larger one is the newer. An
-    error (deleted, no leader) or a new leader (which may have truncated what the old one had:
-    tests/kafka/test_replication.py) always wins: it resets what the tail said.
+    error (deleted, no leader) or a new leader or leader epoch (which may have truncated what the
+    old one had: tests/kafka/test_replication.py) always wins: it resets what the tail said.
     """
     if (
         current is None
         or polled.leader != current.leader  # a new leader may have truncated: its answer stands
+        or polled.leader_epoch != current.leader_epoch
         or polled.error is not None
         or current.error is not None
         or current.high_watermark is None

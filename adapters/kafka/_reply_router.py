@@ -73,7 +73,7 @@ from ._moved import Moved
 from ._ownership import PartitionOwnership
 from ._request import DelayedRequest
 from ._sender import DEFAULT_LINGER_MS, RecordSender
-from ._tail import PartitionTail
+from ._tail import PartitionTail, TailedPosition
 
 __all__ = ["LateReply", "ReplyRouter", "ReplyRouterStats"]
 
@@ -265,7 +265,7 @@ class ReplyRouter:
 
     # -- tail callbacks (tail thread) -----------------------------------------------------------
 
-    def _on_high_watermarks(self, moved: dict[TopicPartitionKey, int]) -> None:
+    def _on_high_watermarks(self, moved: dict[TopicPartitionKey, TailedPosition]) -> None:
         # The first high watermark of a partition means the tail reads it from a fixed position.
         # Called every round the tail fetched something: nothing to do once all owned are ready.
         if len(self._ready) == len(self._owned):

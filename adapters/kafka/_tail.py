@@ -16,8 +16,20 @@ Algorithm (one thread, ``kafka-tail-<name>``), each round:
    brings records (the broker holds an idle fetch for ``fetch.wait.max.ms``), with the rest of
    what was fetched, or after ``ROUND_S`` with nothing.
 3. For each partition with records: hand them to ``on_records(key, records)`` (the shared record
-   cache), then read the cached high watermark; call ``on_high_watermarks({key: hw})`` once per
-   round with every partition whose high watermark moved (the feed publishes and wakes keys).
+   cache); call ``on_high_watermarks({key: TailedPosition})`` once per round with every partition
+   the tail read records of (the feed publishes and wakes keys), and once a newly assigned
+   partition has a high watermark at all (it is then ``following``).
+
+What a push vouches for: the offset after the last record read (a consumer is only served
+records below the high watermark, so every offset below it is replicated), and the batch leader
+epoch of that record — the epoch of the leader that *appended* it. Not the cached high watermark
+of the fetch response: librdkafka follows a new leader silently, so that number may come from a
+leader the feed's facts do not know yet, whose log may lack a record the old leader appended
+(the acks=1 hole :class:`FencedAppender` closes). The feed publishes a push only while the
+epoch is at most the leader epoch of its facts; DelayedProduce compares that epoch with the
+one noted before its append. Why that is enough: epochs never decrease along a log, so a record
+the tail read at or after offset ``X`` carries an epoch at least that of the record at ``X``;
+if it is at most the epoch noted before ``X`` was appended, no later leader rewrote ``X``.
 4. A partition error meaning "gone" (unknown topic or partition: deleted while watched) stops
    following it and calls ``on_lost(key, error)``; the feed's poll then reports it as a fact.
    Every other error is librdkafka's to retry (leader moved, broker restarting): the consumer
@@ -48,7 +60,7 @@ from ._config import client_config, redacted
 from ._correlation import headers_of
 from ._keys import TopicPartitionKey
 
-__all__ = ["PartitionTail", "TailStats"]
+__all__ = ["PartitionTail", "TailStats", "TailedPosition"]
 
 _log = structlog.get_logger("purgatory.kafka.tail")
 
@@ -64,7 +76,17 @@ _GONE = frozenset(
 )
 
 RecordsCallback = Callable[[TopicPartitionKey, list[FetchedRecord]], None]
-HighWatermarksCallback = Callable[[dict[TopicPartitionKey, int]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TailedPosition:
+    """What one round read of a partition vouches for (module doc: "What a push vouches for")."""
+
+    read_to: int  # the offset after the last record read: every offset below it is replicated
+    leader_epoch: int | None  # that record's batch leader epoch; None: the broker sent none
+
+
+HighWatermarksCallback = Callable[[dict[TopicPartitionKey, TailedPosition]], None]
 LostCallback = Callable[[TopicPartitionKey, str], None]
 
 
@@ -74,7 +96,7 @@ class TailStats:
 
     rounds: int = 0
     records: int = 0
-    pushes: int = 0  # high watermark changes handed to the feed
+    pushes: int = 0  # positions handed to the feed
     assigned: int = 0
     lost: int = 0
     failures: int = 0
@@ -118,7 +140,6 @@ class PartitionTail:
         self._wanted_version = 0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._high: dict[TopicPartitionKey, int] = {}
 
     def follow(self, keys: Iterable[TopicPartitionKey]) -> None:
         """Follow exactly ``keys`` from the next round on (new ones from their end)."""
@@ -191,8 +212,6 @@ class PartitionTail:
         if gone:
             consumer.incremental_unassign([TopicPartition(k.topic, k.partition) for k in gone])
             assigned.difference_update(gone)
-            for key in gone:
-                self._high.pop(key, None)
         if new:
             consumer.incremental_assign([TopicPartition(k.topic, k.partition, OFFSET_END) for k in new])
             assigned.update(new)
@@ -208,6 +227,7 @@ class PartitionTail:
         messages = [] if first is None else [first, *consumer.consume(TAIL_BATCH, 0)]
         self.stats.rounds += 1
         batches: dict[TopicPartitionKey, list[FetchedRecord]] = {}
+        epochs: dict[TopicPartitionKey, int | None] = {}
         for message in messages:
             error = message.error()
             key = TopicPartitionKey(message.topic() or "", message.partition() or 0)
@@ -223,38 +243,36 @@ class PartitionTail:
                 headers_of(message.headers()),
             )
             batches.setdefault(key, []).append(record)
+            epoch = message.leader_epoch()  # the last record's counts: epochs only grow along a log
+            epochs[key] = epoch if epoch is not None and epoch >= 0 else None
+        moved: dict[TopicPartitionKey, TailedPosition] = {}
         for key, records in batches.items():
             self.stats.records += len(records)
             self._on_records(key, records)
-        moved: dict[TopicPartitionKey, int] = {}
-        # Every assigned partition, not only those with records: a fetch response moves the high
-        # watermark without records too (replication catching up on a 3-broker cluster).
-        for key in assigned:
-            try:
-                _low, high = consumer.get_watermark_offsets(
-                    TopicPartition(key.topic, key.partition), cached=True
-                )
-            except KafkaException:
-                continue
-            fetched = batches.get(key)
-            if fetched:  # a consumer only sees records below the high watermark
-                high = max(high, fetched[-1].offset + 1)
-            if high >= 0 and self._high.get(key) != high:
-                self._high[key] = high
-                moved[key] = high
-        if moved:
-            newly = [k for k in moved if k not in self.stats.following]
-            if newly:
-                self.stats.following = self.stats.following | frozenset(newly)
+            moved[key] = TailedPosition(records[-1].offset + 1, epochs[key])
+        following = self.stats.following
+        newly = [k for k in assigned if k not in following and self._has_high_watermark(consumer, k)]
+        if newly:
+            self.stats.following = self.stats.following | frozenset(newly)
+        if moved or newly:
             self.stats.pushes += len(moved)
             self._on_high_watermarks(moved)
+
+    @staticmethod
+    def _has_high_watermark(consumer: Consumer, key: TopicPartitionKey) -> bool:
+        """True once a fetch response gave ``key``'s high watermark: the tail reads it from a
+        fixed position, so every record appended from now on reaches it."""
+        try:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(key.topic, key.partition), cached=True)
+        except KafkaException:
+            return False
+        return high >= 0
 
     def _lose(
         self, consumer: Consumer, assigned: set[TopicPartitionKey], key: TopicPartitionKey, why: str
     ) -> None:
         consumer.incremental_unassign([TopicPartition(key.topic, key.partition)])
         assigned.discard(key)
-        self._high.pop(key, None)
         self.stats.lost += 1
         self.stats.following = frozenset(k for k in self.stats.following if k != key)
         _log.info("kafka_tail_partition_lost", tail=self.name, partition=key.label, error=why)

@@ -13,10 +13,12 @@ from contextlib import contextmanager
 
 import pytest
 from purgatory.adapters.kafka import (
+    Appended,
     ChangeFeed,
     ClusterView,
     DelayedFetch,
     DelayedProduce,
+    ErrorCode,
     LocalKafkaCluster,
     ProducerRecord,
     RecordProducer,
@@ -24,6 +26,7 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
     UnknownTopicError,
 )
+from purgatory.adapters.kafka._tail import TailedPosition
 
 from purgatory import DelayedOperationPurgatory, Outcome
 from purgatory.settings import KafkaSettings
@@ -214,3 +217,44 @@ def test_leader_change_and_broker_restart_keep_the_tail_pushing(
     # While the partition is degraded the feed polls it every interval too: either path may
     # complete these two (the tail's records above prove it followed the leader and the restart).
     assert [r.value for r in second.records[key]] == [b"after-restart"]
+
+
+def test_a_tail_position_written_by_a_newer_leader_is_withheld_so_a_produce_cannot_count_it(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
+) -> None:
+    """The acks=1 hole through the push path (CI caught it: tests/service/test_replication_http.py).
+
+    librdkafka's consumer follows a new leader silently, so the tail may read records a leader
+    appended that the facts do not know yet. Published onto the old epoch's facts, that position
+    would let DelayedProduce count the new leader's records at an offset whose own record the old
+    leader took with it. Here the tail's position is forged to be from the next epoch."""
+    key = TopicPartitionKey(kafka_topic_factory(1), 0)
+    with _push_feed(kafka_settings) as (feed, purgatory, reader):
+        produces: DelayedOperationPurgatory[DelayedProduce] = DelayedOperationPurgatory("produces")
+        feed.attach(produces)
+        try:
+            anchor = DelayedFetch(feed, reader, {key: 0}, max_wait_ms=60_000)  # keeps the key watched
+            purgatory.try_complete_else_watch(anchor, anchor.watch_keys())
+            wait_until(lambda: _epoch_known(feed, key), "a poll gives the partition's facts")
+            facts = feed.partition(key)
+            assert facts is not None and facts.leader_epoch is not None and facts.high_watermark is not None
+            epoch, high = facts.leader_epoch, facts.high_watermark
+            produce = DelayedProduce(feed, Appended({key: high}, {key: epoch}), delay_ms=60_000)
+            produces.try_complete_else_watch(produce, produce.watch_keys())
+
+            feed._pushed({key: TailedPosition(high + 5, epoch + 1)})
+            after = feed.partition(key)
+            assert after is not None and after.high_watermark == high, "withheld: not published"
+            assert feed.stats.pushes_withheld == 1
+            assert not produce.is_completed(), "another leader's records must not answer the produce"
+
+            feed._pushed({key: TailedPosition(high + 1, epoch)})  # the same leader's: published
+            assert produce.wait(WAIT_S) and produce.statuses == {key: ErrorCode.NONE}
+        finally:
+            feed.detach(produces)
+            produces.shutdown()
+
+
+def _epoch_known(feed: ChangeFeed, key: TopicPartitionKey) -> bool:
+    facts = feed.partition(key)
+    return facts is not None and facts.leader_epoch is not None and facts.high_watermark is not None
