@@ -2,7 +2,8 @@
 
 Two sources (docs/design.md §8). **Push** (``kafka.feed_mode = "push"``, the default): a
 :class:`PartitionTail` consumer tails every watched partition; the broker's fetch long poll wakes
-it when records arrive, and each fetch response's high watermark is published at once (see
+it when records arrive, and the offset after the last record read is published at once as the
+high watermark, while those records' leader epoch is not newer than the facts' (see
 ``_pushed``) — a key event costs one fetch response and the operations it completes, with no
 request per interval. Its records go to ``records`` (the service's shared record cache). The
 poll below still runs, every ``feed_refresh_ms`` while every watched key is a tailed healthy
