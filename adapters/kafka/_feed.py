@@ -521,13 +521,18 @@ def _newest(polled: PartitionFacts, current: PartitionFacts | None) -> Partition
 
     A ListOffsets answer may be older than a fetch response the tail handled meanwhile; high
     watermarks only grow while a partition keeps its leader, so the larger one is the newer. An
-    error (deleted, no leader) or a new leader or leader epoch (which may have truncated what the
-    old one had: tests/kafka/test_replication.py) always wins: it resets what the tail said.
+    error (deleted, no leader) or a new leader (which may have truncated what the old one had:
+    tests/kafka/test_replication.py) always wins: it resets what the tail said. A new leader
+    epoch under the same leader does not (the controller bumps it on a reassignment, for one):
+    the pushed watermark counts only records the tail read below a high watermark, which every
+    in-sync replica has; a poll answer sent before the push must not move it back, or a long
+    poll started at the newer watermark is refused as out of range (CI saw that once, in
+    tests/service/test_answer_bounds.py with a broker of three killed, while this also reset on
+    any epoch change). DelayedProduce still compares epochs itself.
     """
     if (
         current is None
         or polled.leader != current.leader  # a new leader may have truncated: its answer stands
-        or polled.leader_epoch != current.leader_epoch
         or polled.error is not None
         or current.error is not None
         or current.high_watermark is None
