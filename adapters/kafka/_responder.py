@@ -21,9 +21,14 @@ responder share the load), and a request's offset is committed only after its re
 acknowledged (idempotent producer, ``acks=all``). A responder that dies between reading a request
 and that commit leaves it uncommitted; the group hands the partition to another member, which
 answers it again. Replies may therefore repeat — the requester's purgatory keeps the first.
-Every ``COMMIT_INTERVAL_S``, at a moment when no reply is in flight (all acknowledged), the loop
-commits the positions it consumed; under sustained load it flushes the producer for such a moment
-after ``COMMIT_MAX_DELAY_S``; on a rebalance it flushes and commits before giving partitions up.
+Every ``COMMIT_INTERVAL_S`` the loop commits (asynchronously) the positions it consumed when no
+reply is in flight; under sustained load, where some reply always is, it takes a *checkpoint*
+(the positions, and the number of replies sent before them) and commits it at a later interval,
+once Kafka acknowledged every reply sent before it (:class:`_ReplyAcks`) — without stopping to
+flush: a flush held every request behind a broker round trip (acks=all: the followers' fetch
+too), the tail of the round trips with 3 brokers. Only a checkpoint still unacknowledged after
+``COMMIT_MAX_DELAY_S`` makes it flush (``stats.flushes``); on a rebalance it flushes and commits
+before giving partitions up.
 A reply Kafka did not take (unavailable past the producer's retries) stops commits: the loop
 rewinds to the last committed offsets (``seek``), so those requests are answered again — until
 their deadline, after which they are skipped. A reply refused for good (its topic or partition
@@ -76,8 +81,9 @@ _log = structlog.get_logger("purgatory.kafka.responder")
 POLL_S = 0.1  # an idle poll: how soon a stop is seen
 BATCH = 500  # requests drained per round once one arrived
 COMMIT_INTERVAL_S = 0.2  # commit at most this often: a crash repeats at most ~this much work
-# Commits need a moment with no reply in flight; past this the loop stops to flush for one. (A
-# flush every interval stalled answering for a broker round trip five times a second.)
+# A checkpoint whose replies are still not all acknowledged after this long (a broker slow to
+# answer): the loop stops to flush. (A flush every interval stalled answering for a broker round
+# trip five times a second; one every 2 s still put a stall in the p99 with 3 brokers.)
 COMMIT_MAX_DELAY_S = 2.0
 # The broker answers an idle fetch after this long; a request ends the wait at once. Low so that a
 # request arriving just after an empty response is not held by librdkafka's fetch backoff.
@@ -110,6 +116,7 @@ class ResponderStats:
     expired: int = 0  # skipped: past their deadline
     unanswerable: int = 0  # no reply topic or correlation id: handled, not answered
     commits: int = 0
+    flushes: int = 0  # commits that stopped answering to flush the replies (module doc)
     commit_failures: int = 0  # retried at the next interval
     rewinds: int = 0  # undelivered replies: re-read from the last commit
 
@@ -244,14 +251,18 @@ class Responder:
             bootstrap_servers=bootstrap_servers,
             name=f"replies-{self.group}",
             linger_ms=self.linger_ms,
+            report_successes=True,  # commits follow the acknowledged replies (_ReplyAcks)
         )
         consumer = Consumer(config)
         loop = asyncio.new_event_loop() if self._is_async else None
         state = _CommitState()
+        acks = _ReplyAcks()
 
         def flush_and_commit() -> None:
+            state.checkpoint = None  # this commit covers it (or rewinds past it)
             if not state.dirty:
                 return
+            self.stats.flushes += 1
             remaining = sender.flush(FLUSH_TIMEOUT_S)
             if remaining or state.undelivered:
                 # Not all replies are acknowledged: commit nothing, re-read from the last commit.
@@ -300,21 +311,14 @@ class Responder:
                         if error.code() != KafkaError._PARTITION_EOF:
                             _log.warning("responder_consume_error", group=self.group, error=error.str())
                         continue
-                    self._answer(message, sender, loop, state)
-                if state.dirty and time.monotonic() - state.since >= COMMIT_INTERVAL_S:
+                    self._answer(message, sender, loop, state, acks)
+                now = time.monotonic()
+                if state.dirty and now - state.last_commit >= COMMIT_INTERVAL_S:
                     try:
-                        if not state.undelivered and sender.in_flight() == 0:
-                            # Every reply so far is acknowledged: commit the positions without
-                            # stopping to flush (the same thread consumes, so nothing was read
-                            # since the check). Asynchronous: a lost commit is covered by the next.
-                            consumer.commit(asynchronous=True)
-                            self.stats.commits += 1
-                            state.reset()
-                        elif time.monotonic() - state.since >= COMMIT_MAX_DELAY_S:
-                            flush_and_commit()  # replies always in flight (sustained load): wait once
+                        self._commit_acknowledged(consumer, state, acks, now, flush_and_commit)
                     except Exception:  # an outage (committed() timed out): retry at the next interval
                         self.stats.commit_failures += 1
-                        state.since = time.monotonic()
+                        state.since = state.last_commit = time.monotonic()
                         _log.exception("responder_commit_failed", group=self.group)
             flush_and_commit()
         finally:
@@ -323,12 +327,53 @@ class Responder:
             if loop is not None:
                 loop.close()
 
+    def _commit_acknowledged(
+        self,
+        consumer: Consumer,
+        state: _CommitState,
+        acks: _ReplyAcks,
+        now: float,
+        flush_and_commit: Callable[[], None],
+    ) -> None:
+        """One commit step of the loop (module doc); waits for Kafka only for an overdue checkpoint."""
+        state.last_commit = now
+        # Read the acknowledgements before ``undelivered``: a failed reply counts itself
+        # undelivered before it is reported, so a prefix that includes it is seen with it.
+        all_reported = acks.reported_below(acks.sent)
+        checkpoint = state.checkpoint
+        checkpoint_reported = checkpoint is not None and acks.reported_below(checkpoint.replies)
+        if state.undelivered:
+            # A reply Kafka did not take: nothing past it may be committed; the flush rewinds.
+            if now - state.since >= COMMIT_MAX_DELAY_S:
+                flush_and_commit()
+            return
+        if all_reported:
+            # Every reply so far is acknowledged: commit all positions (the same thread consumes,
+            # so nothing was read since). Asynchronous: a lost commit is covered by the next.
+            consumer.commit(asynchronous=True)
+            self.stats.commits += 1
+            state.reset()
+            return
+        if checkpoint is not None:
+            if checkpoint_reported:
+                consumer.commit(offsets=checkpoint.positions, asynchronous=True)
+                self.stats.commits += 1
+                state.since = checkpoint.taken  # what was read after it is still uncommitted
+            elif now - checkpoint.taken >= COMMIT_MAX_DELAY_S:
+                flush_and_commit()  # a broker slow to acknowledge: wait for it once
+                return
+            else:
+                return
+        positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
+        state.checkpoint = _Checkpoint(acks.sent, positions, now)
+
     def _answer(
         self,
         message: Message,
         sender: RecordSender,
         loop: asyncio.AbstractEventLoop | None,
         state: _CommitState,
+        acks: _ReplyAcks,
     ) -> None:
         request = request_of(message)
         self.stats.requests += 1
@@ -354,8 +399,11 @@ class Responder:
             return
         headers.append((CORRELATION_ID, request.correlation_id.encode()))
 
+        seq = acks.next()
+
         def delivered(error: KafkaAdapterError | None, _message: Message) -> None:
-            # On the sender thread (or this one, in a flush): only failures are reported.
+            # On the sender thread (or this one, in a flush). Reported either way, so the
+            # acknowledged prefix moves on; an unavailable one stops commits (rewind) first.
             if isinstance(error, KafkaUnavailableError):
                 state.undelivered += 1  # Kafka did not take it: rewind, answer again (module doc)
             elif error is not None:
@@ -363,6 +411,7 @@ class Responder:
                 # would fail again, so it is not retried; the requester's deadline answers it.
                 self.stats.unanswerable += 1
                 _log.warning("responder_reply_refused", group=self.group, error=str(error))
+            acks.reported(seq)
 
         try:
             sender.send(
@@ -378,6 +427,7 @@ class Responder:
             # large): this request cannot be answered; the others still can.
             self.stats.unanswerable += 1
             _log.warning("responder_reply_refused", group=self.group, offset=request.offset, error=str(exc))
+            acks.reported(seq)  # nothing was queued: nothing to wait for
             return
         self.stats.answered += 1
 
@@ -387,8 +437,10 @@ class _CommitState:
 
     def __init__(self) -> None:
         self.dirty = False
-        self.since = 0.0
+        self.since = 0.0  # when the oldest uncommitted request was read
+        self.last_commit = 0.0  # when the loop last committed (or tried to)
         self.undelivered = 0
+        self.checkpoint: _Checkpoint | None = None
 
     def touch(self) -> None:
         if not self.dirty:
@@ -398,6 +450,54 @@ class _CommitState:
     def reset(self) -> None:
         self.dirty = False
         self.undelivered = 0
+        self.checkpoint = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Checkpoint:
+    """Positions to commit once the replies sent before them (``replies``) are all acknowledged."""
+
+    replies: int
+    positions: list[TopicPartition]
+    taken: float
+
+
+class _ReplyAcks:
+    """Which replies Kafka reported, as a prefix of their send order.
+
+    ``next`` numbers a reply on the responder thread; ``reported`` runs on the sender thread when
+    librdkafka reports it (in order within a reply partition, in any order across them);
+    ``reported_below(n)`` is True once every reply numbered below ``n`` was reported. The set
+    holds only the reports ahead of a gap (a few batches of another partition).
+    """
+
+    __slots__ = ("_ahead", "_lock", "_prefix", "sent")
+
+    def __init__(self) -> None:
+        self.sent = 0  # replies numbered so far (responder thread only)
+        self._prefix = 0  # every reply below this was reported
+        self._ahead: set[int] = set()
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        seq = self.sent
+        self.sent += 1
+        return seq
+
+    def reported(self, seq: int) -> None:
+        with self._lock:
+            if seq != self._prefix:
+                self._ahead.add(seq)
+                return
+            prefix, ahead = seq + 1, self._ahead
+            while prefix in ahead:
+                ahead.discard(prefix)
+                prefix += 1
+            self._prefix = prefix
+
+    def reported_below(self, count: int) -> bool:
+        with self._lock:
+            return self._prefix >= count
 
 
 def responder(

@@ -48,7 +48,7 @@ DeliveryCallback = Callable[[KafkaAdapterError | None, Message], None]
 @dataclass
 class SenderStats:
     sent: int = 0
-    failed: int = 0  # reported undelivered (only failures are reported)
+    failed: int = 0  # reported undelivered
 
 
 class RecordSender:
@@ -61,14 +61,16 @@ class RecordSender:
         bootstrap_servers: str | None = None,
         name: str = "kafka",
         linger_ms: int = DEFAULT_LINGER_MS,
+        report_successes: bool = False,
     ) -> None:
         self._config: dict[str, str | int | float | bool] = {
             **client_config(settings, bootstrap_servers),
             "enable.idempotence": True,  # acks=all, retries without duplicates or reordering
             "linger.ms": linger_ms,
-            # Only failures are reported: a report per record woke this thread (and took the GIL
-            # from the tail and the event loop) a thousand times a second for nothing.
-            "delivery.report.only.error": True,
+            # Only failures are reported unless the owner needs to know what Kafka acknowledged
+            # (the responder commits behind it): a report per record woke this thread (and took
+            # the GIL from the tail and the event loop) a thousand times a second for nothing.
+            "delivery.report.only.error": not report_successes,
             "socket.nagle.disable": True,  # small records, latency first
             # A record not delivered by the deadline of an append is reported failed (and never
             # lands later): the request it belongs to is failed with that error.

@@ -31,6 +31,7 @@ from purgatory.adapters.kafka import (
     request_of,
     responder,
 )
+from purgatory.adapters.kafka._responder import COMMIT_MAX_DELAY_S
 
 from purgatory.journal import EventType, Journal, JournalEvent
 from purgatory.settings import KafkaSettings
@@ -224,6 +225,42 @@ def test_scatter_gather_returns_n_of_m_and_partial_results_at_the_deadline(
     finally:
         for r in responders:
             r.stop()
+
+
+def test_a_responder_under_sustained_load_commits_acknowledged_replies_without_flushing(
+    requester: KafkaPurgatory, kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
+) -> None:
+    # linger 20 ms with a request every ~2 ms: some reply is always in flight, so there is never a
+    # moment with none to commit at. The responder must commit behind the acknowledged replies
+    # (checkpoints) instead of stopping every COMMIT_MAX_DELAY_S to flush (a stall of every
+    # request behind a broker round trip: the 3-broker p99 of the request-reply bench).
+    topic = kafka_topic_factory(prefix="sustained")
+    echo = Responder(topic, lambda request: request.value, group=_group(), linger_ms=20)
+    seconds, every_s = COMMIT_MAX_DELAY_S + 1.5, 0.002
+    probe = Consumer({"bootstrap.servers": kafka_settings.bootstrap_servers, "group.id": echo.group})
+    try:
+        with _started(echo, kafka_settings):
+
+            async def load() -> tuple[int, int]:
+                loop = asyncio.get_running_loop()
+                tasks = []
+                end = loop.time() + seconds
+                while loop.time() < end:
+                    tasks.append(asyncio.create_task(requester.aio.request(topic, b"v", timeout_ms=30_000)))
+                    await asyncio.sleep(every_s)
+                # Still under load (the last replies are lingering): what was committed so far.
+                committed = probe.committed([TopicPartition(topic, 0)], timeout=WAIT_S)[0].offset
+                flushes = echo.stats.flushes
+                assert all(r.value == b"v" for r in await asyncio.gather(*tasks))
+                return committed, flushes
+
+            committed, flushes = asyncio.run(load())
+            assert flushes == 0, "commits followed the acknowledged replies; the loop never stopped to flush"
+            assert committed > 0, "offsets were committed while replies were always in flight"
+            assert echo.stats.commits >= 2
+    finally:
+        probe.close()
+    assert echo.stats.answered == echo.stats.requests
 
 
 def test_a_raising_handler_answers_with_a_responder_error(
