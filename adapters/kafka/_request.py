@@ -126,7 +126,11 @@ class DelayedRequest(DelayedOperation):
             raise ValueError(f"replies must be an int >= 1, got {wanted!r}")
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
             raise ValueError(f"timeout_ms must be an int >= 1, got {timeout_ms!r}")
-        super().__init__(timeout_ms)
+        # A lock of its own, not the operation's default: ``offer`` takes ``op.lock`` from the
+        # tail thread, and reading the default lock gives it a face that points back at the
+        # operation — a reference cycle per request that only the cyclic GC frees (its
+        # collections stalled the requester for tens to hundreds of ms on a busy machine).
+        super().__init__(timeout_ms, threading.RLock())
         self.key = CorrelationKey(correlation_id)
         self.topic = topic
         self.timeout_ms = timeout_ms

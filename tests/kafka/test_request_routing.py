@@ -8,6 +8,8 @@ router's sender and tail create their clients on first use, which these tests ne
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -200,6 +202,37 @@ def test_router_completes_the_request_named_by_the_correlation_header(
     router._on_records(key, [_record(ops[1].correlation_id), _record(ops[1].correlation_id)])
     assert ops[1].is_completed() and not ops[0].is_completed()
     assert (router.stats.answered, router.stats.duplicates, router.pending()) == (1, 1, 1)
+
+
+def test_an_awaited_request_answered_through_the_router_leaves_no_reference_cycle(
+    purgatory: DelayedOperationPurgatory[Any],
+) -> None:
+    # Every request at 1,000/s that ends in a cycle (the op's lock face, or its asyncio waiter,
+    # pointing back at it) is garbage only the cyclic GC frees: its collections then stalled
+    # the requester for tens to hundreds of ms (purgatory bench request-reply's p99).
+    router = _router(purgatory, {0})
+    key = TopicPartitionKey(REPLIES, 0)
+
+    async def one() -> None:
+        op = router.prepare("prices", timeout_ms=1_000)
+        asyncio.get_running_loop().call_soon(router._on_records, key, [_record(op.correlation_id)])
+        await purgatory.watch(op, op.watch_keys())
+        assert op.result().value == b"answer"
+
+    async def flow() -> int:
+        for _ in range(3):  # first-use allocations (the loop's handoff) are not the requests'
+            await one()
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(20):
+                await one()
+            return gc.collect()
+        finally:
+            gc.enable()
+
+    assert asyncio.run(flow()) == 0, "finished requests are freed by reference counting alone"
+    assert router.stats.answered == 23
 
 
 def test_router_tells_late_duplicate_unknown_and_malformed_replies_apart(
