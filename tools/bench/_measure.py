@@ -29,6 +29,11 @@ class GcMeter:
             self.seconds += time.perf_counter() - self._started
             self.counts[int(info["generation"])] += 1
 
+    def reset(self) -> None:
+        """Forget what was counted so far (a run's own start-up collection is not its GC)."""
+        self.counts = [0, 0, 0]
+        self.seconds = 0.0
+
     def __enter__(self) -> GcMeter:
         gc.callbacks.append(self._callback)
         return self

@@ -54,7 +54,7 @@ from purgatory.adapters.kafka import (
     header,
     headers_of,
 )
-from purgatory.adapters.kafka.local import FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
+from purgatory.adapters.kafka.local import DEFAULT_HEAP_MB, FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
 
 from purgatory.settings import KafkaSettings
 
@@ -91,6 +91,11 @@ class RunResult:
     brokers_cpu_us_per_request: float
     gc_ms: float  # the requester's cyclic-GC pauses during the run (they stall every thread)
     gc_full: int  # ... of which full (generation 2) collections
+    # The machine during the run: how late a process sleeping 10 ms woke (its p99 and max). Every
+    # round trip is ~10 process wake-ups (requester, brokers, followers, responder): with a run
+    # queue this deep, no requester meets a 20 ms p99. Measured by a child process (_WakeProbe).
+    wake_p99_ms: float = float("nan")
+    wake_max_ms: float = float("nan")
 
 
 # -- the responder process ---------------------------------------------------------------------
@@ -149,6 +154,53 @@ class _ResponderProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(STOP_S)
+
+
+# -- the machine's scheduling delay ---------------------------------------------------------------
+
+_WAKE_PROBE = """
+import signal, sys, time
+late = []
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+print("ready", flush=True)
+while not stop:
+    t = time.perf_counter()
+    time.sleep(0.01)
+    late.append((time.perf_counter() - t - 0.01) * 1000.0)
+late = sorted(late) or [-1.0]
+print(late[min(len(late) - 1, int(0.99 * len(late)))], late[-1], flush=True)
+"""
+
+
+class _WakeProbe:
+    """A child process sleeping 10 ms at a time, reporting how late it woke (p99, max) at the end.
+
+    It runs beside the requester and costs ~100 wake-ups/s; the figures say how deep the run queue
+    of the shared machine was during the run (other sessions' work), which round trips pay at
+    each process hop.
+    """
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _WAKE_PROBE], stdout=subprocess.PIPE, text=True
+        )
+        stdout = self.process.stdout
+        assert stdout is not None
+        stdout.readline()  # "ready"
+
+    def stop(self) -> tuple[float, float]:
+        """(p99, max) lateness in ms; nan if the probe gave none."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.process.communicate(timeout=STOP_S)
+            p99, worst = (float(x) for x in out.split())
+            return p99, worst
+        except (subprocess.TimeoutExpired, ValueError):
+            self.process.kill()
+            self.process.wait(STOP_S)
+            return float("nan"), float("nan")
 
 
 # -- the two requesters ------------------------------------------------------------------------
@@ -324,43 +376,53 @@ def run_once(
     responder0, brokers0 = _cpu_s(others), _cpu_s(list(broker_pids))
     reply_topic = f"bench-replies-{uuid.uuid4().hex[:8]}"
     cpu0 = time.process_time()
-    if side == "purgatory":
-        kp = KafkaPurgatory.connect(KafkaSettings(bootstrap_servers=bootstrap), name="bench", metrics=False)
-        kp.replies(reply_topic, partitions=2, replication_factor=brokers, linger_ms=linger_ms)
-        try:
+    probe = _WakeProbe()
+    try:
+        if side == "purgatory":
+            kp = KafkaPurgatory.connect(
+                KafkaSettings(bootstrap_servers=bootstrap), name="bench", metrics=False
+            )
+            kp.replies(reply_topic, partitions=2, replication_factor=brokers, linger_ms=linger_ms)
+            try:
 
-            async def drive() -> tuple[list[float], int, int, float]:
-                aio = kp.aio
-                await aio.request(topic, PAYLOAD, timeout_ms=30_000)  # starts request-reply, not measured
-                _freeze_start_up()
-                return await _paced(
-                    lambda: aio.request(topic, PAYLOAD, timeout_ms=timeout_ms), rate, warmup_s, duration_s
-                )
+                async def drive() -> tuple[list[float], int, int, float]:
+                    aio = kp.aio
+                    await aio.request(topic, PAYLOAD, timeout_ms=30_000)  # starts request-reply, not measured
+                    _freeze_start_up()
+                    gc_meter.reset()  # the freeze's own full collection is start-up, not the run
+                    return await _paced(
+                        lambda: aio.request(topic, PAYLOAD, timeout_ms=timeout_ms), rate, warmup_s, duration_s
+                    )
 
-            cpu0 = time.process_time()
-            with gc_meter:
-                latencies, timeouts, sent, window = asyncio.run(drive())
-            cpu = time.process_time() - cpu0
-        finally:
-            _thaw()
-            kp.close()
-    else:
-        _create(bootstrap, reply_topic, 2, brokers)
-        baseline = _HandRolled(bootstrap, topic, reply_topic, linger_ms)
-        try:
+                cpu0 = time.process_time()
+                with gc_meter:
+                    latencies, timeouts, sent, window = asyncio.run(drive())
+                cpu = time.process_time() - cpu0
+            finally:
+                _thaw()
+                kp.close()
+        else:
+            _create(bootstrap, reply_topic, 2, brokers)
+            baseline = _HandRolled(bootstrap, topic, reply_topic, linger_ms)
+            try:
 
-            async def drive() -> tuple[list[float], int, int, float]:
-                baseline.start(asyncio.get_running_loop())
-                _freeze_start_up()
-                return await _paced(lambda: baseline.request(timeout_ms / 1000.0), rate, warmup_s, duration_s)
+                async def drive() -> tuple[list[float], int, int, float]:
+                    baseline.start(asyncio.get_running_loop())
+                    _freeze_start_up()
+                    gc_meter.reset()  # the freeze's own full collection is start-up, not the run
+                    return await _paced(
+                        lambda: baseline.request(timeout_ms / 1000.0), rate, warmup_s, duration_s
+                    )
 
-            cpu0 = time.process_time()
-            with gc_meter:
-                latencies, timeouts, sent, window = asyncio.run(drive())
-            cpu = time.process_time() - cpu0
-        finally:
-            _thaw()
-            baseline.close()
+                cpu0 = time.process_time()
+                with gc_meter:
+                    latencies, timeouts, sent, window = asyncio.run(drive())
+                cpu = time.process_time() - cpu0
+            finally:
+                _thaw()
+                baseline.close()
+    finally:
+        wake_p99, wake_max = probe.stop()
     latencies.sort()
     ms = [x * 1000.0 for x in latencies]
     requests = max(1, int((warmup_s + duration_s) * rate))
@@ -381,6 +443,8 @@ def run_once(
         brokers_cpu_us_per_request=brokers_cpu / requests * 1e6,
         gc_ms=gc_meter.seconds * 1000.0,
         gc_full=gc_meter.counts[2],
+        wake_p99_ms=wake_p99,
+        wake_max_ms=wake_max,
     )
 
 
@@ -404,6 +468,13 @@ def _median(runs: list[RunResult], field: str) -> float:
 # Broker JIT: "full" (C1 then C2, what a production broker runs) or "c1" (the launcher's fast-start
 # default for tests). Both requesters share the cluster, so the same-run ratio stays fair.
 JVM_PROFILES: dict[str, tuple[str, ...]] = {"full": STEADY_STATE_JVM_OPTIONS, "c1": FAST_START_JVM_OPTIONS}
+# The broker heap fixed at its maximum from the start (-Xms = -Xmx), as Kafka's own
+# kafka-server-start.sh runs a broker (-Xms1G -Xmx1G): with the launcher's -Xms64m the young
+# generation stays ~20 MB and each broker paused for a young collection every 4-12 s of this load
+# (1-3 per broker per 12 s run, 15-240 ms each on the shared machine); fixed at 384 MB, 0-1 per
+# run. Every round trip passes through all three brokers (leaders and followers), so with 3
+# brokers each pause is in three times as many round trips' way.
+FIXED_HEAP = (f"-Xms{DEFAULT_HEAP_MB}m",)
 
 
 def _warm_up(bootstrap: str, topic: str, brokers: int, rate: float, seconds: float, linger_ms: int) -> None:
@@ -445,14 +516,16 @@ def request_reply(
     all_runs: list[RunResult] = []
     for count in brokers or [1, 3]:
         started = time.monotonic()
-        with LocalKafkaCluster(brokers=count, jvm_options=JVM_PROFILES[jit]) as cluster:
+        jvm_options = (*JVM_PROFILES[jit], *FIXED_HEAP)
+        with LocalKafkaCluster(brokers=count, jvm_options=jvm_options, heap_mb=DEFAULT_HEAP_MB) as cluster:
             start_s = time.monotonic() - started
             bootstrap = cluster.bootstrap_servers
             topic = f"bench-requests-{uuid.uuid4().hex[:8]}"
             _create(bootstrap, topic, 1, count)
             responder = _ResponderProcess(topic, f"bench-echo-{uuid.uuid4().hex[:6]}", bootstrap, linger_ms)
             typer.echo(
-                f"{count} broker(s) at {bootstrap} (JIT {jit}, started in {start_s:.1f} s, "
+                f"{count} broker(s) at {bootstrap} (JIT {jit}, heap fixed at {DEFAULT_HEAP_MB} MB, "
+                f"started in {start_s:.1f} s, "
                 f"load {os.getloadavg()[0]:.1f}): {rate:.0f} requests/s for {duration:.0f} s "
                 f"(+{warmup:.0f} s warm-up) x {repeats}, linger.ms {linger_ms}, "
                 f"echo responder in process {responder.process.pid}"
@@ -479,7 +552,9 @@ def request_reply(
                             f"responder {result.responder_cpu_us_per_request:4.0f} "
                             f"brokers {result.brokers_cpu_us_per_request:4.0f}  "
                             f"GC {result.gc_ms:.0f} ms ({result.gc_full} full)  "
-                            f"load {os.getloadavg()[0]:.1f}"
+                            f"load {os.getloadavg()[0]:.1f}  "
+                            f"10 ms sleep woke late p99 {result.wake_p99_ms:.1f} ms "
+                            f"max {result.wake_max_ms:.0f} ms"
                         )
             finally:
                 responder.stop()
