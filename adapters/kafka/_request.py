@@ -30,8 +30,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from purgatory import DelayedOperation, Outcome
+from purgatory._operation import LockLike
 
 from ._correlation import CorrelationKey, Reply
 from ._errors import KafkaAdapterError
@@ -130,7 +132,9 @@ class DelayedRequest(DelayedOperation):
         # tail thread, and reading the default lock gives it a face that points back at the
         # operation — a reference cycle per request that only the cyclic GC frees (its
         # collections stalled the requester for tens to hundreds of ms on a busy machine).
-        super().__init__(timeout_ms, threading.RLock())
+        # (Re-entrant: ``fail`` holds it while its finish runs ``on_complete``, which takes it too.
+        # The cast: typeshed's RLock.__exit__ is positional-only, LockLike's takes ``*exc``.)
+        super().__init__(timeout_ms, cast(LockLike, threading.RLock()))
         self.key = CorrelationKey(correlation_id)
         self.topic = topic
         self.timeout_ms = timeout_ms
