@@ -28,7 +28,6 @@ from ._metrics import PurgatoryStats
 from ._operation_core import (
     OperationCore,
     OwnLock,
-    Watch,
     finish,
     is_finished,
     own_acquire,
@@ -36,7 +35,15 @@ from ._operation_core import (
     safe_try_complete,
 )
 from ._outcome import Outcome
-from ._watchers import SHARDS, WatcherList, compact_after_finish, keys_not_holding, watch
+from ._watchers import (
+    SHARDS,
+    WatcherList,
+    compact_after_finish,
+    keys_not_holding,
+    new_watch,
+    release_watch,
+    watch,
+)
 from .timer import SystemTimer, Timer, add_task, cancel_task
 
 if TYPE_CHECKING:
@@ -442,7 +449,7 @@ class PurgatoryCore(Generic[T]):
         if entry is not None:
             op._watch = None
             # One store releases the op from all its lists (see Watch): nothing keeps it alive.
-            entry.op = None
+            release_watch(entry, op)
             # Released here, so it will not linger for the reaper to purge: keep it out of the
             # estimate that triggers purges (else every purge_interval finishes would start a
             # full scan finding nothing — 11% of a 100k-pending profile).
@@ -522,7 +529,7 @@ def _try_else_watch(
     shards = purgatory._shards
     entry = core._watch
     if entry is None or entry.op is not core:
-        entry = Watch(core, watch_keys)
+        entry = new_watch(core, watch_keys)
         core._watch = entry
         watch(shards, core, watch_keys, entry)
     else:
@@ -534,7 +541,7 @@ def _try_else_watch(
         # Finished on another thread while we watched (force_complete needs no lock). Its
         # finisher released the entry, but may have done so before our append on a later key:
         # release it again, so no watch list keeps the op alive.
-        entry.op = None
+        release_watch(entry, core)
         return _TRIED_FINISHED_ELSEWHERE
     try:
         if core.try_complete():
@@ -542,7 +549,7 @@ def _try_else_watch(
     except BaseException:
         # Neither watched nor timed when the error propagates: release it from every list.
         core._watch = None
-        entry.op = None
+        release_watch(entry, core)
         raise
     return _TRIED_WATCHED
 

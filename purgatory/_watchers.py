@@ -6,9 +6,20 @@ import threading
 from collections.abc import Hashable, Sequence
 from typing import Final
 
+from . import _accel
 from ._operation_core import OperationCore, Watch, is_finished
 
-__all__ = ["SHARDS", "Watch", "WatcherList", "Watchers", "compact_after_finish", "keys_not_holding", "watch"]
+__all__ = [
+    "SHARDS",
+    "Watch",
+    "WatcherList",
+    "Watchers",
+    "compact_after_finish",
+    "keys_not_holding",
+    "new_watch",
+    "release_watch",
+    "watch",
+]
 
 # Kafka's figure: shard the watcher lists so threads on different keys rarely contend. Final:
 # compiled code reads it as a constant, not from the module's dict (twice per key per request).
@@ -18,6 +29,16 @@ SHARDS: Final = 512
 # was unwatched): each compaction of n entries follows n/2 deaths, so O(1) per death amortised,
 # and a list never holds more than twice its live entries (plus what was appended meanwhile).
 COMPACT_DEAD_FRACTION: Final = 2
+
+# Released watch entries kept for reuse (see Watch): a request then allocates no entry and the
+# compaction frees none, so the GC's allocation count stays level. Compiled only: recycling needs
+# "read the slot count, write it, pool the entry" and "pop, fill" to run without a thread switch,
+# which compiled code with no call in between guarantees under the GIL (as _operation_core's
+# _NATIVE_STEPS); interpreted, entries are allocated and freed as before. Bounded: a burst of
+# finishes must not pin its entries for ever.
+_RECYCLE: Final = _accel.compiled()
+_POOL: Final[list[Watch]] = []
+POOL_MAX: Final = 4096
 
 
 class Watchers:
@@ -131,8 +152,11 @@ def _compact_locked(shard: WatcherList, watchers: Watchers) -> int:
     for entry in examined:
         op = entry.op
         if op is None:
+            _drop_slot(entry)
             continue
         if is_finished(op):
+            # Not recycled: its finisher has yet to release it (``entry.op = None``).
+            entry.slots -= 1
             lingering += 1
             continue
         kept.append(entry)
@@ -144,7 +168,38 @@ def _compact_locked(shard: WatcherList, watchers: Watchers) -> int:
     return lingering
 
 
+def _drop_slot(entry: Watch) -> None:
+    """A released entry left one list: pool it once no list holds it (compiled only)."""
+    slots = entry.slots - 1
+    entry.slots = slots
+    if _RECYCLE and slots == 0 and len(_POOL) < POOL_MAX:
+        _POOL.append(entry)
+
+
 # Module-level functions, not methods: compiled code calls a function of this module directly.
+
+
+def new_watch(op: OperationCore, keys: Sequence[Hashable]) -> Watch:
+    """An entry for ``op`` watched on ``keys``: a pooled one if any (see Watch), else a new one.
+
+    A pooled entry is on no list and its op is None, and only a finisher of *its* op stores to
+    it (``release_watch`` checks whose it is), so handing it to another op is safe."""
+    if _RECYCLE and _POOL:
+        try:
+            entry = _POOL.pop()
+        except IndexError:  # emptied by another thread since the test (not compiled: no switch)
+            return Watch(op, keys)
+        entry.op = op
+        entry.keys = keys
+        return entry
+    return Watch(op, keys)
+
+
+def release_watch(entry: Watch, op: OperationCore) -> None:
+    """Release ``op`` from every list holding ``entry`` — unless the entry has moved on: once
+    released (by another path of the same finish) it may have been recycled for another op."""
+    if entry.op is op:
+        entry.op = None
 
 
 def watch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable], entry: Watch) -> None:
@@ -165,6 +220,7 @@ def watch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]
             # then at the tail already, unless another submission appended in between (a
             # duplicate entry only makes a check try the op twice, the second try a no-op).
             if not ops or ops[-1] is not entry:
+                entry.slots += 1
                 ops.append(entry)
             if by_key.get(key) is watchers:
                 break
