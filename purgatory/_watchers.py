@@ -38,7 +38,7 @@ COMPACT_DEAD_FRACTION: Final = 2
 # finishes must not pin its entries for ever.
 _RECYCLE: Final = _accel.compiled()
 _POOL: Final[list[Watch]] = []
-POOL_MAX: Final = 4096
+POOL_MAX: Final = 16384
 
 
 class Watchers:
