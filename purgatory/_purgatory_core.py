@@ -448,13 +448,14 @@ class PurgatoryCore(Generic[T]):
         entry = op._watch
         if entry is not None:
             op._watch = None
+            keys = entry.keys  # before the release: from then on the entry may be another op's
             # One store releases the op from all its lists (see Watch): nothing keeps it alive.
             release_watch(entry, op)
             # Released here, so it will not linger for the reaper to purge: keep it out of the
             # estimate that triggers purges (else every purge_interval finishes would start a
             # full scan finding nothing — 11% of a 100k-pending profile).
             self._estimated_total -= 1
-            compact_after_finish(self._shards, entry)
+            compact_after_finish(self._shards, keys)
         listeners = self._listeners
         if not listeners:
             return

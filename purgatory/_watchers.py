@@ -31,11 +31,30 @@ SHARDS: Final = 512
 COMPACT_DEAD_FRACTION: Final = 2
 
 # Released watch entries kept for reuse (see Watch): a request then allocates no entry and the
-# compaction frees none, so the GC's allocation count stays level. Compiled only: recycling needs
-# "read the slot count, write it, pool the entry" and "pop, fill" to run without a thread switch,
-# which compiled code with no call in between guarantees under the GIL (as _operation_core's
-# _NATIVE_STEPS); interpreted, entries are allocated and freed as before. Bounded: a burst of
-# finishes must not pin its entries for ever.
+# compaction frees none, so the GC's allocation count stays level. Bounded: a burst of finishes
+# must not pin its entries for ever.
+#
+# Why no one ever reaches an operation through a recycled entry — the invariant every list keeps:
+# *a watch list holds an entry only while the entry is its submission's*: the entry's ``op`` is
+# the operation watched on that list's key, or None (released), never another operation.
+#   - Into the pool only from no list: ``slots`` counts the lists holding the entry, and the
+#     compaction that drops the last one pools it only *after* its slice assignment has taken
+#     the entry out (``_compact_locked``). A list that has not dropped it keeps it from the pool.
+#   - Onto a list only by its own submission: ``watch`` appends only if ``entry.op`` is still
+#     its op, read in the same native step as the append. A submitter that lost the GIL before
+#     the append (a key's ``__hash__``, a collection) while its op was finished, released,
+#     dropped from its lists and the entry handed to another op, appends nothing.
+#   - Readers read ``entry.op`` while a list holds the entry: under the shard lock (every drop
+#     from a list takes it: ``all_ops``, compaction), or in one native sweep of the live list
+#     with nothing in between that can switch threads (``_live_ops``). A reader that copied a
+#     list and read the entries' ops later could read a recycled entry: with the copy
+#     (``ops[:]``) then ``out = []`` (a collection, whose callbacks switch threads), an op was
+#     tried by a key event of a key it was not watched on, in another purgatory even
+#     (tests/core/test_watch_recycling.py::test_recycled_entries_never_reach_*).
+# "The same native step" holds compiled only (mypyc: no call into Python code between two
+# native reads/writes and a list append, so the GIL stays with this thread, as _operation_core's
+# _NATIVE_STEPS). Interpreted, a thread switch may fall between any two bytecodes, so entries are
+# never recycled: allocated per submission and freed by the compaction, as before.
 _RECYCLE: Final = _accel.compiled()
 _POOL: Final[list[Watch]] = []
 POOL_MAX: Final = 16384
@@ -61,7 +80,7 @@ class Watchers:
 
     def live(self) -> int:
         """Entries whose operation is still watched here (finished-but-unpurged ones included)."""
-        return sum(1 for entry in self.ops[:] if entry.op is not None)
+        return len(_live_ops(self))
 
 
 class WatcherList:
@@ -100,14 +119,14 @@ class WatcherList:
 
     def snapshot(self, key: Hashable) -> list[OperationCore]:
         watchers = self.watchers_by_key.get(key)
-        return [] if watchers is None else _ops_of(watchers.ops[:])
+        return [] if watchers is None else _live_ops(watchers)
 
     def cancel(self, key: Hashable) -> list[OperationCore]:
         with self.lock:
             watchers = self.watchers_by_key.pop(key, None)
         if watchers is None:
             return []
-        return [op for op in _ops_of(watchers.ops[:]) if not is_finished(op)]
+        return [op for op in _live_ops(watchers) if not is_finished(op)]
 
     def compact(self, watchers: Watchers) -> int:
         """Drop the released and finished entries of ``watchers``; drop its key if none is left.
@@ -127,13 +146,22 @@ class WatcherList:
 
     def all_ops(self) -> list[OperationCore]:
         with self.lock:
-            return [op for w in list(self.watchers_by_key.values()) for op in _ops_of(w.ops[:])]
+            return [op for w in list(self.watchers_by_key.values()) for op in _live_ops(w)]
 
 
-def _ops_of(entries: list[Watch]) -> list[OperationCore]:
-    """The operations of the live entries of a snapshot, in order."""
+def _live_ops(watchers: Watchers) -> list[OperationCore]:
+    """The operations of the entries ``watchers`` holds, in order, read as the invariant above
+    asks: compiled, in one native sweep of the live list (``out`` is allocated first, so a
+    collection it starts runs before any entry is read; appending to it allocates no object);
+    interpreted, from a copy taken by one C call (no recycling there; watchers append meanwhile)."""
     out: list[OperationCore] = []
-    for entry in entries:
+    if _RECYCLE:
+        for entry in watchers.ops:
+            op = entry.op
+            if op is not None:
+                out.append(op)
+        return out
+    for entry in watchers.ops[:]:
         op = entry.op
         if op is not None:
             out.append(op)
@@ -148,32 +176,31 @@ def _compact_locked(shard: WatcherList, watchers: Watchers) -> int:
     ops = watchers.ops
     examined = ops[:]
     kept: list[Watch] = []
+    freed: list[Watch] = []
     lingering = 0
     for entry in examined:
         op = entry.op
-        if op is None:
-            _drop_slot(entry)
+        if op is not None and not is_finished(op):
+            kept.append(entry)
             continue
-        if is_finished(op):
-            # Not recycled: its finisher has yet to release it (``entry.op = None``).
-            entry.slots -= 1
+        # Dropped here. Compiled, the read and the write of ``slots`` are one native step.
+        slots = entry.slots - 1
+        entry.slots = slots
+        if op is not None:
+            # Finished, not yet released by its finisher (``entry.op = None``): not recycled.
             lingering += 1
-            continue
-        kept.append(entry)
+        elif _RECYCLE and slots == 0:
+            freed.append(entry)
     watchers.dead = 0
     ops[: len(examined)] = kept
+    # Pooled only now that this list no longer holds them (see _RECYCLE's invariant): pooled in
+    # the loop, an entry sat in the pool and on this list while the slice assignment allocated.
+    if freed and len(_POOL) < POOL_MAX:
+        _POOL.extend(freed)
     if not ops and shard.watchers_by_key.get(watchers.key) is watchers:
         # Only the Watchers we emptied, and only if still empty: see WatcherList's story.
         del shard.watchers_by_key[watchers.key]
     return lingering
-
-
-def _drop_slot(entry: Watch) -> None:
-    """A released entry left one list: pool it once no list holds it (compiled only)."""
-    slots = entry.slots - 1
-    entry.slots = slots
-    if _RECYCLE and slots == 0 and len(_POOL) < POOL_MAX:
-        _POOL.append(entry)
 
 
 # Module-level functions, not methods: compiled code calls a function of this module directly.
@@ -216,6 +243,11 @@ def watch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]
             if watchers is None:
                 watchers = by_key.setdefault(key, Watchers(key))
             ops = watchers.ops
+            # From this read to the append, one native step (see _RECYCLE's invariant): the
+            # entry is still ``op``'s, so no other op's submission can hold it.
+            held = entry.op
+            if held is not op:
+                return  # finished and released meanwhile; the entry may be another op's now
             # A key given twice is watched once (as with a dict entry per key): the entry is
             # then at the tail already, unless another submission appended in between (a
             # duplicate entry only makes a check try the op twice, the second try a no-op).
@@ -237,9 +269,10 @@ def keys_not_holding(shards: list[WatcherList], keys: Sequence[Hashable], entry:
     return missing
 
 
-def compact_after_finish(shards: list[WatcherList], entry: Watch) -> None:
-    """Count ``entry``'s death in the lists of its keys; compact those now half dead."""
-    for key in entry.keys:
+def compact_after_finish(shards: list[WatcherList], keys: Sequence[Hashable]) -> None:
+    """Count a released entry's death in the lists of its ``keys`` (read before the release:
+    the entry may be recycled for another op from then on); compact those now half dead."""
+    for key in keys:
         shard = shards[hash(key) % SHARDS]
         watchers = shard.watchers_by_key.get(key)
         if watchers is not None:

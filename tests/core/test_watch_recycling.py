@@ -245,7 +245,7 @@ def test_recycled_entries_never_reach_an_op_through_a_key_it_was_not_watched_on(
         assert not cancelled_strangers, f"cancel_for_key handed back strangers: {cancelled_strangers[:3]}"
         everyone = ops[names[0]] + ops[names[1]]
         strangers = [(op.purgatory, op.keys, op.strangers) for op in everyone if op.strangers]
-        assert not strangers, f"{len(strangers)} ops tried through a key they were not watched on: {strangers[:3]}"
+        assert not strangers, f"{len(strangers)} ops tried by a key event not theirs: {strangers[:3]}"
         finishes = collections.Counter(op.finishes for op in everyone)
         assert finishes == {1: len(everyone)}, f"finishes per op: {dict(finishes)}"
         for purgatory in purgatories.values():
