@@ -24,7 +24,7 @@ from ._metrics import PurgatoryStats
 from ._outcome import Outcome
 from .timer import TimerTask, cancel_task
 
-__all__ = ["LockLike", "OperationCore", "OperationOwner", "OwnLock", "Waiter", "Watch"]
+__all__ = ["Extras", "LockLike", "OperationCore", "OperationOwner", "OwnLock", "Waiter", "Watch", "extras_of"]
 
 _log = structlog.get_logger("purgatory.operation")
 
@@ -126,6 +126,33 @@ class Watch:
         self.slots = 0
 
 
+class Extras:
+    """What only some operations need, kept off the operation until one does: the asyncio
+    waiter (``DelayedOperationPurgatory.watch``) and the submission clock (set only while the
+    purgatory has listeners, for the journal's latency and ids).
+
+    Two fields of every operation cost 16 of the ~250 bytes a pending one held (``purgatory
+    bench purgatory``, which, like most callers, uses neither); one field pointing here costs 8,
+    and an operation that needs them pays one small object more (asyncio's future and the
+    journal's events cost several).
+    """
+
+    __slots__ = ("submitted_ns", "waiter")
+
+    def __init__(self) -> None:
+        self.waiter: Waiter | None = None
+        self.submitted_ns = 0
+
+
+def extras_of(op: OperationCore) -> Extras:
+    """``op``'s extras, made on first use. Only the thread submitting ``op`` (or awaiting it,
+    before it submits) calls this, so two threads never race to make them."""
+    extras = op._extras
+    if extras is None:
+        extras = op._extras = Extras()
+    return extras
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # DelayedOperation, and users' operations
 class OperationCore(TimerTask):
     """What every operation does however it is written: see :class:`purgatory.DelayedOperation`.
@@ -135,14 +162,13 @@ class OperationCore(TimerTask):
     """
 
     __slots__ = (
+        "_extras",
         "_keys_cancelled",
         "_lock",
         "_lock_state",
         "_owner",
-        "_waiter",
         "_watch",
         "outcome",
-        "submitted_ns",
     )
 
     def __init__(self, delay_ms: object, lock: LockLike | None = None) -> None:
@@ -166,9 +192,8 @@ class OperationCore(TimerTask):
         # None until claimed (see _finish): the claim and is_completed() both read this field.
         self.outcome: Outcome | None = None
         self._owner: OperationOwner | None = None
-        self._waiter: Waiter | None = None
-        # monotonic_ns() when handed to a purgatory: the start of the latency it reports.
-        self.submitted_ns = 0
+        # The asyncio waiter and the submission clock, when either is needed (see Extras).
+        self._extras: Extras | None = None
         # This op's entry in the watch lists of its keys, so that finishing can release it from
         # all of them with one store (see Watch).
         self._watch: Watch | None = None
@@ -206,6 +231,13 @@ class OperationCore(TimerTask):
     @lock.setter
     def lock(self, lock: LockLike) -> None:
         self._lock = lock
+
+    @property
+    def submitted_ns(self) -> int:
+        """``time.monotonic_ns()`` when last handed to a purgatory that has listeners (the start
+        of the latency the journal reports), else 0."""
+        extras = self._extras
+        return 0 if extras is None else extras.submitted_ns
 
     # -- finishing ----------------------------------------------------------------------------
 
@@ -502,8 +534,11 @@ def finish(op: OperationCore, outcome: Outcome) -> bool:
     # asyncio waiter's closure holds the awaiting call's environment, which holds the op: kept,
     # every finished request-reply op was a reference cycle (14 objects) left to the cyclic GC,
     # whose collections then stalled the requester for tens to hundreds of ms on a busy machine.
-    waiter = op._waiter
-    op._waiter = None
+    extras = op._extras
+    waiter: Waiter | None = None
+    if extras is not None:
+        waiter = extras.waiter
+        extras.waiter = None
     if waiter is not None:
         # A waiter can fail too (its event loop closed with the task still pending: "Event
         # loop is closed"). The op is finished all the same, and the failure must not escape

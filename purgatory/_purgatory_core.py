@@ -28,6 +28,7 @@ from ._metrics import PurgatoryStats
 from ._operation_core import (
     OperationCore,
     OwnLock,
+    extras_of,
     finish,
     is_finished,
     own_acquire,
@@ -208,7 +209,7 @@ class PurgatoryCore(Generic[T]):
         core._keys_cancelled = False
         listeners = self._listeners
         if listeners:
-            core.submitted_ns = time.monotonic_ns()
+            extras_of(core).submitted_ns = time.monotonic_ns()
             for listener in listeners:
                 listener.on_submitted(self.name, op, watch_keys)
 
@@ -285,7 +286,7 @@ class PurgatoryCore(Generic[T]):
             else:
                 handoff.post(future, outcome)
 
-        op._waiter = resolve
+        extras_of(op).waiter = resolve
         self.try_complete_else_watch(op, keys)
         outcome = op.outcome
         if outcome is not None and not future.done():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -501,6 +502,32 @@ def test_listener_sees_submission_and_finish(purgatory: Purgatory, timer: MockTi
     purgatory.try_complete_else_watch(MockDelayedOperation(5), ["a"])
     timer.advance_clock(5)
     assert events == [("submitted", "unit", ("a",)), ("finished", "unit", Outcome.EXPIRED)]
+
+
+def test_submission_clock_is_read_for_listeners_only(purgatory: Purgatory, timer: MockTimer) -> None:
+    """``op.submitted_ns`` (the journal's latency start) lives off the operation until a
+    listener needs it: 0 without listeners, the submission's monotonic clock with one, and still
+    readable in ``on_finished``."""
+    unheard = MockDelayedOperation(1000)
+    purgatory.try_complete_else_watch(unheard, ["a"])
+    assert unheard.submitted_ns == 0
+    seen: list[int] = []
+
+    class Listener:
+        def on_submitted(self, name: str, op: MockDelayedOperation, keys: object) -> None:
+            seen.append(op.submitted_ns)
+
+        def on_finished(self, name: str, op: MockDelayedOperation) -> None:
+            seen.append(op.submitted_ns)
+
+    purgatory.add_listener(Listener())
+    before = time.monotonic_ns()
+    heard = MockDelayedOperation(5)
+    purgatory.try_complete_else_watch(heard, ["a"])
+    timer.advance_clock(5)
+    assert before <= heard.submitted_ns <= time.monotonic_ns()
+    assert seen == [heard.submitted_ns, heard.submitted_ns]
+    assert unheard.submitted_ns == 0
 
 
 def test_listeners_hear_of_operations_released_unfinished(timer: MockTimer) -> None:
