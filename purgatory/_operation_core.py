@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from _thread import get_native_id
+from _thread import get_ident
 from collections.abc import Callable, Hashable, Sequence
 from typing import Final, Protocol
 
@@ -47,7 +47,7 @@ _claim_acquire: Final = _CLAIM_LOCK.acquire
 _claim_release: Final = _CLAIM_LOCK.release
 _guard_acquire: Final = _OWN_LOCKS_GUARD.acquire
 _guard_release: Final = _OWN_LOCKS_GUARD.release
-_native_id: Final = get_native_id
+_thread_id: Final = get_ident
 
 
 class _Waiting:
@@ -70,9 +70,14 @@ _WAITING: Final = _Waiting()
 # (A free-threaded build would need the guard compiled too; this project targets the GIL.)
 _NATIVE_STEPS: Final = _accel.compiled()
 
-# An own lock's state word: (owner's native thread id << OWNER_SHIFT) | depth. Native thread ids
-# are below 2**22 on Linux (pid_max), so the word stays a short int (unboxed, compiled).
-OWNER_SHIFT: Final = 32
+# An own lock's state word: (owner's thread ident << OWNER_SHIFT) | depth. The ident is
+# threading.get_ident() (pthread_self, a user-space address below 2**47 on x86-64 and arm64),
+# not get_native_id(): that is a gettid system call on every acquire and release, ~8% of a
+# request's CPU (perf, the bench's per-request work in one thread). 47 + 15 bits keep the word a
+# short int (mypyc: unboxed below 2**62); an ident above 2**47 makes it a boxed int, slower but
+# still right. The depth then stops at DEPTH_MAX (RLock's "lock count overflowed" sits higher).
+OWNER_SHIFT: Final = 15
+DEPTH_MAX: Final = (1 << OWNER_SHIFT) - 1
 
 
 class LockLike(Protocol):
@@ -186,7 +191,7 @@ class OperationCore(TimerTask):
         # 405 bytes a pending operation held (``purgatory bench purgatory``) and an allocation,
         # a semaphore init and destroy per request.
         self._lock: LockLike | None = lock
-        # The own lock's state in one word: 0 when free, else the owner thread's native id
+        # The own lock's state in one word: 0 when free, else the owner thread's ident
         # shifted by OWNER_SHIFT plus the re-entry depth (see OwnLock; one field, not two: 8 B).
         self._lock_state = 0
         # None until claimed (see _finish): the claim and is_completed() both read this field.
@@ -334,7 +339,7 @@ class OwnLock:
     It behaves as ``threading.RLock`` (the thread holding it may acquire it again and must
     release it as often; ``acquire(blocking, timeout)``; releasing a lock this thread does not
     hold raises RuntimeError; ``threading.Condition`` can be built on it), but costs no object
-    per operation: the owner's native thread id and the depth share one field of the operation
+    per operation: the owner's thread ident and the depth share one field of the operation
     (``_lock_state``), so an operation whose lock only the purgatory takes
     never allocates one. This object is only a face, made the first time someone reads
     ``op.lock``; the purgatory itself calls ``own_acquire``/``own_release`` directly.
@@ -370,14 +375,14 @@ class OwnLock:
     # What threading.Condition uses of an RLock, so a Condition built on op.lock waits correctly
     # when this thread holds it more than once.
     def _is_owned(self) -> bool:
-        return self._op._lock_state >> OWNER_SHIFT == _native_id()
+        return self._op._lock_state >> OWNER_SHIFT == _thread_id()
 
     def _release_save(self) -> int:
         op = self._op
         _guard_acquire()
         try:
             state = op._lock_state
-            if state >> OWNER_SHIFT != _native_id():
+            if state >> OWNER_SHIFT != _thread_id():
                 raise RuntimeError("cannot release un-acquired lock")
             op._lock_state = 0
             _OWN_LOCK_RELEASED.notify_all()
@@ -399,7 +404,7 @@ class OwnLock:
 
 def own_acquire(op: OperationCore, blocking: bool, timeout: float) -> bool:
     """Take ``op``'s own lock (see OwnLock); False if not blocking, or timed out, and taken."""
-    me = _native_id()
+    me = _thread_id()
     if _NATIVE_STEPS:
         # No call between each read and its write: atomic under the GIL (see _NATIVE_STEPS).
         if _own_take(op, me):
@@ -426,6 +431,8 @@ def _own_take(op: OperationCore, me: int) -> bool:
         op._lock_state = (me << OWNER_SHIFT) | 1
         return True
     if state >> OWNER_SHIFT == me:
+        if state & DEPTH_MAX == DEPTH_MAX:
+            raise OverflowError(f"an operation's own lock taken {DEPTH_MAX} times over by one thread")
         op._lock_state = state + 1
         return True
     return False
@@ -454,7 +461,7 @@ def _own_acquire_contended(op: OperationCore, me: int, timeout: float) -> bool:
 
 def own_release(op: OperationCore) -> None:
     """Release ``op``'s own lock once; RuntimeError if this thread does not hold it."""
-    me = _native_id()
+    me = _thread_id()
     if _NATIVE_STEPS:
         # Only the holder changes a held lock's state, and the store of 0 is one native step.
         # No wake-up is lost: a waiter counts itself in _WAITING before it reads the state, and

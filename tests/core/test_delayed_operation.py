@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from purgatory import DelayedOperationPurgatory, Outcome
+from purgatory._operation_core import DEPTH_MAX
 from purgatory.testing import MockTimer
 
 from .ops import MockDelayedOperation
@@ -374,6 +375,25 @@ def test_own_lock_is_reentrant_and_the_same_object_every_time() -> None:
         lock.release()
         assert _held_elsewhere(lock), "still held once: released once of twice"
     assert not _held_elsewhere(lock)
+
+
+def test_own_lock_refuses_a_level_past_its_depth_limit_and_stays_usable() -> None:
+    """The depth shares the lock's state word with the owner's thread ident: past DEPTH_MAX
+    levels a further acquire raises OverflowError (as RLock's count overflow) instead of
+    spilling into the owner bits."""
+    op = MockDelayedOperation(1000)
+    lock = op.lock
+    for _ in range(DEPTH_MAX):
+        assert lock.acquire()
+    with pytest.raises(OverflowError, match="own lock"):
+        lock.acquire()
+    for _ in range(DEPTH_MAX):
+        assert _held_elsewhere(lock)
+        lock.release()
+    assert not _held_elsewhere(lock)
+    with lock:
+        assert lock.acquire(blocking=False)
+        lock.release()
 
 
 def test_own_lock_blocks_other_threads_until_released() -> None:
