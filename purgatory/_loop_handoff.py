@@ -26,26 +26,42 @@ import asyncio
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 __all__ = ["LoopHandoff", "handoff_for"]
+
+_log = structlog.get_logger("purgatory")
 
 
 class LoopHandoff:
     """One event loop's mailbox of finished outcomes (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "_loop", "_queue", "_scheduled")
+    __slots__ = ("__weakref__", "_calls", "_loop", "_queue", "_scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weak: the module's table maps the loop to this mailbox, so a strong reference here
         # would keep every loop that ever awaited an operation alive.
         self._loop = weakref.ref(loop)
         self._queue: deque[tuple[asyncio.Future[Any], Any]] = deque()
+        # Callbacks of waiters that are not futures (the service's protocol-level long polls:
+        # no task awaits them, the callback writes the answer itself).
+        self._calls: deque[tuple[Callable[[Any], None], Any]] = deque()
         self._scheduled = False
 
     def post(self, future: asyncio.Future[Any], result: Any) -> None:
         """Set ``future``'s result on its loop soon (from any thread); a done future is left alone."""
         self._queue.append((future, result))  # first append, then read the flag (module docstring)
+        self._schedule()
+
+    def post_call(self, callback: Callable[[Any], None], argument: Any) -> None:
+        """Call ``callback(argument)`` on the loop soon (from any thread), in the same batches."""
+        self._calls.append((callback, argument))  # first append, then read the flag
+        self._schedule()
+
+    def _schedule(self) -> None:
         if not self._scheduled:
             self._scheduled = True
             loop = self._loop()
@@ -63,6 +79,15 @@ class LoopHandoff:
             future, result = queue.popleft()
             if not future.done():  # cancelled meanwhile (the waiting task gave up)
                 future.set_result(result)
+        calls = self._calls
+        while calls:
+            callback, argument = calls.popleft()
+            try:
+                callback(argument)
+            except Exception:
+                # One failing waiter must not strand the rest of the batch in the mailbox.
+                name = getattr(callback, "__qualname__", "?")
+                _log.exception("loop_handoff_callback_failed", callback=name)
 
 
 _handoffs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopHandoff] = weakref.WeakKeyDictionary()

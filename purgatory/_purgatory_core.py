@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, cast
 
 import structlog
@@ -299,6 +299,45 @@ class PurgatoryCore(Generic[T]):
         except asyncio.CancelledError:
             op._cancel_operation()
             raise
+
+    def watch_then_call(self, op: T, keys: Iterable[Hashable], callback: Callable[[T], None]) -> None:
+        """asyncio, without a task: submit ``op``; ``callback(op)`` runs on this loop once it finished.
+
+        What :meth:`watch` does for a task, for a waiter that is a callback (the service's
+        protocol-level long polls: the callback writes the answer, nothing awaits). Called on the
+        loop's thread; a finish there calls back at once, a finish on another thread reaches the
+        loop through its :class:`LoopHandoff` with the other outcomes of its burst. ``callback``
+        runs exactly once (if the op finished before this returned, it runs all the same). A
+        waiter that leaves calls :meth:`abandon`. Raises as :meth:`try_complete_else_watch`; the
+        callback is then never called.
+        """
+        loop = asyncio.get_running_loop()
+        handoff = handoff_for(loop)
+        called = False
+
+        def resolve(finished: OperationCore) -> None:
+            nonlocal called
+            if called:
+                return
+            try:
+                on_loop = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                on_loop = False
+            if on_loop:
+                called = True
+                callback(cast(T, finished))
+            else:
+                handoff.post_call(resolve, finished)
+
+        op._waiter = resolve
+        self.try_complete_else_watch(op, keys)
+        if op.outcome is not None:
+            # Finished before the waiter was set (see watch): its finish may not have called it.
+            resolve(op)
+
+    def abandon(self, op: T) -> bool:
+        """Finish ``op`` as ``CANCELLED``: its waiter left (as cancelling :meth:`watch`'s task does)."""
+        return op._cancel_operation()
 
     # -- key events ---------------------------------------------------------------------------
 

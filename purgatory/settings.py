@@ -346,6 +346,12 @@ class ServiceSettings(_Section):
         description="A request head (request line and header fields) not received in full within "
         "this long is answered 408 and the connection closed (headers trickled slowly: slowloris).",
     )
+    fast_long_poll: bool = Field(
+        True,
+        description="Serve idle long polls (GET .../partitions/{p}/records) below the ASGI app: a "
+        "waiting poll holds no asyncio task and its answer is written from the batch wake-up "
+        "(same checks and answers as the ASGI route; anything else still goes through it).",
+    )
     body_read_timeout_ms: PositiveInt = Field(
         10_000,
         description="A request body not received in full within this long is answered 408 "

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -334,6 +334,19 @@ class KafkaPurgatory:
         purgatory = self.purgatory_for(op)
         try:
             return await purgatory.watch(op, op.watch_keys())
+        except BaseException:
+            self.feed.on_finished(purgatory.name, op)  # as in submit(); a no-op once finished
+            raise
+
+    def watch_then_call(self, op: Op, callback: Callable[[Op], None]) -> None:
+        """asyncio without a task: submit ``op`` (not validated); ``callback(op)`` on the loop once finished.
+
+        See ``DelayedOperationPurgatory.watch_then_call``; the waiter gives up with
+        ``purgatory_for(op).abandon(op)``.
+        """
+        purgatory = self.purgatory_for(op)
+        try:
+            purgatory.watch_then_call(op, op.watch_keys(), callback)
         except BaseException:
             self.feed.on_finished(purgatory.name, op)  # as in submit(); a no-op once finished
             raise

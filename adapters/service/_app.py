@@ -56,12 +56,14 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -86,7 +88,7 @@ from ._requests import (
 )
 from ._scaleout import ScaleOut, ScaleOutCollector, parse_offsets, release_on_shutdown
 
-__all__ = ["create_app"]
+__all__ = ["LongPollRoute", "create_app"]
 
 _TOPIC = re.compile(TOPIC_PATTERN)
 # Kafka refuses "." and ".." although their characters are legal (Topic.validate): they would
@@ -115,25 +117,50 @@ def _gateway(request: Request) -> Gateway:
 
 
 def _topic(request: Request) -> str:
-    topic = str(request.path_params["topic"])
+    return checked_topic(str(request.path_params["topic"]), request.app.state.topic_policy)
+
+
+def checked_topic(topic: str, policy: TopicPolicy) -> str:
+    """``topic`` from a request path if it is a legal Kafka name the policy allows, else a 400/403."""
     if not _TOPIC.match(topic) or topic in _DOT_TOPICS:
         raise RequestError(
             400, "INVALID_TOPIC_EXCEPTION", "topic",
             f"topic {topic!r} is not a legal Kafka topic name ([a-zA-Z0-9._-], 1-249 chars, not . or ..)",
         )  # fmt: skip
-    policy: TopicPolicy = request.app.state.topic_policy
     policy.check(topic)
     return topic
 
 
 def _partition(request: Request) -> int:
-    raw = str(request.path_params["partition"])
+    return checked_partition(str(request.path_params["partition"]))
+
+
+def checked_partition(raw: str) -> int:
+    """A partition from a request path (ASCII digits, an int32), else a 400 naming it."""
     if not _PARTITION.fullmatch(raw) or int(raw) > MAX_PARTITION:
         raise RequestError(
             400, "INVALID_REQUEST", "partition",
             f"partition must be an int in [0, {MAX_PARTITION}] written in ASCII digits, got {raw!r}",
         )  # fmt: skip
     return int(raw)
+
+
+def fetch_params(query: QueryParams) -> FetchParams:
+    """The long poll's query as :class:`FetchParams`, else a 400 naming the first bad field."""
+    try:
+        return FetchParams.model_validate(dict(query))
+    except ValidationError as exc:
+        raise from_validation_error(exc, where="query") from None
+
+
+def fetch_response(rendered: RenderedFetches, topic: str, partition: int, op: DelayedFetch) -> Response:
+    """The 200 answer of a finished long poll (the body shared by every waiter answered the same)."""
+    return Response(rendered.body(topic, partition, op), media_type="application/json")
+
+
+def error_response(exc: RequestError) -> Response:
+    """A refused request's answer: the error's JSON body, status and headers (Retry-After of a 429)."""
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 def _record_json(record: FetchedRecord) -> dict[str, Any]:
@@ -212,6 +239,22 @@ class RenderedFetches:
                 _, (_, dropped) = self._entries.popitem(last=False)
                 self._bytes -= len(dropped)
         return body
+
+
+@dataclass(slots=True)
+class LongPollRoute:
+    """The long-poll route as the protocol-level path (:mod:`._long_poll`) serves it.
+
+    Set as ``app.state.long_poll`` (None with ``service.fast_long_poll`` off): the app, the very
+    :class:`Route` the ASGI path matches, the :class:`Authenticator` its middleware asks, and the
+    settings of its header limits. The checks themselves are this module's functions.
+    """
+
+    app: Starlette
+    route: Route
+    authenticator: Authenticator
+    settings: Settings
+    taken: int = 0  # long polls served by the protocol-level path (the rest went through ASGI)
 
 
 def _json_bytes(content: Any) -> bytes:
@@ -308,10 +351,7 @@ async def _routed(
 async def fetch_records(request: Request) -> Response:
     gateway = _gateway(request)
     topic, partition = _topic(request), _partition(request)
-    try:
-        params = FetchParams.model_validate(dict(request.query_params))
-    except ValidationError as exc:
-        raise from_validation_error(exc, where="query") from None
+    params = fetch_params(request.query_params)
     started = time.monotonic()
     scaleout = gateway.scaleout
     if scaleout is not None:  # owned elsewhere: 307 / forwarded / 503 (see _scaleout)
@@ -325,8 +365,7 @@ async def fetch_records(request: Request) -> Response:
     if op.moved is not None and scaleout is not None:
         default_wait = gateway.settings.kafka.fetch_max_wait_ms
         return scaleout.moved_fetch(request, op, started, default_wait)
-    rendered: RenderedFetches = request.app.state.rendered_fetches
-    return Response(rendered.body(topic, partition, op), media_type="application/json")
+    return fetch_response(request.app.state.rendered_fetches, topic, partition, op)
 
 
 async def produce_records(request: Request) -> Response:
@@ -486,7 +525,7 @@ async def healthz(request: Request) -> Response:
 
 async def _request_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestError)
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    return error_response(exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -511,6 +550,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     check_client_config(settings.kafka, resolve_bootstrap(settings, bootstrap_servers))
     service = settings.service
     unexpected = UnexpectedErrors()
+    authenticator = Authenticator(service)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -526,9 +566,10 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
             if gateway.scaleout is not None:
                 await gateway.scaleout.aclose()
 
+    fetch_route = Route("/topics/{topic}/partitions/{partition}/records", fetch_records, methods=["GET"])
     app = Starlette(
         routes=[
-            Route("/topics/{topic}/partitions/{partition}/records", fetch_records, methods=["GET"]),
+            fetch_route,
             Route("/topics/{topic}/records", produce_records, methods=["POST"]),
             Route("/topics/{topic}/replicated", await_replicated, methods=["GET"]),
             Route("/owners", owners, methods=["GET"]),
@@ -544,7 +585,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
                 max_header_count=service.max_header_count,
                 max_header_bytes=service.max_header_bytes,
             ),
-            Middleware(RequireAuth, authenticator=Authenticator(service)),
+            Middleware(RequireAuth, authenticator=authenticator),
             Middleware(CatchAll, errors=unexpected),
         ],
         lifespan=lifespan,
@@ -553,6 +594,10 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     app.state.topic_policy = TopicPolicy(service)
     app.state.unexpected_errors = unexpected
     app.state.rendered_fetches = RenderedFetches()
+    # The long-poll route served below the ASGI app (._long_poll), with the checks above.
+    app.state.long_poll = (
+        LongPollRoute(app, fetch_route, authenticator, settings) if service.fast_long_poll else None
+    )
     # One registry per app: the collectors read every live purgatory and the gateway at scrape time.
     app.state.registry = CollectorRegistry()
     register_metrics(app.state.registry)

@@ -58,6 +58,10 @@ class Authenticator:
             matched |= hmac.compare_digest(presented, token)
         return matched
 
+    def admits(self, scope: Scope) -> bool:
+        """False when :class:`RequireAuth` answers this request 401."""
+        return not self.enabled or scope["path"] in PUBLIC_PATHS or self.authenticated(scope)
+
 
 def _bearer(scope: Scope) -> bytes | None:
     for name, value in scope["headers"]:
@@ -78,7 +82,7 @@ class RequireAuth:
         if scope["type"] == "http":
             ok = self.authenticator.authenticated(scope)
             scope.setdefault("state", {})[_AUTHENTICATED] = ok
-            if self.authenticator.enabled and not ok and scope["path"] not in PUBLIC_PATHS:
+            if not ok and not self.authenticator.admits(scope):
                 error = RequestError(
                     401, "AUTHENTICATION_FAILED", "authorization", "a valid bearer token is required"
                 )

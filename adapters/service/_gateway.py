@@ -47,7 +47,9 @@ import asyncio
 import gc
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,10 +268,10 @@ class Gateway:
 
     async def partitions(self, topic: str) -> int:
         """The topic's partition count (cached); a 404 :class:`RequestError` if it does not exist."""
-        meta = self._topics.get(topic)
+        cached = self.cached_partitions(topic)
+        if cached is not None:
+            return cached
         now = time.monotonic()
-        if meta is not None and now - meta.fetched_at < METADATA_MAX_AGE_S:
-            return meta.partitions
         key = TopicKey(topic)
         # One DescribeTopics per topic however many requests arrive while it is in flight.
         pending = self._describing.get(topic)
@@ -297,6 +299,13 @@ class Gateway:
         self._topics[topic] = _TopicMeta(count, now)
         return count
 
+    def cached_partitions(self, topic: str) -> int | None:
+        """The topic's partition count if cached and fresh (no Kafka call), else None."""
+        meta = self._topics.get(topic)
+        if meta is not None and time.monotonic() - meta.fetched_at < METADATA_MAX_AGE_S:
+            return meta.partitions
+        return None
+
     async def _check_partition(self, topic: str, partition: int, field: str) -> None:
         count = await self.partitions(topic)
         if partition >= count:
@@ -315,11 +324,9 @@ class Gateway:
         polled): reading it costs nothing, where a ListOffsets per request cost an executor hop
         and a round trip per waiter. Concurrent requests for an unwatched key share one request.
         """
-        facts = self.feed.partition(key)
-        known = facts is not None and facts.error is None and facts.high_watermark is not None
-        if known and self.feed.unavailable is None:
-            assert facts is not None and facts.high_watermark is not None
-            return facts.high_watermark
+        known = self._known_high_watermark(key)
+        if known is not None:
+            return known
         pending = self._hw_requests.get(key)
         if pending is None:
             pending = asyncio.ensure_future(
@@ -337,6 +344,13 @@ class Gateway:
         except KafkaAdapterError as exc:
             raise _kafka_error(exc, key.topic) from None
 
+    def _known_high_watermark(self, key: TopicPartitionKey) -> int | None:
+        """The feed's high watermark of ``key`` while it follows the key and Kafka is reachable."""
+        facts = self.feed.partition(key)
+        if facts is None or facts.error is not None or self.feed.unavailable is not None:
+            return None
+        return facts.high_watermark
+
     # -- operations -----------------------------------------------------------------------------
 
     async def fetch(self, topic: str, partition: int, params: FetchParams) -> DelayedFetch:
@@ -346,7 +360,51 @@ class Gateway:
         offset = params.offset
         if offset is None:  # "new records only": start at the high watermark
             offset = await self._high_watermark(key)
-        op = (OffLoopFetch if self.scaleout is None else OwnedFetch)(
+        op = self._fetch_op(key, offset, params)
+        if self.scaleout is not None:
+            self.scaleout.place(op)
+        # O(1) per waiter: submitted on the loop, no task, no executor hop, no re-check of the
+        # other waiters on the key (OffLoopFetch hands its own attempt off only when the facts
+        # say it could complete now). Cancelling this await (the client left) finishes the op
+        # as CANCELLED inside purgatory.watch.
+        await self._watch(op)
+        if self.fetch_finished(op, params):
+            await self.check_fetch_offset(op)
+        return op
+
+    def fetch_then_call(
+        self, topic: str, partition: int, params: FetchParams, callback: Callable[[DelayedFetch], None]
+    ) -> DelayedFetch | None:
+        """:meth:`fetch` without awaiting: ``callback(op)`` runs on the loop once the fetch finished.
+
+        For a waiter that is not a task (the protocol-level long poll, :mod:`._long_poll`): the
+        same checks, the same operation, the same admission. Returns None, having submitted
+        nothing, when :meth:`fetch` has to be awaited instead — metadata or the high watermark
+        not cached, an unknown partition (its 404 is :meth:`fetch`'s), scale-out on. Raises the
+        :class:`RequestError` :meth:`fetch` would (429, 503). Once called back, the caller
+        finishes as :meth:`fetch` does: :meth:`fetch_finished`, then maybe
+        :meth:`check_fetch_offset`; a waiter that leaves calls :meth:`abandon_fetch`.
+        """
+        if self.scaleout is not None:
+            return None
+        count = self.cached_partitions(topic)
+        if count is None or partition >= count:
+            return None
+        key = TopicPartitionKey(topic, partition)
+        offset = params.offset if params.offset is not None else self._known_high_watermark(key)
+        if offset is None:
+            return None
+        op = self._fetch_op(key, offset, params)
+        with self._admitted():
+            self.kafka.watch_then_call(op, callback)
+        return op
+
+    def abandon_fetch(self, op: DelayedFetch) -> None:
+        """The waiter of ``op`` (from :meth:`fetch_then_call`) left: finish it CANCELLED, out of the timer."""
+        self.fetch_purgatory.abandon(op)
+
+    def _fetch_op(self, key: TopicPartitionKey, offset: int, params: FetchParams) -> DelayedFetch:
+        return (OffLoopFetch if self.scaleout is None else OwnedFetch)(
             self.feed,
             self.reader,
             {key: offset},
@@ -357,24 +415,29 @@ class Gateway:
             loop_thread=threading.get_ident(),
             attempts=self._attempts,
         )
-        if self.scaleout is not None:
-            self.scaleout.place(op)
-        # O(1) per waiter: submitted on the loop, no task, no executor hop, no re-check of the
-        # other waiters on the key (OffLoopFetch hands its own attempt off only when the facts
-        # say it could complete now). Cancelling this await (the client left) finishes the op
-        # as CANCELLED inside purgatory.watch.
-        await self._watch(op)
+
+    def fetch_finished(self, op: DelayedFetch, params: FetchParams) -> bool:
+        """Raise the answer of a finished fetch that is an error (416, 404); True when its offset
+        must still be checked (:meth:`check_fetch_offset`), False when ``op`` is the answer."""
+        ((key, offset),) = op.fetch_offsets.items()
         if op.statuses[key] is ErrorCode.OFFSET_OUT_OF_RANGE:
             raise RequestError(416, "OFFSET_OUT_OF_RANGE", "offset", str(op.error), value=offset)
         if op.statuses[key] is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-            self._topics.pop(topic, None)
-            raise RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "partition", str(op.error), value=partition)
+            self._topics.pop(key.topic, None)
+            raise RequestError(
+                404, "UNKNOWN_TOPIC_OR_PARTITION", "partition", str(op.error), value=key.partition
+            )
         # A poll the shutdown drained is answered EXPIRED as it is: the clients the check would
         # ask are closing (CI once answered such a poll "client pool closed" instead).
         unanswered = op.outcome is Outcome.EXPIRED and not op.records[key]
         if params.offset is not None and unanswered and self.serving:
-            await self._check_offset_in_range(key, params.offset)
-        return op
+            return not self._offset_vouched(key, params.offset)
+        return False
+
+    async def check_fetch_offset(self, op: DelayedFetch) -> None:
+        """416 unless the offset of an expired, empty fetch is in range (:meth:`fetch_finished`)."""
+        ((key, offset),) = op.fetch_offsets.items()
+        await self._check_offset_in_range(key, offset)
 
     def _clamped_wait_ms(self, requested: int | None) -> int:
         """``max_wait_ms`` within ``admission.max_wait_ms``: a long poll is answered by then at the latest.
@@ -394,11 +457,8 @@ class Gateway:
         offset before a fetch waits at all; here the check costs a round trip only when the feed
         cannot vouch for the offset (an expired poll at the end of the log does not pay it).
         """
-        facts = self.feed.partition(key)
-        if facts is not None:
-            start, high = facts.log_start_offset, facts.high_watermark
-            if start is not None and high is not None and start <= offset <= high:
-                return
+        if self._offset_vouched(key, offset):
+            return
         what = f"ListOffsets({key.label})"
         try:
             timeout_s = self._metadata_timeout_s
@@ -423,6 +483,14 @@ class Gateway:
                 f"[log start {start}, high watermark {high}]",
                 value=offset,
             )
+
+    def _offset_vouched(self, key: TopicPartitionKey, offset: int) -> bool:
+        """True when the feed's facts put ``offset`` in ``[log start, high watermark]`` of ``key``."""
+        facts = self.feed.partition(key)
+        if facts is None:
+            return False
+        start, high = facts.log_start_offset, facts.high_watermark
+        return start is not None and high is not None and start <= offset <= high
 
     async def produce(self, topic: str, request: ProduceRequest) -> DelayedProduce:
         """Append the records (acks=1), then wait until every in-sync replica has them (or time out)."""
@@ -513,6 +581,14 @@ class Gateway:
         return op
 
     async def _watch(self, op: DelayedFetch | DelayedProduce) -> Outcome:
+        with self._admitted():
+            # In the purgatory of its kind (fetch or produce); the partition was checked already.
+            outcome = await self.kafka.watch(op, validate=False)
+        return outcome
+
+    @contextmanager
+    def _admitted(self) -> Iterator[None]:
+        """Admission around a submission: refusals (full, shutting down) become the client's answer."""
         if not self.serving:
             raise RequestError(503, "SHUTTING_DOWN", None, "the service is shutting down")
         admission = self.settings.admission
@@ -522,8 +598,7 @@ class Gateway:
                 # The whole process's budget (memory is bounded by it): refused before anything
                 # is built into the purgatory. The loop thread submits one at a time, so no overshoot.
                 raise PurgatoryFullError("service", pending, admission.max_waiters)
-            # In the purgatory of its kind (fetch or produce); the partition was checked already.
-            return await self.kafka.watch(op, validate=False)
+            yield
         except PurgatoryFullError as exc:
             # Never a silent expiry: the client hears at once that it should come back.
             raise RequestError(

@@ -24,11 +24,28 @@ import structlog
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["CatchAll", "HeaderLimits", "UnexpectedErrors"]
+__all__ = ["UNEXPECTED_ERROR_BODY", "CatchAll", "HeaderLimits", "UnexpectedErrors", "header_fields_problem"]
 
 _log = structlog.get_logger("purgatory.service")
 
 REQUEST_HEADER_FIELDS_TOO_LARGE = 431  # RFC 6585
+UNEXPECTED_ERROR_BODY = {
+    "error": "UNKNOWN_SERVER_ERROR",
+    "field": None,
+    "message": "unexpected error (logged)",
+}
+
+
+def header_fields_problem(
+    headers: list[tuple[bytes, bytes]], max_header_count: int, max_header_bytes: int
+) -> str | None:
+    """Why ``headers`` are refused (431), or None when they are within the limits."""
+    if len(headers) > max_header_count:
+        return f"{len(headers)} header fields, more than the {max_header_count} allowed"
+    size = sum(len(name) + len(value) for name, value in headers)
+    if size > max_header_bytes:
+        return f"{size} bytes of header fields, more than the {max_header_bytes} allowed"
+    return None
 
 
 class HeaderLimits:
@@ -41,13 +58,7 @@ class HeaderLimits:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = scope["headers"]
-            size = sum(len(name) + len(value) for name, value in headers)
-            problem = None
-            if len(headers) > self.max_header_count:
-                problem = f"{len(headers)} header fields, more than the {self.max_header_count} allowed"
-            elif size > self.max_header_bytes:
-                problem = f"{size} bytes of header fields, more than the {self.max_header_bytes} allowed"
+            problem = header_fields_problem(scope["headers"], self.max_header_count, self.max_header_bytes)
             if problem is not None:
                 body = {"error": "REQUEST_HEADER_FIELDS_TOO_LARGE", "field": "headers", "message": problem}
                 await JSONResponse(body, status_code=REQUEST_HEADER_FIELDS_TOO_LARGE)(scope, receive, send)
@@ -87,5 +98,4 @@ class CatchAll:
             _log.exception("request_failed_unexpectedly", method=scope["method"], path=scope["path"])
             if started:
                 raise  # half a response is out: only closing the connection can tell the client
-            body = {"error": "UNKNOWN_SERVER_ERROR", "field": None, "message": "unexpected error (logged)"}
-            await JSONResponse(body, status_code=500)(scope, receive, send)
+            await JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)(scope, receive, send)

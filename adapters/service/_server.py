@@ -27,6 +27,7 @@ import uvicorn
 from purgatory.settings import ServiceSettings
 
 from ._head_timeout import head_timeout_protocol
+from ._long_poll import long_poll_protocol
 
 __all__ = ["BackgroundServer", "ReleasingServer", "ServerStartError", "uvicorn_options"]
 
@@ -53,7 +54,11 @@ def uvicorn_options(service: ServiceSettings) -> dict[str, Any]:
         # ... and this protocol bounds the time a head may take (uvicorn bounds none: a slowly
         # trickled head holds its connection for ever). Always h11, even where httptools is
         # installed: the size bound above is h11's.
-        "http": head_timeout_protocol(service.head_read_timeout_ms / 1000.0),
+        # With service.fast_long_poll, the same protocol also serves idle long polls itself
+        # (._long_poll: a waiting poll holds no task; anything else goes through the app).
+        "http": (long_poll_protocol if service.fast_long_poll else head_timeout_protocol)(
+            service.head_read_timeout_ms / 1000.0
+        ),
     }
     if service.tls_certfile is not None:
         options |= {

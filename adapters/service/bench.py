@@ -131,7 +131,12 @@ class _Service:
     """The example service under uvicorn in a child process; stopped by its PID."""
 
     def __init__(
-        self, bootstrap: str, port: int, server_args: tuple[str, ...] = (), python: str | None = None
+        self,
+        bootstrap: str,
+        port: int,
+        server_args: tuple[str, ...] = (),
+        python: str | None = None,
+        server: str = "serve",
     ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         env = {
@@ -142,13 +147,20 @@ class _Service:
             "PURGATORY_ADMISSION__MAX_WAIT_MS": str(MAX_WAIT_MS),
             "PURGATORY_KAFKA__FEED_MODE": os.environ.get("PURGATORY_KAFKA__FEED_MODE", "push"),
         }
-        self.process = subprocess.Popen(  # our own interpreter and module
-            [
+        if server == "serve":  # as deployed: uvicorn shaped by the service.* settings (its protocol too)
+            command = [
+                python or sys.executable, "-m", "purgatory.adapters.service.serve",
+                "--host", "127.0.0.1", "--port", str(port), "--backlog", "4096", *server_args,
+            ]  # fmt: skip
+        else:  # uvicorn's command line: its own protocols (--http), no service.* shaping
+            command = [
                 python or sys.executable, "-m", "uvicorn",
                 "--factory", "purgatory.adapters.service:create_app",
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                 "--backlog", "4096", "--no-access-log", *server_args,
-            ],
+            ]  # fmt: skip
+        self.process = subprocess.Popen(  # our own interpreter and module
+            command,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -198,8 +210,10 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _service(bootstrap: str, server_args: tuple[str, ...], python: str | None = None) -> Iterator[_Service]:
-    service = _Service(bootstrap, _free_port(), server_args, python)
+def _service(
+    bootstrap: str, server_args: tuple[str, ...], python: str | None = None, server: str = "serve"
+) -> Iterator[_Service]:
+    service = _Service(bootstrap, _free_port(), server_args, python, server)
     try:
         service.wait_ready()
         yield service
@@ -389,6 +403,7 @@ def run_case(
     timeout_s: float,
     server_args: tuple[str, ...] = (),
     service_python: str | None = None,
+    server: str = "serve",
 ) -> FanoutResult:
     """One case on a fresh topic and a fresh service process (see the module docstring)."""
     topic = _create_topic(bootstrap, partitions)
@@ -397,7 +412,7 @@ def run_case(
     gc.freeze()
     gc.set_threshold(CLIENT_GC_THRESHOLD0, *thresholds[1:])
     try:
-        with _service(bootstrap, server_args, service_python) as service:
+        with _service(bootstrap, server_args, service_python, server) as service:
             _warm_up(service, topic, partitions)
             return asyncio.run(
                 _run_case_async(service, bootstrap, topic, waiters, partitions, idle_s, timeout_s)
@@ -454,9 +469,17 @@ def fanout(
     idle: Annotated[float, typer.Option("--idle-s", help="Seconds of idle CPU measured.")] = 10.0,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Runs per case (medians).")] = 3,
     case_timeout: Annotated[float, typer.Option(help="Bound on one case, seconds.")] = 55.0,
+    server: Annotated[
+        str,
+        typer.Option(
+            "--server",
+            help="serve: python -m purgatory.adapters.service.serve (as deployed; PURGATORY_SERVICE__"
+            "FAST_LONG_POLL=false turns the protocol-level long poll off); uvicorn: uvicorn's command line.",
+        ),
+    ] = "serve",
     server_arg: Annotated[
         list[str] | None,
-        typer.Option("--server-arg", help="Extra uvicorn argument (e.g. --http=h11); repeatable."),
+        typer.Option("--server-arg", help="Extra argument of the server's command line; repeatable."),
     ] = None,
     service_python: Annotated[
         str | None,
@@ -470,6 +493,8 @@ def fanout(
     ),
 ) -> None:
     """N idle long polls on one service process: registration rate, RSS/waiter, idle CPU, produce→answer."""
+    if server not in ("serve", "uvicorn"):
+        raise typer.BadParameter(f"--server must be serve or uvicorn, got {server!r}", param_hint="--server")
     counts = waiters or [10_000, TARGET_N]
     partition_counts = partitions or [1, 8]
     fds = _raise_fd_limit(2 * max(counts) + FD_HEADROOM)
@@ -485,7 +510,8 @@ def fanout(
     results: list[FanoutResult] = []
     with provide_cluster(settings) as cluster:
         typer.echo(
-            f"Kafka via {cluster.provider} at {cluster.bootstrap_servers}; service: uvicorn, one process; "
+            f"Kafka via {cluster.provider} at {cluster.bootstrap_servers}; service: one process ({server}, "
+            f"fast_long_poll={load_settings().service.fast_long_poll if server == 'serve' else False}); "
             f"{repeats} run(s) per case, medians; load average {os.getloadavg()}"
         )
         typer.echo(
@@ -503,6 +529,7 @@ def fanout(
                         timeout_s=case_timeout,
                         server_args=tuple(server_arg or ()),
                         service_python=service_python,
+                        server=server,
                     )
                     for _ in range(repeats)
                 ]

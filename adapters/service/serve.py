@@ -25,6 +25,7 @@ from ._server import ReleasingServer, uvicorn_options
 __all__ = ["main"]
 
 DEFAULT_PORT = 8080
+DEFAULT_BACKLOG = 2048  # uvicorn's
 GRACEFUL_SHUTDOWN_S = 10  # open requests' bound once the group was left (docker stop grants 15 s)
 
 
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fd", type=int, default=None, help="serve on this already-bound socket (its port wins over --port)"
     )
     parser.add_argument("--graceful-shutdown-s", type=int, default=GRACEFUL_SHUTDOWN_S)
+    parser.add_argument("--backlog", type=int, default=DEFAULT_BACKLOG, help="listen backlog (connections)")
     args = parser.parse_args(argv)
     if args.fd is not None:  # a parent bound the port (no race between choosing and binding it)
         with socket.socket(fileno=os.dup(args.fd)) as bound:
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="on",
         log_level="warning",
         timeout_graceful_shutdown=args.graceful_shutdown_s,
+        backlog=args.backlog,
         **uvicorn_options(settings.service),  # TLS, the request head's size and time bounds
     )
     ReleasingServer(config).run()

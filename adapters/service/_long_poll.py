@@ -1,0 +1,392 @@
+"""LongPollH11Protocol: the long-poll route served below the ASGI app, a waiter without a task.
+
+Through uvicorn and Starlette a waiting long poll is an asyncio task with a chain of ~20
+coroutines, and its answer wakes the task, unwinds the chain, passes two ASGI messages through
+the middlewares' send wrappers and h11's state machine, and makes two writes: ~23 KB and ~110 µs
+per waiter (``purgatory bench fanout``, docs/performance.md). Here, once h11 has parsed a request
+head, a ``GET /topics/{t}/partitions/{p}/records`` is taken by the protocol itself:
+
+* checked with the ASGI path's own code — the header limits (:func:`._guards.header_fields_problem`),
+  the :class:`Authenticator` its middleware asks, the very Starlette :class:`Route` it matches,
+  :func:`._app.checked_topic` (topic policy), :func:`._app.checked_partition`,
+  :func:`._app.fetch_params`, and :meth:`Gateway.fetch_then_call` (admission and its 429, the
+  ``max_wait_ms`` clamp, the same operation);
+* parked: the connection's protocol holds the operation; nothing else waits (no task, no future);
+* answered from the batch wake-up (:class:`LoopHandoff`): the callback renders the answer through
+  the route's :func:`._app.fetch_response` (the body shared by every waiter answered the same,
+  and the whole response's bytes shared too) and writes it in one call.
+
+Anything else — another route, a refusal (4xx), a request this path does not take (a body,
+``Connection: close``, HTTP/1.0, ``Expect``, an upgrade, proxy headers, metadata or the high
+watermark not cached yet, scale-out) — is handed back to h11 untouched and goes through the ASGI
+app as before, which gives the refusal its answer. So the answers are the same bytes either way
+(tests/service/test_long_poll.py compares them).
+
+Kept from the hardened server: the head's size (h11) and time bounds (this is a
+:class:`HeadTimeoutH11Protocol`), TLS (in the transport, below any protocol), keep-alive (the
+connection reads its next request after the answer; h11 starts afresh with any pipelined bytes),
+a client that disconnects while waiting (its operation is finished CANCELLED at once, out of the
+timer and the watch lists, as the ASGI path's disconnect watcher does), and graceful shutdown (a
+parked waiter is answered by the drain, then the connection closes).
+
+The response bytes are written here, not through h11: after a response the connection's h11
+state is replaced by a fresh one (fed the bytes that arrived after the request). What h11 would
+have written for the same response — status line, uvicorn's default headers, the response's
+headers, body — is what :func:`http11_response` writes.
+
+Concurrency contract: as uvicorn's protocols, everything runs on the event loop's thread; the
+operation may finish on any thread, and its callback reaches the loop through the handoff.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import unquote
+
+import h11
+import structlog
+from pydantic import ValidationError
+from starlette.datastructures import QueryParams
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Match
+from uvicorn.protocols.http.h11_impl import STATUS_PHRASES
+from uvicorn.protocols.utils import get_path_with_query_string
+
+from ..kafka import DelayedFetch
+from ._app import (
+    LongPollRoute,
+    RenderedFetches,
+    checked_partition,
+    checked_topic,
+    error_response,
+    fetch_params,
+    fetch_response,
+)
+from ._errors import RequestError
+from ._gateway import Gateway
+from ._guards import UNEXPECTED_ERROR_BODY, header_fields_problem
+from ._head_timeout import HeadTimeoutH11Protocol
+from ._requests import FetchParams
+
+__all__ = ["LongPollH11Protocol", "http11_response", "long_poll_protocol"]
+
+_log = structlog.get_logger("purgatory.service")
+
+# Request headers that make a long poll the ASGI path's: a body or its framing, a wish to close
+# or upgrade, 100-continue, and the proxy headers uvicorn's ProxyHeadersMiddleware reads (they may
+# change the scheme authentication looks at).
+_NOT_OURS = frozenset(
+    {b"transfer-encoding", b"expect", b"upgrade", b"forwarded", b"x-forwarded-for", b"x-forwarded-proto"}
+)
+# How deep the app may sit inside uvicorn's wrappers (proxy headers, message logger).
+_MAX_WRAPPERS = 8
+
+
+def http11_response(response: Response, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The bytes uvicorn and h11 write for ``response`` on a kept-alive HTTP/1.1 connection.
+
+    Status line with uvicorn's reason phrase, uvicorn's default headers (``date``, ``server``),
+    the response's headers in order, a blank line, the body (framed by its Content-Length).
+    """
+    status = response.status_code
+    head = [b"HTTP/1.1 %d %s\r\n" % (status, STATUS_PHRASES[status])]
+    head += [b"%s: %s\r\n" % header for header in (*default_headers, *response.raw_headers)]
+    head.append(b"\r\n")
+    return b"".join(head) + bytes(response.body)
+
+
+class _PushbackConnection(h11.Connection):
+    """h11's connection with one event pushed back: the protocol looks at a request head first,
+    and what it does not take, uvicorn's own loop reads again as if untouched."""
+
+    pushed_back: Any = None
+
+    def next_event(self) -> Any:
+        event = self.pushed_back
+        if event is not None:
+            self.pushed_back = None
+            return event
+        return super().next_event()
+
+
+class _Parked:
+    """One waiting long poll: its operation and what its answer needs."""
+
+    __slots__ = ("gateway", "op", "params", "partition", "target", "topic")
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        op: DelayedFetch,
+        topic: str,
+        partition: int,
+        params: FetchParams,
+        target: str | None,
+    ) -> None:
+        self.gateway = gateway  # its lifespan drops it from the app's state before draining
+        self.op = op
+        self.topic = topic
+        self.partition = partition
+        self.params = params
+        self.target = target  # path and query, for the access log only (None when it is off)
+
+
+class _SharedAnswer:
+    """The last 200 rendered to bytes: every waiter of a burst answered the same shares them."""
+
+    __slots__ = ("body", "data", "headers")
+
+    def __init__(self) -> None:
+        self.body: bytes | None = None
+        self.headers: list[tuple[bytes, bytes]] | None = None
+        self.data = b""
+
+    def bytes_for(self, response: Response, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+        # Identity, not equality: RenderedFetches hands every waiter of a burst the same body
+        # object, and uvicorn replaces its default headers (a new list) when the date changes.
+        if response.body is not self.body or default_headers is not self.headers:
+            self.data = http11_response(response, default_headers)
+            self.body = bytes(response.body)
+            self.headers = default_headers
+        return self.data
+
+
+class LongPollH11Protocol(HeadTimeoutH11Protocol):
+    """:class:`HeadTimeoutH11Protocol` serving the long-poll route itself (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._route = _long_poll_route(self.app)
+        if self._route is not None:
+            self.conn = self._fresh_connection()
+        self._parked: _Parked | None = None
+        self._closing = False  # shutdown asked while parked: close after the answer
+
+    # -- h11 events ----------------------------------------------------------------------------
+
+    def handle_events(self) -> None:
+        if self._parked is not None:
+            self._read_after_request()
+            return
+        conn = self.conn
+        if self._route is None or conn.their_state is not h11.IDLE or conn.our_state is not h11.IDLE:
+            super().handle_events()
+            return
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError:
+            super().handle_events()  # h11 raises it again there: uvicorn's 400
+            return
+        if isinstance(event, h11.Request) and self._taken(event):
+            self._read_after_request()
+            return
+        assert isinstance(conn, _PushbackConnection)
+        conn.pushed_back = event
+        super().handle_events()
+
+    def _read_after_request(self) -> None:
+        """Events after a parked request: its end, then nothing until the answer (pipelined bytes wait)."""
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                return
+            if event is h11.PAUSED:
+                self.flow.pause_reading()  # as uvicorn: the next request waits for this answer
+                return
+            # EndOfMessage of the GET (no body: _take refused any framing of one).
+
+    def _taken(self, event: h11.Request) -> bool:
+        try:
+            return self._take(event)
+        except Exception:  # a bug: the ASGI path answers the request instead (and may count it)
+            _log.exception("long_poll_take_failed", target=event.target[:200])
+            return False
+
+    def _take(self, event: h11.Request) -> bool:
+        """Park ``event`` if it is a long poll this path serves (module docstring); else False."""
+        route = self._route
+        assert route is not None
+        if event.method != b"GET" or event.http_version != b"1.1":
+            return False
+        headers = [(name.lower(), value) for name, value in event.headers]
+        for name, value in headers:
+            if name in _NOT_OURS:
+                return False
+            if name == b"connection" and b"close" in value.lower():
+                return False
+            if name == b"content-length" and value.strip() != b"0":
+                return False
+        service = route.settings.service
+        if header_fields_problem(headers, service.max_header_count, service.max_header_bytes) is not None:
+            return False
+        raw_path, _, query_string = event.target.partition(b"?")
+        try:
+            path = unquote(raw_path.decode("ascii"))
+        except UnicodeDecodeError:
+            return False
+        scope: dict[str, Any] = {
+            "type": "http",
+            "method": "GET",
+            "root_path": self.root_path,
+            "path": self.root_path + path,
+            "query_string": query_string,
+            "headers": headers,
+            "scheme": self.scheme,
+        }
+        if not route.authenticator.admits(scope):
+            return False
+        match, child = route.route.matches(scope)
+        if match is not Match.FULL:
+            return False
+        state = route.app.state
+        gateway: Gateway | None = getattr(state, "gateway", None)
+        if gateway is None or not gateway.serving:
+            return False
+        try:
+            path_params = child["path_params"]
+            topic = checked_topic(str(path_params["topic"]), state.topic_policy)
+            partition = checked_partition(str(path_params["partition"]))
+            params = fetch_params(QueryParams(query_string))
+            op = gateway.fetch_then_call(topic, partition, params, self._finished)
+        except (RequestError, ValidationError):
+            return False  # the ASGI path answers it, with the same checks
+        if op is None:
+            return False  # nothing was submitted: fetch() awaits what is not cached
+        self._unset_keepalive_if_required()
+        logged = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
+        target = get_path_with_query_string(scope) if logged else None  # type: ignore[arg-type]
+        self._parked = _Parked(gateway, op, topic, partition, params, target)
+        route.taken += 1
+        return True
+
+    # -- the answer ----------------------------------------------------------------------------
+
+    def _finished(self, op: DelayedFetch) -> None:
+        """The operation finished (on the loop: at once, or from the handoff's batch)."""
+        parked = self._parked
+        if parked is None or parked.op is not op:
+            if parked is None and self.conn.our_state is h11.SEND_RESPONSE:
+                # Finished inside fetch_then_call, before _take parked it: answered once parked.
+                self.loop.call_soon(self._answer_early, op)
+            return
+        self._answer(parked)
+
+    def _answer_early(self, op: DelayedFetch) -> None:
+        parked = self._parked
+        if parked is not None and parked.op is op:
+            self._answer(parked)
+
+    def _answer(self, parked: _Parked) -> None:
+        if self.transport.is_closing():
+            self._parked = None  # the client left; connection_lost abandons nothing finished
+            return
+        try:
+            if parked.gateway.fetch_finished(parked.op, parked.params):
+                # An expired, empty poll whose offset the feed cannot vouch for: one ListOffsets
+                # (rare: as the ASGI path, which awaits it). A task only for this one answer.
+                task = self.loop.create_task(self._answer_after_offset_check(parked))
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)
+                return
+            response = self._fetch_response(parked)
+        except RequestError as exc:
+            response = error_response(exc)
+        except Exception:
+            response = self._unexpected(parked)
+        self._respond(parked, response)
+
+    async def _answer_after_offset_check(self, parked: _Parked) -> None:
+        try:
+            await parked.gateway.check_fetch_offset(parked.op)
+            response = self._fetch_response(parked)
+        except RequestError as exc:
+            response = error_response(exc)
+        except Exception:
+            response = self._unexpected(parked)
+        if self._parked is parked and not self.transport.is_closing():
+            self._respond(parked, response)
+
+    def _fetch_response(self, parked: _Parked) -> Response:
+        route = self._route
+        assert route is not None
+        rendered: RenderedFetches = route.app.state.rendered_fetches
+        return fetch_response(rendered, parked.topic, parked.partition, parked.op)
+
+    def _unexpected(self, parked: _Parked) -> Response:
+        """As :class:`._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
+        route = self._route
+        assert route is not None
+        route.app.state.unexpected_errors.count += 1
+        _log.exception("request_failed_unexpectedly", method="GET", path=parked.target, fast_path=True)
+        return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
+
+    def _respond(self, parked: _Parked, response: Response) -> None:
+        default_headers = self.server_state.default_headers
+        if response.status_code == 200:
+            data = _SHARED_ANSWER.bytes_for(response, default_headers)
+        else:
+            data = http11_response(response, default_headers)
+        self.transport.write(data)
+        self._parked = None
+        if parked.target is not None:  # as uvicorn's access log line
+            client = f"{self.client[0]}:{self.client[1]}" if self.client else ""
+            self.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d', client, "GET", parked.target, "1.1", response.status_code
+            )
+        # The response went out past h11: start its state afresh, with what arrived meanwhile.
+        trailing, _ = self.conn.trailing_data
+        self.conn = self._fresh_connection()
+        if trailing:
+            self.conn.receive_data(trailing)
+        if self._closing:
+            self.transport.close()
+            return
+        self.on_response_complete()  # keep-alive and head timers, reading resumed
+        if trailing:
+            self.handle_events()  # a pipelined request
+            if self.conn.their_state is not h11.IDLE:
+                self._disarm_head_timer()
+
+    def _fresh_connection(self) -> _PushbackConnection:
+        size = self.config.h11_max_incomplete_event_size
+        if size is None:
+            return _PushbackConnection(h11.SERVER)
+        return _PushbackConnection(h11.SERVER, max_incomplete_event_size=size)
+
+    # -- connection life -----------------------------------------------------------------------
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        parked, self._parked = self._parked, None
+        if parked is not None and self._route is not None:
+            # The ASGI path's disconnect watcher does the same: the op leaves the timer and the
+            # watch lists now, not at its max_wait_ms.
+            parked.gateway.abandon_fetch(parked.op)
+        super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        if self._parked is not None:
+            # As uvicorn for an open request: answered (the drain answers every waiter), then closed.
+            self._closing = True
+            return
+        super().shutdown()
+
+
+_SHARED_ANSWER = _SharedAnswer()
+
+
+def _long_poll_route(app: Any) -> LongPollRoute | None:
+    """The app's :class:`LongPollRoute`, looked up through uvicorn's wrappers (None: serve all by ASGI)."""
+    for _ in range(_MAX_WRAPPERS):
+        route = getattr(getattr(app, "state", None), "long_poll", None)
+        if isinstance(route, LongPollRoute):
+            return route
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
+def long_poll_protocol(head_timeout_s: float) -> type[LongPollH11Protocol]:
+    """The protocol class for uvicorn's ``http`` option: head time bound plus the long-poll path."""
+    return type("LongPollH11Protocol", (LongPollH11Protocol,), {"head_timeout_s": float(head_timeout_s)})
