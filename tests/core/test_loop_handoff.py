@@ -113,3 +113,78 @@ def test_ops_completed_together_off_the_loop_resolve_their_watchers_with_one_wak
     finally:
         purgatory.shutdown()
         loop.close()
+
+
+def test_callbacks_posted_in_a_burst_run_in_one_drain_and_a_failing_one_strands_none() -> None:
+    loop = CountingLoop()
+    try:
+        handoff = LoopHandoff(loop)
+        called: list[int] = []
+
+        def record(i: int) -> None:
+            if i == 3:
+                raise RuntimeError("a waiter's bug")
+            called.append(i)
+
+        poster = threading.Thread(target=lambda: [handoff.post_call(record, i) for i in range(10)])
+        poster.start()
+        poster.join()
+        assert loop.threadsafe_calls == 1
+        loop.run_until_complete(asyncio.sleep(0))
+        assert called == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    finally:
+        loop.close()
+
+
+def test_watch_then_call_calls_back_once_on_the_loop_for_ops_finished_off_it() -> None:
+    """The task-free waiter: 500 ops finished off the loop, one wake-up, each callback once, on the loop."""
+    loop = CountingLoop()
+    purgatory: DelayedOperationPurgatory[MockDelayedOperation] = DelayedOperationPurgatory("call")
+    try:
+        ops = [MockDelayedOperation(60_000) for _ in range(500)]
+        called: list[tuple[MockDelayedOperation, int]] = []
+
+        async def main() -> None:
+            for op in ops:
+                purgatory.watch_then_call(op, ["k"], lambda op: called.append((op, threading.get_ident())))
+            assert purgatory.watched() == 500 and not called
+            calls_before = loop.threadsafe_calls
+
+            def complete_all() -> None:
+                for op in ops:
+                    op.completable = True
+                assert purgatory.check_and_complete("k") == 500
+
+            finisher = threading.Thread(target=complete_all)
+            finisher.start()
+            finisher.join()
+            await asyncio.sleep(0)  # the one drain
+            assert loop.threadsafe_calls - calls_before == 1
+
+        loop.run_until_complete(main())
+        assert [op for op, _ in called] == ops
+        assert {thread for _, thread in called} == {threading.get_ident()}
+    finally:
+        purgatory.shutdown()
+        loop.close()
+
+
+def test_an_abandoned_waiter_is_finished_cancelled_and_out_of_the_timer() -> None:
+    loop = asyncio.new_event_loop()
+    purgatory: DelayedOperationPurgatory[MockDelayedOperation] = DelayedOperationPurgatory("abandon")
+    try:
+        op = MockDelayedOperation(60_000)
+        outcomes: list[Outcome | None] = []
+
+        async def main() -> None:
+            purgatory.watch_then_call(op, ["k"], lambda finished: outcomes.append(finished.outcome))
+            assert purgatory.num_delayed() == 1
+            assert purgatory.abandon(op) is True
+            assert purgatory.abandon(op) is False  # once
+
+        loop.run_until_complete(main())
+        assert outcomes == [Outcome.CANCELLED]  # called back at once: the finish ran on the loop
+        assert purgatory.num_delayed() == 0
+    finally:
+        purgatory.shutdown()
+        loop.close()
