@@ -254,7 +254,6 @@ class LongPollRoute:
     route: Route
     authenticator: Authenticator
     settings: Settings
-    taken: int = 0  # long polls served by the protocol-level path (the rest went through ASGI)
 
 
 def _json_bytes(content: Any) -> bytes:

@@ -257,7 +257,6 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         logged = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
         target = get_path_with_query_string(scope) if logged else None  # type: ignore[arg-type]
         self._parked = _Parked(gateway, op, topic, partition, params, target)
-        route.taken += 1
         return True
 
     # -- the answer ----------------------------------------------------------------------------

@@ -5,7 +5,8 @@ span (``SharedReadReader``); ``purgatory_service_feed_polls_total`` and
 ``purgatory_service_feed_failures_total`` — the change feed's batched polls and failed ones;
 ``purgatory_service_kafka_unavailable`` — 1 while the last poll could not reach Kafka;
 ``purgatory_service_kafka_requests_total`` — requests the cluster view sent (what scale-out
-divides between instances); ``purgatory_service_watched_partitions`` — partitions each poll asks about.
+divides between instances); ``purgatory_service_watched_partitions`` — partitions each poll asks about;
+``purgatory_service_task_free_long_polls_total`` — long polls the protocol-level path served.
 """
 
 from __future__ import annotations
@@ -55,4 +56,9 @@ class ServiceCollector(Collector):
             "Partitions the change feed polls (each poll asks about all).",
         )
         watched.add_metric([], sum(isinstance(k, TopicPartitionKey) for k in gateway.feed.watched_keys()))
-        yield from (reads, polls, failures, unavailable, requests, watched)
+        task_free = CounterMetricFamily(
+            "purgatory_service_task_free_long_polls",
+            "Long polls served below the ASGI app (service.fast_long_poll): no task waited for them.",
+        )
+        task_free.add_metric([], gateway.task_free_fetches)
+        yield from (reads, polls, failures, unavailable, requests, watched, task_free)

@@ -88,6 +88,7 @@ class FanoutResult:
     expired: int
     errors: int
     load_average: tuple[float, float, float]
+    task_free: int = 0  # of the registered, how many the protocol-level path holds (no task)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -185,6 +186,13 @@ class _Service:
         purgatories = health["purgatories"]
         assert isinstance(purgatories, dict)
         return int(purgatories["fetch"]["NumDelayedOperations"])
+
+    def task_free_long_polls(self) -> int:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:  # loopback only
+            for line in response.read().decode().splitlines():
+                if line.startswith("purgatory_service_task_free_long_polls_total "):
+                    return int(float(line.split()[1]))
+        return 0
 
     def _stderr(self) -> str:
         if self.process.stderr is None:
@@ -343,6 +351,7 @@ async def _run_case_async(
         await asyncio.sleep(HEALTH_POLL_S)
     register_s = time.monotonic() - started
     rss1 = _rss_bytes(service.pid)
+    task_free = await asyncio.to_thread(service.task_free_long_polls)
     cpu0, t0 = _cpu_s(service.pid), time.monotonic()
     await asyncio.sleep(idle_s)
     idle_cpu_pct = 100.0 * (_cpu_s(service.pid) - cpu0) / (time.monotonic() - t0)
@@ -391,6 +400,7 @@ async def _run_case_async(
         expired=expired,
         errors=errors,
         load_average=os.getloadavg(),
+        task_free=task_free,
     )
 
 
@@ -441,6 +451,7 @@ def _median(runs: list[FanoutResult]) -> FanoutResult:
         expired=max(r.expired for r in runs),
         errors=max(r.errors for r in runs),
         load_average=runs[-1].load_average,
+        task_free=min(r.task_free for r in runs),
     )
 
 
@@ -516,7 +527,7 @@ def fanout(
         )
         typer.echo(
             f"{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} {'p50':>8} {'p99':>8} "
-            f"{'max':>8} {'CPU/ans':>8} {'done':>7} {'expired':>7} {'errors':>6}  load"
+            f"{'max':>8} {'CPU/ans':>8} {'done':>7} {'expired':>7} {'errors':>6} {'no-task':>7}  load"
         )
         for count in counts:
             for parts in partition_counts:
@@ -540,7 +551,7 @@ def fanout(
                     f"{result.rss_per_waiter_bytes:>8.0f} {result.idle_cpu_pct:>7.1f}% "
                     f"{result.answer_p50_ms:>6.1f}ms {result.answer_p99_ms:>6.1f}ms "
                     f"{result.answer_max_ms:>6.1f}ms {result.answer_cpu_us:>6.0f}µs "
-                    f"{result.completed:>7} {result.expired:>7} {result.errors:>6}  "
+                    f"{result.completed:>7} {result.expired:>7} {result.errors:>6} {result.task_free:>7}  "
                     + " ".join(f"{x:.2f}" for x in result.load_average)
                 )
     out.mkdir(parents=True, exist_ok=True)
