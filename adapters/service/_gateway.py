@@ -369,7 +369,7 @@ class Gateway:
         # say it could complete now). Cancelling this await (the client left) finishes the op
         # as CANCELLED inside purgatory.watch.
         await self._watch(op)
-        if self.fetch_finished(op, params):
+        if self.fetch_finished(op, params.offset):
             await self.check_fetch_offset(op)
         return op
 
@@ -424,7 +424,7 @@ class Gateway:
             attempts=self._attempts,
         )
 
-    def fetch_finished(self, op: DelayedFetch, params: FetchParams) -> bool:
+    def fetch_finished(self, op: DelayedFetch, requested_offset: int | None) -> bool:
         """Raise the answer of a finished fetch that is an error (416, 404); True when its offset
         must still be checked (:meth:`check_fetch_offset`), False when ``op`` is the answer."""
         ((key, offset),) = op.fetch_offsets.items()
@@ -438,8 +438,8 @@ class Gateway:
         # A poll the shutdown drained is answered EXPIRED as it is: the clients the check would
         # ask are closing (CI once answered such a poll "client pool closed" instead).
         unanswered = op.outcome is Outcome.EXPIRED and not op.records[key]
-        if params.offset is not None and unanswered and self.serving:
-            return not self._offset_vouched(key, params.offset)
+        if requested_offset is not None and unanswered and self.serving:
+            return not self._offset_vouched(key, requested_offset)
         return False
 
     async def check_fetch_offset(self, op: DelayedFetch) -> None:

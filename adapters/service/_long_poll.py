@@ -40,6 +40,7 @@ operation may finish on any thread, and its callback reaches the loop through th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 from urllib.parse import unquote
@@ -50,6 +51,7 @@ from pydantic import ValidationError
 from starlette.datastructures import QueryParams
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import STATUS_PHRASES
 from uvicorn.protocols.utils import get_path_with_query_string
 
@@ -67,7 +69,6 @@ from ._errors import RequestError
 from ._gateway import Gateway
 from ._guards import UNEXPECTED_ERROR_BODY, header_fields_problem
 from ._head_timeout import HeadTimeoutH11Protocol
-from ._requests import FetchParams
 
 __all__ = ["LongPollH11Protocol", "http11_response", "long_poll_protocol"]
 
@@ -113,7 +114,7 @@ class _PushbackConnection(h11.Connection):
 class _Parked:
     """One waiting long poll: its operation and what its answer needs."""
 
-    __slots__ = ("gateway", "op", "params", "partition", "target", "topic")
+    __slots__ = ("gateway", "offset", "op", "partition", "pipelined", "target", "topic")
 
     def __init__(
         self,
@@ -121,14 +122,15 @@ class _Parked:
         op: DelayedFetch,
         topic: str,
         partition: int,
-        params: FetchParams,
+        offset: int | None,
         target: str | None,
     ) -> None:
         self.gateway = gateway  # its lifespan drops it from the app's state before draining
         self.op = op
         self.topic = topic
         self.partition = partition
-        self.params = params
+        self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
+        self.pipelined = b""  # bytes the client sent after the request, for h11 after the answer
         self.target = target  # path and query, for the access log only (None when it is off)
 
 
@@ -152,25 +154,81 @@ class _SharedAnswer:
         return self.data
 
 
-class LongPollH11Protocol(HeadTimeoutH11Protocol):
-    """:class:`HeadTimeoutH11Protocol` serving the long-poll route itself (module docstring)."""
+class _LazyFlowControl(FlowControl):
+    """uvicorn's :class:`FlowControl` whose ``asyncio.Event`` is made only once a write pauses.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._route = _long_poll_route(self.app)
+    An idle connection never needs it, and each cost ~760 bytes (the event and its waiters'
+    deque) of every waiting long poll's connection. Same behaviour: ``drain`` returns at once
+    while writing is not paused, else waits for ``resume_writing``.
+    """
+
+    _writable: asyncio.Event | None = None
+
+    def __init__(self, transport: asyncio.Transport) -> None:  # no Event: see the class docstring
+        self._transport = transport
+        self.read_paused = False
+        self.write_paused = False
+
+    def _event(self) -> asyncio.Event:
+        if self._writable is None:
+            self._writable = asyncio.Event()
+            if not self.write_paused:
+                self._writable.set()
+        return self._writable
+
+    async def drain(self) -> None:
+        if self.write_paused:
+            await self._event().wait()
+
+    def pause_writing(self) -> None:
+        if not self.write_paused:
+            self.write_paused = True
+            self._event().clear()
+
+    def resume_writing(self) -> None:
+        if self.write_paused:
+            self.write_paused = False
+            self._event().set()
+
+
+class LongPollH11Protocol(HeadTimeoutH11Protocol):
+    """:class:`HeadTimeoutH11Protocol` serving the long-poll route itself (module docstring).
+
+    Per-connection state is one attribute, ``_parked``, set only while a long poll waits: uvicorn's
+    protocol already has ~27 instance attributes, and past 30 names CPython stops sharing the
+    instance dictionaries' keys — 1.6 KB more per connection, measured. While parked the
+    connection holds no h11 state either (``conn`` is None; bytes a client sends meanwhile wait in
+    the parked record, reading paused), and its answer starts a fresh one.
+    """
+
+    _parked: _Parked | None = None
+    _closing = False  # shutdown asked while parked: close after the answer (set on the instance)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
         if self._route is not None:
             self.conn = self._fresh_connection()
-        self._parked: _Parked | None = None
-        self._closing = False  # shutdown asked while parked: close after the answer
+            self.flow = _LazyFlowControl(transport)
+
+    @property
+    def _route(self) -> LongPollRoute | None:
+        return _long_poll_route(self.app)
 
     # -- h11 events ----------------------------------------------------------------------------
 
-    def handle_events(self) -> None:
-        if self._parked is not None:
-            self._read_after_request()
+    def data_received(self, data: bytes) -> None:
+        parked = self._parked
+        if parked is not None:
+            # The next request, pipelined before this answer: h11 would buffer it and uvicorn
+            # pause reading; kept here until the answer hands it to a fresh h11 state.
+            parked.pipelined += data
+            self.flow.pause_reading()
             return
+        super().data_received(data)
+
+    def handle_events(self) -> None:
         conn = self.conn
-        if self._route is None or conn.their_state is not h11.IDLE or conn.our_state is not h11.IDLE:
+        if conn.their_state is not h11.IDLE or conn.our_state is not h11.IDLE or self._route is None:
             super().handle_events()
             return
         try:
@@ -179,22 +237,29 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             super().handle_events()  # h11 raises it again there: uvicorn's 400
             return
         if isinstance(event, h11.Request) and self._taken(event):
-            self._read_after_request()
+            self._park_connection()
             return
         assert isinstance(conn, _PushbackConnection)
         conn.pushed_back = event
         super().handle_events()
 
-    def _read_after_request(self) -> None:
-        """Events after a parked request: its end, then nothing until the answer (pipelined bytes wait)."""
+    def _park_connection(self) -> None:
+        """The request is parked: read its end, keep what follows it, and let go of h11's state."""
+        parked = self._parked
+        assert parked is not None
+        self._unset_keepalive_if_required()
+        self._disarm_head_timer()  # the whole head arrived
         while True:
+            # EndOfMessage of the GET (no body: _take refused any framing of one), then NEED_DATA,
+            # or PAUSED if more bytes came with it: a pipelined request, read after the answer.
             event = self.conn.next_event()
             if event is h11.NEED_DATA:
-                return
+                break
             if event is h11.PAUSED:
+                parked.pipelined = self.conn.trailing_data[0]
                 self.flow.pause_reading()  # as uvicorn: the next request waits for this answer
-                return
-            # EndOfMessage of the GET (no body: _take refused any framing of one).
+                break
+        self.conn = None  # type: ignore[assignment]  # no h11 state while waiting (class docstring)
 
     def _taken(self, event: h11.Request) -> bool:
         try:
@@ -253,10 +318,9 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             return False  # the ASGI path answers it, with the same checks
         if op is None:
             return False  # nothing was submitted: fetch() awaits what is not cached
-        self._unset_keepalive_if_required()
         logged = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
         target = get_path_with_query_string(scope) if logged else None  # type: ignore[arg-type]
-        self._parked = _Parked(gateway, op, topic, partition, params, target)
+        self._parked = _Parked(gateway, op, topic, partition, params.offset, target)
         return True
 
     # -- the answer ----------------------------------------------------------------------------
@@ -265,7 +329,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         """The operation finished (on the loop: at once, or from the handoff's batch)."""
         parked = self._parked
         if parked is None or parked.op is not op:
-            if parked is None and self.conn.our_state is h11.SEND_RESPONSE:
+            if parked is None and not self._parked_conn_gone() and self.conn.our_state is h11.SEND_RESPONSE:
                 # Finished inside fetch_then_call, before _take parked it: answered once parked.
                 self.loop.call_soon(self._answer_early, op)
             return
@@ -278,10 +342,9 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
 
     def _answer(self, parked: _Parked) -> None:
         if self.transport.is_closing():
-            self._parked = None  # the client left; connection_lost abandons nothing finished
-            return
+            return  # the client left: connection_lost lets go of it
         try:
-            if parked.gateway.fetch_finished(parked.op, parked.params):
+            if parked.gateway.fetch_finished(parked.op, parked.offset):
                 # An expired, empty poll whose offset the feed cannot vouch for: one ListOffsets
                 # (rare: as the ASGI path, which awaits it). A task only for this one answer.
                 task = self.loop.create_task(self._answer_after_offset_check(parked))
@@ -334,7 +397,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
                 '%s - "%s %s HTTP/%s" %d', client, "GET", parked.target, "1.1", response.status_code
             )
         # The response went out past h11: start its state afresh, with what arrived meanwhile.
-        trailing, _ = self.conn.trailing_data
+        trailing = parked.pipelined
         self.conn = self._fresh_connection()
         if trailing:
             self.conn.receive_data(trailing)
@@ -360,8 +423,14 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         if parked is not None and self._route is not None:
             # The ASGI path's disconnect watcher does the same: the op leaves the timer and the
             # watch lists now, not at its max_wait_ms.
-            parked.gateway.abandon_fetch(parked.op)
+            parked.gateway.abandon_fetch(parked.op)  # no-op if it finished meanwhile
+        if self._parked_conn_gone():
+            self.conn = self._fresh_connection()  # uvicorn tells h11 the connection closed
         super().connection_lost(exc)
+
+    def _parked_conn_gone(self) -> bool:
+        # A call, not ``self.conn is None`` inline: uvicorn types ``conn`` as never None.
+        return getattr(self, "conn", None) is None
 
     def shutdown(self) -> None:
         if self._parked is not None:
