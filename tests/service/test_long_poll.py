@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from starlette.applications import Starlette
 from purgatory.settings import KafkaSettings, ServiceSettings, Settings
 
 from .conftest import WAIT_S, until
+from .test_auth import Pki, pki  # noqa: F401  (the mutual TLS material, made per module)
 
 TOKEN = "token-fast-path-1d9e"
 _DATE = re.compile(rb"\r\ndate: [^\r]*\r\n")
@@ -38,7 +40,7 @@ class Served:
 
     @property
     def port(self) -> int:
-        return self.server.port
+        return int(self.server.port)
 
     @property
     def long_poll(self) -> LongPollRoute | None:
@@ -300,3 +302,30 @@ async def _park_then_stop(served: Served, topic: str) -> tuple[bytes, bytes]:
     rest = await asyncio.wait_for(conn.reader.read(), WAIT_S)  # then the connection closes
     await conn.close()
     return answer, rest
+
+
+def test_a_long_poll_over_mutual_tls_takes_the_fast_path(
+    kafka_settings: KafkaSettings,
+    kafka_topic_factory: object,
+    pki: Pki,  # noqa: F811
+) -> None:
+    """TLS lives in the transport, below the protocol: the fast path serves HTTPS the same way."""
+    topic = kafka_topic_factory(1)  # type: ignore[operator]
+    tls = {
+        "tls_certfile": str(pki.server_cert),
+        "tls_keyfile": str(pki.server_key),
+        "tls_ca_certs": str(pki.ca),
+        "tls_client_auth": "required",
+    }
+    with _served(kafka_settings, **tls) as served:
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+        with httpx.Client(base_url=served.server.url, verify=context, timeout=WAIT_S) as client:
+            produced = client.post(f"/topics/{topic}/records", json={"records": [{"value": "tls"}]})
+            assert produced.status_code == 200, produced.text
+            path = f"/topics/{topic}/partitions/0/records"
+            client.get(path, params={"offset": 0, "max_wait_ms": 0})  # metadata cached
+            before = _taken(served)
+            answer = client.get(path, params={"offset": 0, "max_wait_ms": 5000})
+        assert answer.status_code == 200 and answer.json()["records"][0]["value"] == "tls"
+        assert _taken(served) == before + 1
