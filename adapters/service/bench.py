@@ -455,6 +455,17 @@ def _median(runs: list[FanoutResult]) -> FanoutResult:
     )
 
 
+def _row(result: FanoutResult) -> str:
+    return (
+        f"{result.waiters:>8} {result.partitions:>5} {result.register_per_s:>8.0f} "
+        f"{result.rss_per_waiter_bytes:>8.0f} {result.idle_cpu_pct:>7.1f}% "
+        f"{result.answer_p50_ms:>6.1f}ms {result.answer_p99_ms:>6.1f}ms "
+        f"{result.answer_max_ms:>6.1f}ms {result.answer_cpu_us:>6.0f}µs "
+        f"{result.completed:>7} {result.expired:>7} {result.errors:>6} {result.task_free:>7}  "
+        + " ".join(f"{x:.2f}" for x in result.load_average)
+    )
+
+
 def _missed(result: FanoutResult) -> list[str]:
     missed = []
     if result.expired or result.errors or result.registered < result.waiters:  # every case: 0 expected
@@ -519,6 +530,7 @@ def fanout(
     counts = list(dict.fromkeys(min(c, cap) for c in counts))
     settings = load_settings().kafka
     results: list[FanoutResult] = []
+    all_runs: list[FanoutResult] = []
     with provide_cluster(settings) as cluster:
         typer.echo(
             f"Kafka via {cluster.provider} at {cluster.bootstrap_servers}; service: one process ({server}, "
@@ -526,8 +538,9 @@ def fanout(
             f"{repeats} run(s) per case, medians; load average {os.getloadavg()}"
         )
         typer.echo(
-            f"{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} {'p50':>8} {'p99':>8} "
-            f"{'max':>8} {'CPU/ans':>8} {'done':>7} {'expired':>7} {'errors':>6} {'no-task':>7}  load"
+            f"{'':9}{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} "
+            f"{'p50':>8} {'p99':>8} {'max':>8} {'CPU/ans':>8} {'done':>7} {'expired':>7} {'errors':>6} "
+            f"{'no-task':>7}  load"
         )
         for count in counts:
             for parts in partition_counts:
@@ -546,17 +559,14 @@ def fanout(
                 ]
                 result = _median(runs)
                 results.append(result)
-                typer.echo(
-                    f"{result.waiters:>8} {result.partitions:>5} {result.register_per_s:>8.0f} "
-                    f"{result.rss_per_waiter_bytes:>8.0f} {result.idle_cpu_pct:>7.1f}% "
-                    f"{result.answer_p50_ms:>6.1f}ms {result.answer_p99_ms:>6.1f}ms "
-                    f"{result.answer_max_ms:>6.1f}ms {result.answer_cpu_us:>6.0f}µs "
-                    f"{result.completed:>7} {result.expired:>7} {result.errors:>6} {result.task_free:>7}  "
-                    + " ".join(f"{x:.2f}" for x in result.load_average)
-                )
+                all_runs.extend(runs)
+                for i, run in enumerate(runs, 1):
+                    typer.echo(f"  run {i}: " + _row(run))
+                typer.echo(f"  median: {_row(result)}")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fanout-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    path.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    document = {"medians": [asdict(r) for r in results], "runs": [asdict(r) for r in all_runs]}
+    path.write_text(json.dumps(document, indent=2))
     missed = [f"N={r.waiters}/P={r.partitions}: {m}" for r in results for m in _missed(r)]
     if not any(r.waiters >= TARGET_N for r in results):
         missed.append(f"N={TARGET_N} not measured (at most {max(counts)} waiters ran)")
