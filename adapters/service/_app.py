@@ -41,6 +41,10 @@ operation whose partition moves while it waits is answered MOVED (307/303 to the
 A client that disconnects while waiting cancels its operation (finished CANCELLED, out of the
 timer): abandoned long polls do not fill the purgatory.
 
+With ``service.fast_long_poll`` (the default) the service's uvicorn protocol serves the long-poll
+route itself, below this app, with this module's checks (:class:`LongPollRoute`,
+:mod:`._long_poll`): a waiting poll then holds no task; what it does not take comes here.
+
 Lifespan: startup builds the :class:`Gateway` (its :class:`KafkaPurgatory`: change feed, clients,
 purgatories); shutdown drains the purgatories (every waiting request is answered) and closes the
 Kafka clients.
