@@ -329,7 +329,7 @@ class PurgatoryCore(Generic[T]):
             else:
                 handoff.post_call(resolve, finished)
 
-        op._waiter = resolve
+        extras_of(op).waiter = resolve
         self.try_complete_else_watch(op, keys)
         if op.outcome is not None:
             # Finished before the waiter was set (see watch): its finish may not have called it.
