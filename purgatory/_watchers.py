@@ -17,6 +17,7 @@ __all__ = [
     "compact_after_finish",
     "keys_not_holding",
     "new_watch",
+    "pooled_watch_entries",
     "release_watch",
     "watch",
 ]
@@ -196,6 +197,11 @@ def _compact_locked(shard: WatcherList, watchers: Watchers) -> int:
     # Pooled only now that this list no longer holds them (see _RECYCLE's invariant): pooled in
     # the loop, an entry sat in the pool and on this list while the slice assignment allocated.
     if freed and len(_POOL) < POOL_MAX:
+        for entry in freed:
+            # A pooled entry must not keep its last op's keys alive (user objects, held for as
+            # long as the entry waits for reuse). No one reads them now: the finisher read them
+            # before its release, and no list holds the entry.
+            entry.keys = ()
         _POOL.extend(freed)
     if not ops and shard.watchers_by_key.get(watchers.key) is watchers:
         # Only the Watchers we emptied, and only if still empty: see WatcherList's story.
@@ -220,6 +226,12 @@ def new_watch(op: OperationCore, keys: Sequence[Hashable]) -> Watch:
         entry.keys = keys
         return entry
     return Watch(op, keys)
+
+
+def pooled_watch_entries() -> int:
+    """How many finished entries the pool keeps for reuse (at most ``POOL_MAX``): memory kept by
+    design, bounded, which a leak check must not count (tools/reliability/_soak.py)."""
+    return len(_POOL)
 
 
 def release_watch(entry: Watch, op: OperationCore) -> None:
