@@ -12,8 +12,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from purgatory.adapters.kafka import (
     AppendOutcomeUnknownError,
     ClusterView,
@@ -33,6 +35,7 @@ from purgatory.settings import KafkaSettings
 from .conftest import WAIT_S, wait_until
 from .kafka_fixtures import (
     FOLLOWERS,
+    STRANDING_REPLICAS,
     StrandedRecord,
     create_topic,
     replicated_topic,
@@ -189,6 +192,90 @@ def test_produce_is_not_answered_replicated_when_a_leader_change_discarded_the_r
             stranded.close()
         else:
             wait_isr(settings, key, 3)
+
+
+@pytest.mark.xfail(strict=True, reason="the epoch noted before the append can be newer than the appender's")
+@pytest.mark.parametrize("feed_mode", ["push", "poll"])
+def test_a_record_a_zombie_leader_appended_after_the_feed_saw_its_successor_is_not_answered_replicated(
+    kafka_cluster3: LocalKafkaCluster, feed_mode: str
+) -> None:
+    """The leader epoch noted before an append can be *newer* than the epoch that appended.
+
+    Replicas [2, 3, 1]: node 2 leads. Node 2 hangs (SIGSTOP, a long GC pause) past the session
+    timeout: the controller fences it and node 3 leads in a new epoch, which the feed sees. The
+    producer was told nothing (its connection to node 2 is merely idle): it still sends to node 2.
+    Node 2 resumes while the controller (node 1) is frozen, so it cannot learn it lost the
+    partition: a zombie, it appends the record (acks=1) in its old epoch. The fence noted the new
+    epoch before the append, the facts keep showing that epoch, and once records produced to node
+    3 take the offset, its high watermark passes it: the old rule answered NONE, for a record
+    node 2 truncates as soon as it hears of node 3.
+    """
+    cluster = kafka_cluster3
+    base, key = stranding_topic(cluster, "zombie")
+    settings = base.model_copy(update={"feed_mode": feed_mode})
+    kp = KafkaPurgatory.connect(settings, name=f"zombie-{feed_mode}")
+    zombie, successor, controller = STRANDING_REPLICAS[0], STRANDING_REPLICAS[1], 1
+    try:
+        # Warm the producer: it knows node 2 leads and holds a connection to it.
+        warm = kp.produce([ProducerRecord(key.topic, b"warm-up", partition=0)], delay_ms=30_000)
+        assert warm.wait(WAIT_S) and warm.succeeded, warm.statuses
+        # Keep the partition watched throughout, so the feed keeps its facts fresh.
+        kp.submit(DelayedDeleteRecords(kp.feed, {key: 10**9}, delay_ms=120_000), validate=False)
+        wait_until(
+            lambda: getattr(kp.feed.partition(key), "leader_epoch", None) is not None,
+            "the feed holds the partition's leader epoch",
+        )
+        old_epoch = kp.feed.partition(key).leader_epoch  # type: ignore[union-attr]
+        cluster.pause_broker(zombie)
+        try:
+            wait_until(
+                lambda: (
+                    (facts := kp.feed.partition(key)) is not None
+                    and facts.error is None
+                    and facts.leader == successor
+                    and facts.leader_epoch not in (None, old_epoch)
+                ),
+                "the controller fenced the hung leader and the feed saw its successor's epoch",
+                30.0,
+            )
+            new_epoch = kp.feed.partition(key).leader_epoch  # type: ignore[union-attr]
+            cluster.pause_broker(controller)  # no metadata reaches node 2 while it is resumed
+            try:
+                cluster.resume_broker(zombie)
+                appended = kp.append([ProducerRecord(key.topic, b"zombie", partition=0)], timeout_s=WAIT_S)
+            finally:
+                cluster.resume_broker(controller)
+        finally:
+            cluster.resume_broker(zombie)
+        offset = appended.offsets[key]
+        assert appended.leader_epochs[key] == new_epoch, "the fence noted the successor's epoch"
+        op = kp.submit(DelayedProduce(kp.feed, appended, delay_ms=60_000), validate=False)
+
+        # Records produced to node 3 itself (bootstrapped there: node 2 may still claim the
+        # partition in its metadata answers) take the offset; acks=all: its high watermark passes it.
+        successor_address = f"127.0.0.1:{cluster.node(successor).spec.broker_port}"
+        producer = Producer({"bootstrap.servers": successor_address, "acks": "all", "log_level": 0})
+        delivered: list[tuple[Any, Any]] = []
+        for _ in range(3):
+            producer.produce(
+                key.topic, b"after", partition=0, on_delivery=lambda e, m: delivered.append((e, m))
+            )
+        assert producer.flush(WAIT_S) == 0, "node 3 did not take the records in time"
+        assert all(e is None for e, _ in delivered), delivered
+        assert max(m.offset() for _, m in delivered) >= offset, (
+            "records produced to node 3 reached the offset"
+        )
+        assert op.wait(WAIT_S)
+        (at_offset,) = kp.reader.read(key, offset, offset + 1, max_bytes=1 << 20)
+        assert at_offset.value != b"zombie", "node 2 appended it after node 3 took over: it is discarded"
+        assert op.statuses == {key: ErrorCode.NOT_LEADER_OR_FOLLOWER}, (
+            f"record at offset {offset} was appended by a deposed leader and discarded, yet: {op.statuses}"
+        )
+    finally:
+        kp.close()
+        for node in (controller, zombie):
+            cluster.resume_broker(node)
+        wait_isr(base, key, 3)
 
 
 def test_a_node_killed_in_a_running_cluster_restarts_from_the_state_file_and_rejoins_the_isr(
