@@ -23,7 +23,7 @@ Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap
 from ._admin import create_topic, delete_records
 from ._append import Appended, FencedAppender
 from ._calls import KafkaCalls
-from ._clients import FetchedRecord, ProducerRecord, RecordProducer, RecordReader
+from ._clients import FetchedRecord, ProducerRecord, RecordIdentity, RecordProducer, RecordReader
 from ._config import check_client_config, client_config, redacted
 from ._correlation import (
     CORRELATION_ID,
@@ -162,6 +162,7 @@ __all__ = [
     "PartitionOwnership",
     "ProduceResult",
     "ProducerRecord",
+    "RecordIdentity",
     "RecordProducer",
     "RecordReader",
     "RecordSender",

@@ -15,6 +15,17 @@ that appended still leads, never truncated its log, and its high watermark count
 If it differs, the record may be lost: the operation answers ``NOT_LEADER_OR_FOLLOWER``
 (retriable; also when the leader changed cleanly, as on Kafka's broker).
 
+What the epoch cannot see: a *deposed* leader that does not know it yet (a zombie: hung in a
+long pause past the controller's session timeout, its successor elected meanwhile, and resumed
+before the metadata saying so reached it) still appends what a producer with stale metadata sends
+it, in its old epoch — after the feed may already have noted its successor's epoch, so
+``E_before > E_append`` and the successor's watermark, of the same epoch as ``E_before``, passes
+an offset its log holds another record at. (Also, a snapshot older than the append can note an
+``E_before`` below ``E_append``.) So the append also returns the identity of the last record
+appended per partition (:class:`RecordIdentity`) and the reader to read it back with:
+:class:`DelayedProduce` answers ``NONE`` only when that record is the one at its offset below the
+high watermark (tests/kafka/test_replication.py, the zombie test).
+
 Where ``E_before`` comes from: the change feed's snapshot (published before the append, so no
 request at all while the partition is watched), else one ListOffsets(latest) for the partitions
 the snapshot lacks. A record without a partition may land on any partition of its topic: every
@@ -27,35 +38,61 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from ._clients import ProducerRecord, RecordProducer
+from ._clients import FetchedRecord, ProducerRecord, RecordIdentity, RecordProducer
 from ._errors import KafkaUnavailableError
 from ._facts import FactSource
 from ._keys import TopicPartitionKey
 from ._view import ClusterView
 
-__all__ = ["Appended", "FencedAppender"]
+__all__ = ["Appended", "FencedAppender", "RecordReading"]
 
 LEADER_BACKOFF_S = 0.1  # between asks of a partition whose leader does not answer yet
+
+
+class RecordReading(Protocol):
+    """Reads a range of a partition's records (:class:`RecordReader`, :class:`SharedReadReader`)."""
+
+    def read(
+        self, key: TopicPartitionKey, start: int, end: int, *, max_bytes: int
+    ) -> list[FetchedRecord]: ...
 
 
 @dataclass(frozen=True, slots=True)
 class Appended:
     """Records a leader appended: the last offset per partition, and each partition's leader
-    epoch as known before the append (see the module docstring)."""
+    epoch as known before the append (see the module docstring).
+
+    ``last_records`` (the identity of the record at each last offset) and ``reader`` are set by
+    :class:`FencedAppender`: :class:`DelayedProduce` then reads that record back before answering
+    ``NONE``. Without them (an ``Appended`` built from offsets and epochs alone, as a produce
+    answered MOVED continues elsewhere) only the epoch fences: a deposed leader's append is not
+    seen (module docstring).
+    """
 
     offsets: Mapping[TopicPartitionKey, int]
     leader_epochs: Mapping[TopicPartitionKey, int]
+    last_records: Mapping[TopicPartitionKey, RecordIdentity] = field(default_factory=dict)
+    reader: RecordReading | None = None
 
 
 class FencedAppender:
     """Appends with ``acks=1`` after noting the target partitions' leader epochs (see module doc)."""
 
-    def __init__(self, producer: RecordProducer, facts: FactSource, view: ClusterView) -> None:
+    def __init__(
+        self,
+        producer: RecordProducer,
+        facts: FactSource,
+        view: ClusterView,
+        reader: RecordReading | None = None,
+    ) -> None:
         self.producer = producer
         self.facts = facts
         self.view = view
+        # Reads the appended records back (DelayedProduce, module doc); None: the epoch alone.
+        self.reader = reader
 
     def epochs_before(
         self, records: Iterable[ProducerRecord], deadline: float | None = None
@@ -103,5 +140,10 @@ class FencedAppender:
             raise KafkaUnavailableError(
                 f"no time left to append within {timeout_s:.1f} s after reading leader epochs"
             )
-        offsets = self.producer.produce(records, timeout_s=left)
-        return Appended(offsets, {k: epochs[k] for k in offsets if k in epochs})
+        offsets, identities = self.producer.produce_identified(records, timeout_s=left)
+        return Appended(
+            offsets,
+            {k: epochs[k] for k in offsets if k in epochs},
+            identities if self.reader is not None else {},
+            self.reader,
+        )

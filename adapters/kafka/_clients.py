@@ -11,6 +11,7 @@ one consumer with a lock (a fetch response is assembled on the thread that compl
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import uuid
@@ -37,6 +38,7 @@ __all__ = [
     "READ_TIMEOUT_S",
     "FetchedRecord",
     "ProducerRecord",
+    "RecordIdentity",
     "RecordProducer",
     "RecordReader",
     "producer_config",
@@ -69,6 +71,37 @@ class FetchedRecord:
     def size(self) -> int:
         """Bytes of key and value (what ``min_bytes`` counts)."""
         return len(self.key or b"") + len(self.value or b"")
+
+
+def _digest(key: bytes | None, value: bytes | None) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (key, value):  # length-prefixed, and None apart from b"": no two records collide
+        digest.update(b"\xff" * 8 if part is None else len(part).to_bytes(8, "big"))
+        digest.update(part or b"")
+    return digest.digest()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordIdentity:
+    """What tells the record an append wrote from another record later found at its offset:
+    its timestamp (set by the producer, or the broker's append time) and a digest of its key and
+    value. :class:`DelayedProduce` reads the record at the appended offset back and compares
+    (see :class:`FencedAppender`: an epoch noted before an append cannot name the leader that
+    appended when that leader was a deposed one that did not know it yet).
+    """
+
+    timestamp_ms: int  # -1: the producer knew none; then only the digest is compared
+    digest: bytes
+
+    @classmethod
+    def of(cls, key: bytes | None, value: bytes | None, timestamp_ms: int) -> RecordIdentity:
+        return cls(timestamp_ms, _digest(key, value))
+
+    def matches(self, record: FetchedRecord) -> bool:
+        """True iff ``record`` (read back at the appended offset) is the record appended."""
+        if self.timestamp_ms >= 0 and record.timestamp_ms != self.timestamp_ms:
+            return False
+        return _digest(record.key, record.value) == self.digest
 
 
 def _typed(error: KafkaError, what: str) -> KafkaAdapterError:
@@ -162,6 +195,16 @@ class RecordProducer:
     ) -> dict[TopicPartitionKey, int]:
         """Append ``records``; return the last offset appended per partition.
 
+        Raises as :meth:`produce_identified`.
+        """
+        return self.produce_identified(records, timeout_s)[0]
+
+    def produce_identified(
+        self, records: Iterable[ProducerRecord], timeout_s: float = 10.0
+    ) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, RecordIdentity]]:
+        """Append ``records``; return the last offset appended per partition, and the identity of
+        the record appended there (:class:`RecordIdentity`).
+
         Raises the typed error of the first record if the broker refused every record (unknown
         topic, too large, ...: nothing was appended), else :class:`AppendOutcomeUnknownError`
         if any record was not acknowledged: some of the request may be in the log, and resending
@@ -170,6 +213,7 @@ class RecordProducer:
         records = list(records)
         producer = self.producer
         last: dict[TopicPartitionKey, int] = {}
+        last_message: dict[TopicPartitionKey, Message] = {}  # the record at ``last``: identified at the end
         refused: list[KafkaAdapterError] = []  # the broker (or librdkafka) refused: not appended
         unknown: list[KafkaAdapterError] = []  # sent, then no answer: may or may not be appended
         outstanding = 0
@@ -183,7 +227,9 @@ class RecordProducer:
                 return
             key = TopicPartitionKey(message.topic() or "", message.partition() or 0)
             offset = message.offset() or 0
-            last[key] = max(offset, last.get(key, -1))
+            if offset > last.get(key, -1):
+                last[key] = offset
+                last_message[key] = message
 
         not_queued = 0
         for index, record in enumerate(records):
@@ -207,7 +253,11 @@ class RecordProducer:
         while outstanding > 0 and time.monotonic() < deadline:
             producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))
         if not refused and not unknown and outstanding == 0:
-            return last
+            identities = {}
+            for key, message in last_message.items():
+                _type, timestamp_ms = message.timestamp()
+                identities[key] = RecordIdentity.of(message.key(), message.value(), timestamp_ms)
+            return last, identities
         # Counted now: another thread's poll() may still run a late callback of ours (the
         # producer is shared), which moves a record out of ``outstanding`` after the answer.
         uncertain = len(unknown) + outstanding

@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping
 
 from purgatory import DelayedOperation, Outcome
 
-from ._append import Appended
-from ._clients import FetchedRecord, RecordReader
+from ._append import Appended, RecordReading
+from ._clients import FetchedRecord, RecordIdentity, RecordReader
 from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError
 from ._facts import FactSource, PartitionFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
@@ -206,6 +206,13 @@ class DelayedProduce(KafkaOperation):
     ``_status``). An unknown partition is done with ``UNKNOWN_TOPIC_OR_PARTITION``. On expiry the
     partitions still waiting get ``REQUEST_TIMED_OUT``. ``statuses`` holds the per-partition result.
 
+    When ``appended`` carries the identity of each partition's last record and a reader (as
+    :class:`FencedAppender` builds it), ``NONE`` also needs that record read back at its offset
+    (below the high watermark, so replicated): the epoch noted before an append cannot name a
+    deposed leader that appended it without knowing it was deposed (see :class:`FencedAppender`);
+    another record there is ``NOT_LEADER_OR_FOLLOWER``. A read that brings nothing now (a
+    stalled broker) leaves the partition waiting for the next change of its facts.
+
     ``appended`` may also be a plain mapping of *target* offsets (wait until the watermark
     reaches a position, whoever writes there): the epoch is then the one the facts show at
     construction, or the first one they show. That cannot see a leader change between an append
@@ -236,7 +243,12 @@ class DelayedProduce(KafkaOperation):
         self.statuses: dict[TopicPartitionKey, ErrorCode | None]
         # The reference epoch per partition; None: adopt the first one the facts show.
         self.leader_epochs: dict[TopicPartitionKey, int | None]
+        # The record each partition's offset must hold to be answered NONE, and how to read it.
+        self.last_records: Mapping[TopicPartitionKey, RecordIdentity] = {}
+        self.reader: RecordReading | None = None
         if isinstance(appended, Appended):
+            if appended.reader is not None:
+                self.last_records, self.reader = appended.last_records, appended.reader
             self.appended = _require_offsets("DelayedProduce.appended", appended.offsets)
             self.leader_epochs = {k: appended.leader_epochs.get(k) for k in self.appended}
             # A partition whose epoch before the append is unknown (it did not exist yet when
@@ -284,6 +296,8 @@ class DelayedProduce(KafkaOperation):
                 if single is not None and epoch is not None:
                     self._single = (key, offset, epoch)
             status = self._status(facts, offset, epoch)
+            if status is ErrorCode.NONE and key in self.last_records:
+                status = self._read_back(key, offset)
             if status is None:
                 waiting = True
             else:
@@ -310,6 +324,27 @@ class DelayedProduce(KafkaOperation):
         if facts.high_watermark is None or facts.high_watermark <= offset:
             return None
         return ErrorCode.NONE
+
+    def _read_back(self, key: TopicPartitionKey, offset: int) -> ErrorCode | None:
+        """``NONE`` if the record at ``offset`` (below the high watermark) is the one appended,
+        ``NOT_LEADER_OR_FOLLOWER`` if another record is there; None if nothing could be read now.
+
+        Runs in ``try_complete`` (one small read, once per partition: its verdict is final); the
+        service hands an attempt made on its event loop's thread to an executor instead
+        (``OffLoopProduce``).
+        """
+        assert self.reader is not None, "last_records come with their reader"
+        try:
+            records = self.reader.read(key, offset, offset + 1, max_bytes=1)
+        except KafkaAdapterError:
+            return None  # the next change of the facts tries again; expiry answers meanwhile
+        if not records:
+            return None
+        (record, *_) = records
+        # Another offset: the record is gone from the log (deleted past, compacted): not vouched for.
+        if record.offset == offset and self.last_records[key].matches(record):
+            return ErrorCode.NONE
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
 
     def _respond(self) -> None:
         for key, status in self.statuses.items():

@@ -159,9 +159,10 @@ class KafkaPurgatory:
         self.feed = feed
         self.view = feed.view
         self.producer = producer
-        # Notes each partition's leader epoch before appending: DelayedProduce must not answer
-        # NONE for a record a leader change discarded (see FencedAppender).
-        self.appender = FencedAppender(producer, feed, feed.view)
+        # Notes each partition's leader epoch before appending, and returns what each appended
+        # record is and the reader to read it back: DelayedProduce must not answer NONE for a
+        # record a leader change discarded (see FencedAppender).
+        self.appender = FencedAppender(producer, feed, feed.view, reader)
         self.reader = reader
         self.calls = KafkaCalls(f"purgatory-{name}", ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG)
         self.settings = feed.settings

@@ -85,6 +85,7 @@ from ..kafka import (
 )
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
+from ._produce import OffLoopProduce
 from ._requests import FetchParams, ProduceRequest
 from ._scaleout import OwnedFetch, OwnedProduce, ScaleOut
 
@@ -580,8 +581,13 @@ class Gateway:
     async def _wait_replicated(
         self, appended: Appended | dict[TopicPartitionKey, int], timeout_ms: int | None
     ) -> DelayedProduce:
-        op = (DelayedProduce if self.scaleout is None else OwnedProduce)(
-            self.feed, appended, delay_ms=timeout_ms
+        # Its record is read back before NONE (FencedAppender), never on the loop (OffLoopProduce).
+        op = (OffLoopProduce if self.scaleout is None else OwnedProduce)(
+            self.feed,
+            appended,
+            delay_ms=timeout_ms,
+            loop_thread=threading.get_ident(),
+            attempts=self._attempts,
         )
         if self.scaleout is not None:
             self.scaleout.place(op)

@@ -55,6 +55,7 @@ from ..kafka import (
 )
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
+from ._produce import OffLoopProduce
 from ._requests import ProduceRequest
 
 __all__ = ["FORWARDED_HEADER", "OwnedFetch", "OwnedProduce", "ScaleOut", "ScaleOutCollector"]
@@ -71,7 +72,7 @@ class OwnedFetch(OwnedOperation, OffLoopFetch):
     """A long poll that moves when its partition does (see :class:`OwnedOperation`)."""
 
 
-class OwnedProduce(OwnedOperation, DelayedProduce):
+class OwnedProduce(OwnedOperation, OffLoopProduce):
     """A produce wait that moves when its partition does."""
 
 
