@@ -341,7 +341,8 @@ class DelayedProduce(KafkaOperation):
         if not records:
             return None
         (record, *_) = records
-        # Another offset: the record is gone from the log (deleted past, compacted): not vouched for.
+        # (A read of an offset gone from the log — deleted, compacted — brings nothing or raises:
+        # the partition waits and expires; another offset here would not be vouched for either.)
         if record.offset == offset and self.last_records[key].matches(record):
             return ErrorCode.NONE
         return ErrorCode.NOT_LEADER_OR_FOLLOWER

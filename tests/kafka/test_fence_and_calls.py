@@ -11,9 +11,11 @@ from purgatory.adapters.kafka import (
     Appended,
     DelayedProduce,
     ErrorCode,
+    FetchedRecord,
     KafkaCalls,
     KafkaUnavailableError,
     PartitionFacts,
+    RecordIdentity,
     TopicPartitionKey,
 )
 
@@ -96,6 +98,56 @@ def test_a_plain_mapping_of_records_keeps_old_callers_working_with_the_epoch_at_
     assert op.leader_epochs == {KEY: 3}
     facts.partitions[KEY] = _facts(6, 3)
     assert op.try_complete() and op.succeeded
+
+
+@dataclass
+class FakeLog:
+    """A record reader over records the test sets; counts its reads."""
+
+    records: dict[int, FetchedRecord] = field(default_factory=dict)
+    reads: int = 0
+
+    def read(self, key: TopicPartitionKey, start: int, end: int, *, max_bytes: int) -> list[FetchedRecord]:
+        self.reads += 1
+        return [r for o, r in sorted(self.records.items()) if start <= o < end][:1]
+
+
+APPENDED = FetchedRecord(10, b"k", b"mine", 1_000)
+
+
+def _appended(log: FakeLog) -> Appended:
+    identity = RecordIdentity.of(APPENDED.key, APPENDED.value, APPENDED.timestamp_ms)
+    return Appended({KEY: 10}, {KEY: 4}, {KEY: identity}, log)
+
+
+def test_produce_is_none_only_once_the_record_read_back_at_its_offset_is_the_one_appended() -> None:
+    facts, log = FakeFacts(), FakeLog()
+    op = DelayedProduce(facts, _appended(log), delay_ms=60_000)
+    facts.partitions[KEY] = _facts(10, 4)
+    assert not op.try_complete() and log.reads == 0, "nothing read while the watermark is short of it"
+    facts.partitions[KEY] = _facts(11, 4)
+    assert not op.try_complete(), "a read that brings nothing (a stalled broker) vouches for nothing"
+    log.records[10] = APPENDED
+    assert op.try_complete()
+    assert op.statuses == {KEY: ErrorCode.NONE}
+
+
+@pytest.mark.parametrize(
+    "found",
+    [
+        FetchedRecord(10, b"k", b"theirs", 1_000),  # another record: a deposed leader's append was lost
+        FetchedRecord(10, b"k", b"mine", 1_001),  # the same payload appended again later (a retry)
+        FetchedRecord(10, None, b"mine", 1_000),  # no key is not an empty key
+    ],
+)
+def test_produce_is_not_leader_when_another_record_is_at_its_offset_under_the_same_epoch(
+    found: FetchedRecord,
+) -> None:
+    facts, log = FakeFacts(), FakeLog({found.offset: found})
+    op = DelayedProduce(facts, _appended(log), delay_ms=60_000)
+    facts.partitions[KEY] = _facts(20, 4)  # the epoch noted before the append: it cannot tell
+    assert op.try_complete()
+    assert op.statuses == {KEY: ErrorCode.NOT_LEADER_OR_FOLLOWER}
 
 
 def test_kafka_calls_answer_a_stuck_call_at_its_deadline_and_keep_its_slot_until_it_returns() -> None:
