@@ -23,7 +23,14 @@ Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap
 from ._admin import create_topic, delete_records
 from ._append import Appended, FencedAppender
 from ._calls import KafkaCalls
-from ._clients import FetchedRecord, ProducerRecord, RecordIdentity, RecordProducer, RecordReader
+from ._clients import (
+    DIGEST_BYTES,
+    FetchedRecord,
+    ProducerRecord,
+    RecordIdentity,
+    RecordProducer,
+    RecordReader,
+)
 from ._config import check_client_config, client_config, redacted
 from ._correlation import (
     CORRELATION_ID,
@@ -105,6 +112,7 @@ __all__ = [
     "CORRELATION_ID",
     "DEADLINE_MS",
     "DEFAULT_KAFKA_VERSION",
+    "DIGEST_BYTES",
     "ERROR",
     "PURGATORY_NAMES",
     "REPLY_FROM",

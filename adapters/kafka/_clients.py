@@ -35,6 +35,7 @@ from ._errors import (
 from ._keys import TopicPartitionKey
 
 __all__ = [
+    "DIGEST_BYTES",
     "READ_TIMEOUT_S",
     "FetchedRecord",
     "ProducerRecord",
@@ -73,8 +74,11 @@ class FetchedRecord:
         return len(self.key or b"") + len(self.value or b"")
 
 
+DIGEST_BYTES = 16  # of RecordIdentity.digest
+
+
 def _digest(key: bytes | None, value: bytes | None) -> bytes:
-    digest = hashlib.blake2b(digest_size=16)
+    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
     for part in (key, value):  # length-prefixed, and None apart from b"": no two records collide
         digest.update(b"\xff" * 8 if part is None else len(part).to_bytes(8, "big"))
         digest.update(part or b"")

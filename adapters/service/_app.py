@@ -14,8 +14,10 @@ Routes:
   (the records *were* appended; they are not known to be safely replicated); 503
   ``NOT_LEADER_OR_FOLLOWER`` when the partition's leader changed while they waited (a record
   only the old leader had is lost: retry).
-* ``GET /topics/{topic}/replicated?offsets=p:o[,...]&epochs=p:e[,...]&timeout_ms=`` — a produce's replication
-  wait without producing (where a produce answered MOVED continues); answers as the produce does.
+* ``GET /topics/{topic}/replicated?offsets=p:o[,...]&epochs=p:e[,...]&records=p:t:d[,...]&timeout_ms=`` — a
+  produce's replication wait without producing (where a produce answered MOVED continues: the
+  leader epochs before the append, and each partition's last record — timestamp and digest — to
+  read back before NONE); answers as the produce does.
 * ``GET /owners`` — the scale-out ownership group: members, their URLs and partitions.
 * ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
   (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations) and
@@ -90,7 +92,13 @@ from ._requests import (
     FetchParams,
     ProduceRequest,
 )
-from ._scaleout import ScaleOut, ScaleOutCollector, parse_offsets, release_on_shutdown
+from ._scaleout import (
+    ScaleOut,
+    ScaleOutCollector,
+    parse_offsets,
+    parse_record_identities,
+    release_on_shutdown,
+)
 
 __all__ = ["LongPollRoute", "create_app"]
 
@@ -422,6 +430,15 @@ async def await_replicated(request: Request) -> Response:
     epochs = parse_offsets(raw_epochs, "epochs") if raw_epochs is not None else None
     if epochs is not None and set(epochs) != set(offsets):
         raise RequestError(400, "INVALID_REQUEST", "epochs", "epochs must name the partitions of offsets")
+    raw_records = request.query_params.get("records")
+    records = parse_record_identities(raw_records) if raw_records is not None else None
+    if records is not None and (epochs is None or set(records) != set(offsets)):
+        raise RequestError(
+            400,
+            "INVALID_REQUEST",
+            "records",
+            "records must come with epochs and name the partitions of offsets",
+        )
     raw_timeout = request.query_params.get("timeout_ms")
     if raw_timeout is not None and not raw_timeout.isdigit():
         raise RequestError(
@@ -434,7 +451,9 @@ async def await_replicated(request: Request) -> Response:
         elsewhere = await _routed(request, scaleout, topic, offsets)
         if elsewhere is not None:
             return elsewhere
-    op = await _unless_disconnected(request, gateway.await_replicated(topic, offsets, timeout_ms, epochs))
+    op = await _unless_disconnected(
+        request, gateway.await_replicated(topic, offsets, timeout_ms, epochs, records)
+    )
     if op is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if op.moved is not None and scaleout is not None:

@@ -75,6 +75,7 @@ from ..kafka import (
     KafkaPurgatory,
     KafkaUnavailableError,
     ProducerRecord,
+    RecordIdentity,
     RecordProducer,
     RecordTooLargeError,
     SharedReadReader,
@@ -554,6 +555,7 @@ class Gateway:
         offsets: dict[int, int],
         timeout_ms: int | None,
         leader_epochs: dict[int, int] | None = None,
+        records: dict[int, RecordIdentity] | None = None,
     ) -> DelayedProduce:
         """Wait until every in-sync replica holds ``offsets`` (partition → last offset appended).
 
@@ -561,6 +563,8 @@ class Gateway:
         appended already, only the replication wait moved. ``leader_epochs`` (partition → the
         leader epoch before the append, carried by the MOVED answer) keeps the produce's fence: a
         leader change since the append is still answered NOT_LEADER_OR_FOLLOWER here.
+        ``records`` (partition → the identity of the last record appended there, with the
+        epochs) keeps the read-back too: another record at the offset is NOT_LEADER_OR_FOLLOWER.
         """
         count = await self.partitions(topic)
         for partition in offsets:
@@ -576,7 +580,10 @@ class Gateway:
         if leader_epochs is None:
             return await self._wait_replicated(targets, timeout_ms)
         epochs = {TopicPartitionKey(topic, p): e for p, e in leader_epochs.items()}
-        return await self._wait_replicated(Appended(targets, epochs), timeout_ms)
+        if records is None:
+            return await self._wait_replicated(Appended(targets, epochs), timeout_ms)
+        identities = {TopicPartitionKey(topic, p): r for p, r in records.items()}
+        return await self._wait_replicated(Appended(targets, epochs, identities, self.reader), timeout_ms)
 
     async def _wait_replicated(
         self, appended: Appended | dict[TopicPartitionKey, int], timeout_ms: int | None

@@ -40,6 +40,7 @@ from purgatory import DelayedOperationPurgatory
 from purgatory.settings import Settings
 
 from ..kafka import (
+    DIGEST_BYTES,
     DelayedFetch,
     DelayedProduce,
     KafkaOperation,
@@ -48,6 +49,7 @@ from ..kafka import (
     OwnershipGuard,
     OwnerStatus,
     PartitionOwnership,
+    RecordIdentity,
     Redirect,
     TopicPartitionKey,
     WatchedKeys,
@@ -232,14 +234,7 @@ class ScaleOut:
     def moved_produce(self, topic: str, op: DelayedProduce, started: float, timeout_ms: int) -> Response:
         """303 to the new owner's replication wait for the offsets already appended."""
         remaining = max(0, timeout_ms - int((time.monotonic() - started) * 1000))
-        ordered = sorted(op.appended.items(), key=lambda item: item[0].partition)
-        query = {"offsets": ",".join(f"{k.partition}:{o}" for k, o in ordered), "timeout_ms": str(remaining)}
-        epochs = {k: op.leader_epochs.get(k) for k, _ in ordered}
-        if all(e is not None for e in epochs.values()):
-            # The leader epochs before the append travel along: the new owner keeps the fence
-            # (a leader change since the append is still NOT_LEADER_OR_FOLLOWER there).
-            query["epochs"] = ",".join(f"{k.partition}:{e}" for k, e in epochs.items())
-        path = f"/topics/{topic}/replicated?{urlencode(query)}"
+        path = f"/topics/{topic}/replicated?{urlencode(replicated_query(op, remaining))}"
         assert op.moved is not None
         return self._moved(next(iter(op.appended)), op.moved.owner_url, path, status=303)
 
@@ -272,6 +267,48 @@ class ScaleOut:
     def owners_json(self) -> dict[str, Any]:
         described = self.ownership.describe()
         return {"enabled": True, "mode": self.settings.mode, **described}
+
+
+def replicated_query(op: DelayedProduce, timeout_ms: int) -> dict[str, str]:
+    """The query of ``GET /topics/{t}/replicated`` that continues ``op``'s wait elsewhere."""
+    ordered = sorted(op.appended.items(), key=lambda item: item[0].partition)
+    query = {"offsets": ",".join(f"{k.partition}:{o}" for k, o in ordered), "timeout_ms": str(timeout_ms)}
+    epochs = {k: op.leader_epochs.get(k) for k, _ in ordered}
+    if all(e is not None for e in epochs.values()):
+        # The leader epochs before the append travel along: the new owner keeps the fence
+        # (a leader change since the append is still NOT_LEADER_OR_FOLLOWER there).
+        query["epochs"] = ",".join(f"{k.partition}:{e}" for k, e in epochs.items())
+        if all(k in op.last_records for k, _ in ordered):
+            # And what each appended record is: the new owner reads it back before NONE too (a
+            # deposed leader's append, see FencedAppender).
+            query["records"] = ",".join(
+                f"{k.partition}:{r.timestamp_ms}:{r.digest.hex()}"
+                for k, r in ((k, op.last_records[k]) for k, _ in ordered)
+            )
+    return query
+
+
+def parse_record_identities(raw: str) -> dict[int, RecordIdentity]:
+    """``"0:1700000000000:<32 hex>,..."`` (partition:timestamp:digest) → identities, or a 400."""
+    out: dict[int, RecordIdentity] = {}
+    for item in raw.split(","):
+        partition, timestamp, digest = [*item.split(":"), "", ""][:3]
+        try:
+            if not partition.isdigit() or item.count(":") != 2:
+                raise ValueError
+            identity = RecordIdentity(int(timestamp), bytes.fromhex(digest))
+            if identity.timestamp_ms < -1 or len(identity.digest) != DIGEST_BYTES:
+                raise ValueError
+        except ValueError:
+            raise RequestError(
+                400,
+                "INVALID_REQUEST",
+                "records",
+                f"records must be partition:timestamp:digest[,...] (a digest of {DIGEST_BYTES * 2} hex "
+                f"digits, as a MOVED answer names them), got {item!r}",
+            ) from None
+        out[int(partition)] = identity
+    return out
 
 
 def parse_offsets(raw: str | None, field: str = "offsets") -> dict[int, int]:

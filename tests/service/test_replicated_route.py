@@ -1,0 +1,69 @@
+"""``GET /topics/{t}/replicated`` with the epochs and record identities a MOVED produce carries.
+
+Where a produce answered MOVED continues at the partition's new owner: the records were
+appended already, so the new owner must keep both fences — the leader epoch noted before the
+append and the read-back of each partition's last record (a deposed leader's append,
+:class:`FencedAppender`). The query is built by the same function the MOVED answer uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlencode
+
+import pytest
+from purgatory.adapters.kafka import DelayedProduce, ProducerRecord, RecordIdentity
+from purgatory.adapters.service._scaleout import replicated_query
+
+from tests.kafka.kafka_fixtures import TopicFactory
+
+from .conftest import Service
+
+pytestmark = pytest.mark.kafka
+
+
+async def _moved_query(service: Service, topic: str) -> dict[str, str]:
+    gateway = service.gateway
+    appended = await asyncio.to_thread(gateway.appender.append, [ProducerRecord(topic, b"mine", b"k", 0)])
+    return replicated_query(DelayedProduce(gateway.feed, appended), 15_000)
+
+
+async def test_a_moved_produce_continues_with_its_epochs_and_record_and_is_answered_replicated(
+    service: Service, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(1)
+    query = await _moved_query(service, topic)
+    assert set(query) == {"offsets", "epochs", "records", "timeout_ms"}, query
+    async with service.client() as client:
+        answer = await client.get(f"/topics/{topic}/replicated?{urlencode(query)}")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["statuses"] == {"0": "NONE"}
+
+
+async def test_a_moved_produce_whose_offset_holds_another_record_is_503_not_leader(
+    service: Service, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(1)
+    query = await _moved_query(service, topic)
+    partition, timestamp, _digest = query["records"].split(":")
+    other = RecordIdentity.of(b"k", b"not mine", int(timestamp))  # what a deposed leader's append leaves
+    query["records"] = f"{partition}:{timestamp}:{other.digest.hex()}"
+    async with service.client() as client:
+        answer = await client.get(f"/topics/{topic}/replicated?{urlencode(query)}")
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["statuses"] == {"0": "NOT_LEADER_OR_FOLLOWER"}
+
+
+@pytest.mark.parametrize(
+    "records",
+    ["0:12:abc", "0:x:" + "00" * 16, "0:-2:" + "00" * 16, "0:12", "1:12:" + "00" * 16, "0:1:2:" + "00" * 16],
+)
+async def test_malformed_record_identities_are_400_naming_the_field(
+    service: Service, kafka_topic_factory: TopicFactory, records: str
+) -> None:
+    topic = kafka_topic_factory(1)
+    query = {"offsets": "0:0", "epochs": "0:0", "records": records}
+    async with service.client() as client:
+        answer = await client.get(f"/topics/{topic}/replicated?{urlencode(query)}")
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["field"] == "records"
