@@ -21,10 +21,10 @@ before the metadata saying so reached it) still appends what a producer with sta
 it, in its old epoch — after the feed may already have noted its successor's epoch, so
 ``E_before > E_append`` and the successor's watermark, of the same epoch as ``E_before``, passes
 an offset its log holds another record at. (Also, a snapshot older than the append can note an
-``E_before`` below ``E_append``.) So the append also returns the identity of the last record
-appended per partition (:class:`RecordIdentity`) and the reader to read it back with:
-:class:`DelayedProduce` answers ``NONE`` only when that record is the one at its offset below the
-high watermark (tests/kafka/test_replication.py, the zombie test).
+``E_before`` below ``E_append``.) So the append also returns the identities of the first and
+the last record appended per partition (:class:`RecordIdentity`) and the reader to read them back
+with: :class:`DelayedProduce` answers ``NONE`` only when they are the records at their offsets
+below the high watermark (tests/kafka/test_replication.py, the zombie test).
 
 Where ``E_before`` comes from: the change feed's snapshot (published before the append, so no
 request at all while the partition is watched), else one ListOffsets(latest) for the partitions
@@ -65,16 +65,15 @@ class Appended:
     """Records a leader appended: the last offset per partition, and each partition's leader
     epoch as known before the append (see the module docstring).
 
-    ``last_records`` (the identity of the record at each last offset) and ``reader`` are set by
-    :class:`FencedAppender`: :class:`DelayedProduce` then reads that record back before answering
-    ``NONE``. Without them (an ``Appended`` built from offsets and epochs alone, as a produce
-    answered MOVED continues elsewhere) only the epoch fences: a deposed leader's append is not
-    seen (module docstring).
+    ``read_back`` (per partition, the identities of its first and last record appended) and
+    ``reader`` are set by :class:`FencedAppender`: :class:`DelayedProduce` then reads those
+    records back before answering ``NONE``. Without them (an ``Appended`` built from offsets and
+    epochs alone) only the epoch fences: a deposed leader's append is not seen (module docstring).
     """
 
     offsets: Mapping[TopicPartitionKey, int]
     leader_epochs: Mapping[TopicPartitionKey, int]
-    last_records: Mapping[TopicPartitionKey, RecordIdentity] = field(default_factory=dict)
+    read_back: Mapping[TopicPartitionKey, tuple[RecordIdentity, ...]] = field(default_factory=dict)
     reader: RecordReading | None = None
 
 

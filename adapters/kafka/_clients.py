@@ -87,22 +87,25 @@ def _digest(key: bytes | None, value: bytes | None) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class RecordIdentity:
-    """What tells the record an append wrote from another record later found at its offset:
-    its timestamp (set by the producer, or the broker's append time) and a digest of its key and
-    value. :class:`DelayedProduce` reads the record at the appended offset back and compares
-    (see :class:`FencedAppender`: an epoch noted before an append cannot name the leader that
+    """What tells a record an append wrote from another record later found at its offset: the
+    offset, its timestamp (set by the producer, or the broker's append time) and a digest of its
+    key and value. :class:`DelayedProduce` reads the record at the offset back and compares (see
+    :class:`FencedAppender`: an epoch noted before an append cannot name the leader that
     appended when that leader was a deposed one that did not know it yet).
     """
 
+    offset: int
     timestamp_ms: int  # -1: the producer knew none; then only the digest is compared
     digest: bytes
 
     @classmethod
-    def of(cls, key: bytes | None, value: bytes | None, timestamp_ms: int) -> RecordIdentity:
-        return cls(timestamp_ms, _digest(key, value))
+    def of(cls, offset: int, key: bytes | None, value: bytes | None, timestamp_ms: int) -> RecordIdentity:
+        return cls(offset, timestamp_ms, _digest(key, value))
 
     def matches(self, record: FetchedRecord) -> bool:
-        """True iff ``record`` (read back at the appended offset) is the record appended."""
+        """True iff ``record`` (read back at the offset) is the record appended."""
+        if record.offset != self.offset:
+            return False
         if self.timestamp_ms >= 0 and record.timestamp_ms != self.timestamp_ms:
             return False
         return _digest(record.key, record.value) == self.digest
@@ -205,9 +208,14 @@ class RecordProducer:
 
     def produce_identified(
         self, records: Iterable[ProducerRecord], timeout_s: float = 10.0
-    ) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, RecordIdentity]]:
-        """Append ``records``; return the last offset appended per partition, and the identity of
-        the record appended there (:class:`RecordIdentity`).
+    ) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, tuple[RecordIdentity, ...]]]:
+        """Append ``records``; return the last offset appended per partition, and per partition
+        the identities (:class:`RecordIdentity`) of the first and the last record appended there.
+
+        Why the first too: one request's records to a partition may go out in several batches;
+        should the producer learn of a new leader between two of them (another request's error
+        refreshes its metadata), the first batch may have gone to a deposed leader and be lost
+        while the last reached the new one.
 
         Raises the typed error of the first record if the broker refused every record (unknown
         topic, too large, ...: nothing was appended), else :class:`AppendOutcomeUnknownError`
@@ -217,7 +225,9 @@ class RecordProducer:
         records = list(records)
         producer = self.producer
         last: dict[TopicPartitionKey, int] = {}
-        last_message: dict[TopicPartitionKey, Message] = {}  # the record at ``last``: identified at the end
+        # The records at the first and the last offset per partition: identified at the end.
+        first_message: dict[TopicPartitionKey, Message] = {}
+        last_message: dict[TopicPartitionKey, Message] = {}
         refused: list[KafkaAdapterError] = []  # the broker (or librdkafka) refused: not appended
         unknown: list[KafkaAdapterError] = []  # sent, then no answer: may or may not be appended
         outstanding = 0
@@ -234,6 +244,9 @@ class RecordProducer:
             if offset > last.get(key, -1):
                 last[key] = offset
                 last_message[key] = message
+            first = first_message.get(key)
+            if first is None or offset < (first.offset() or 0):
+                first_message[key] = message
 
         not_queued = 0
         for index, record in enumerate(records):
@@ -259,8 +272,11 @@ class RecordProducer:
         if not refused and not unknown and outstanding == 0:
             identities = {}
             for key, message in last_message.items():
-                _type, timestamp_ms = message.timestamp()
-                identities[key] = RecordIdentity.of(message.key(), message.value(), timestamp_ms)
+                first = first_message[key]
+                ends = (message,) if first.offset() == message.offset() else (first, message)
+                identities[key] = tuple(
+                    RecordIdentity.of(m.offset() or 0, m.key(), m.value(), m.timestamp()[1]) for m in ends
+                )
             return last, identities
         # Counted now: another thread's poll() may still run a late callback of ours (the
         # producer is shared), which moves a record out of ``outstanding`` after the answer.

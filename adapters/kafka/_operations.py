@@ -206,9 +206,9 @@ class DelayedProduce(KafkaOperation):
     ``_status``). An unknown partition is done with ``UNKNOWN_TOPIC_OR_PARTITION``. On expiry the
     partitions still waiting get ``REQUEST_TIMED_OUT``. ``statuses`` holds the per-partition result.
 
-    When ``appended`` carries the identity of each partition's last record and a reader (as
-    :class:`FencedAppender` builds it), ``NONE`` also needs that record read back at its offset
-    (below the high watermark, so replicated): the epoch noted before an append cannot name a
+    When ``appended`` carries the identities of each partition's first and last record and a
+    reader (as :class:`FencedAppender` builds it), ``NONE`` also needs those records read back at
+    their offsets (below the high watermark, so replicated): the epoch noted before an append cannot name a
     deposed leader that appended it without knowing it was deposed (see :class:`FencedAppender`);
     another record there is ``NOT_LEADER_OR_FOLLOWER``. A read that brings nothing now (a
     stalled broker) leaves the partition waiting for the next change of its facts.
@@ -243,12 +243,12 @@ class DelayedProduce(KafkaOperation):
         self.statuses: dict[TopicPartitionKey, ErrorCode | None]
         # The reference epoch per partition; None: adopt the first one the facts show.
         self.leader_epochs: dict[TopicPartitionKey, int | None]
-        # The record each partition's offset must hold to be answered NONE, and how to read it.
-        self.last_records: Mapping[TopicPartitionKey, RecordIdentity] = {}
+        # The records each partition must hold to be answered NONE, and how to read them.
+        self.read_back: Mapping[TopicPartitionKey, tuple[RecordIdentity, ...]] = {}
         self.reader: RecordReading | None = None
         if isinstance(appended, Appended):
             if appended.reader is not None:
-                self.last_records, self.reader = appended.last_records, appended.reader
+                self.read_back, self.reader = appended.read_back, appended.reader
             self.appended = _require_offsets("DelayedProduce.appended", appended.offsets)
             self.leader_epochs = {k: appended.leader_epochs.get(k) for k in self.appended}
             # A partition whose epoch before the append is unknown (it did not exist yet when
@@ -296,7 +296,7 @@ class DelayedProduce(KafkaOperation):
                 if single is not None and epoch is not None:
                     self._single = (key, offset, epoch)
             status = self._status(facts, offset, epoch)
-            if status is ErrorCode.NONE and key in self.last_records:
+            if status is ErrorCode.NONE and key in self.read_back:
                 status = self._read_back(key, offset)
             if status is None:
                 waiting = True
@@ -326,26 +326,27 @@ class DelayedProduce(KafkaOperation):
         return ErrorCode.NONE
 
     def _read_back(self, key: TopicPartitionKey, offset: int) -> ErrorCode | None:
-        """``NONE`` if the record at ``offset`` (below the high watermark) is the one appended,
-        ``NOT_LEADER_OR_FOLLOWER`` if another record is there; None if nothing could be read now.
+        """``NONE`` if the records appended to ``key`` (up to ``offset``, below the high
+        watermark) are the ones at their offsets, ``NOT_LEADER_OR_FOLLOWER`` if another record is
+        at one of them; None if one could not be read now.
 
-        Runs in ``try_complete`` (one small read, once per partition: its verdict is final); the
+        Runs in ``try_complete`` (small reads, once per partition: the verdict is final); the
         service hands an attempt made on its event loop's thread to an executor instead
         (``OffLoopProduce``).
         """
-        assert self.reader is not None, "last_records come with their reader"
-        try:
-            records = self.reader.read(key, offset, offset + 1, max_bytes=1)
-        except KafkaAdapterError:
-            return None  # the next change of the facts tries again; expiry answers meanwhile
-        if not records:
-            return None
-        (record, *_) = records
-        # (A read of an offset gone from the log — deleted, compacted — brings nothing or raises:
-        # the partition waits and expires; another offset here would not be vouched for either.)
-        if record.offset == offset and self.last_records[key].matches(record):
-            return ErrorCode.NONE
-        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        assert self.reader is not None, "read_back comes with its reader"
+        for identity in self.read_back[key]:
+            try:
+                records = self.reader.read(key, identity.offset, identity.offset + 1, max_bytes=1)
+            except KafkaAdapterError:
+                return None  # the next change of the facts tries again; expiry answers meanwhile
+            if not records:
+                # (Also an offset gone from the log — deleted, compacted: the partition waits
+                # and expires, never vouched for.)
+                return None
+            if not identity.matches(records[0]):
+                return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return ErrorCode.NONE
 
     def _respond(self) -> None:
         for key, status in self.statuses.items():

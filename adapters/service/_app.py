@@ -14,10 +14,10 @@ Routes:
   (the records *were* appended; they are not known to be safely replicated); 503
   ``NOT_LEADER_OR_FOLLOWER`` when the partition's leader changed while they waited (a record
   only the old leader had is lost: retry).
-* ``GET /topics/{topic}/replicated?offsets=p:o[,...]&epochs=p:e[,...]&records=p:t:d[,...]&timeout_ms=`` — a
-  produce's replication wait without producing (where a produce answered MOVED continues: the
-  leader epochs before the append, and each partition's last record — timestamp and digest — to
-  read back before NONE); answers as the produce does.
+* ``GET /topics/{topic}/replicated?offsets=p:o[,...]&epochs=p:e[,...]&records=p:o:t:d[,...]&timeout_ms=``
+  — a produce's replication wait without producing (where a produce answered MOVED continues:
+  the leader epochs before the append, and each partition's first and last record — offset,
+  timestamp, digest — to read back before NONE); answers as the produce does.
 * ``GET /owners`` — the scale-out ownership group: members, their URLs and partitions.
 * ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
   (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations) and

@@ -555,7 +555,7 @@ class Gateway:
         offsets: dict[int, int],
         timeout_ms: int | None,
         leader_epochs: dict[int, int] | None = None,
-        records: dict[int, RecordIdentity] | None = None,
+        records: dict[int, tuple[RecordIdentity, ...]] | None = None,
     ) -> DelayedProduce:
         """Wait until every in-sync replica holds ``offsets`` (partition → last offset appended).
 
@@ -563,8 +563,9 @@ class Gateway:
         appended already, only the replication wait moved. ``leader_epochs`` (partition → the
         leader epoch before the append, carried by the MOVED answer) keeps the produce's fence: a
         leader change since the append is still answered NOT_LEADER_OR_FOLLOWER here.
-        ``records`` (partition → the identity of the last record appended there, with the
-        epochs) keeps the read-back too: another record at the offset is NOT_LEADER_OR_FOLLOWER.
+        ``records`` (partition → the identities of the first and last record appended there, with
+        the epochs) keeps the read-back too: another record at one of their offsets is
+        NOT_LEADER_OR_FOLLOWER.
         """
         count = await self.partitions(topic)
         for partition in offsets:

@@ -278,25 +278,27 @@ def replicated_query(op: DelayedProduce, timeout_ms: int) -> dict[str, str]:
         # The leader epochs before the append travel along: the new owner keeps the fence
         # (a leader change since the append is still NOT_LEADER_OR_FOLLOWER there).
         query["epochs"] = ",".join(f"{k.partition}:{e}" for k, e in epochs.items())
-        if all(k in op.last_records for k, _ in ordered):
-            # And what each appended record is: the new owner reads it back before NONE too (a
-            # deposed leader's append, see FencedAppender).
+        if all(k in op.read_back for k, _ in ordered):
+            # And what the appended records are: the new owner reads them back before NONE too
+            # (a deposed leader's append, see FencedAppender).
             query["records"] = ",".join(
-                f"{k.partition}:{r.timestamp_ms}:{r.digest.hex()}"
-                for k, r in ((k, op.last_records[k]) for k, _ in ordered)
+                f"{k.partition}:{r.offset}:{r.timestamp_ms}:{r.digest.hex()}"
+                for k, _ in ordered
+                for r in op.read_back[k]
             )
     return query
 
 
-def parse_record_identities(raw: str) -> dict[int, RecordIdentity]:
-    """``"0:1700000000000:<32 hex>,..."`` (partition:timestamp:digest) → identities, or a 400."""
-    out: dict[int, RecordIdentity] = {}
+def parse_record_identities(raw: str) -> dict[int, tuple[RecordIdentity, ...]]:
+    """``"0:41:1700000000000:<32 hex>,..."`` (partition:offset:timestamp:digest) → identities per
+    partition, or a 400 naming ``records``."""
+    out: dict[int, tuple[RecordIdentity, ...]] = {}
     for item in raw.split(","):
-        partition, timestamp, digest = [*item.split(":"), "", ""][:3]
+        partition, offset, timestamp, digest = [*item.split(":"), "", "", ""][:4]
         try:
-            if not partition.isdigit() or item.count(":") != 2:
+            if not partition.isdigit() or not offset.isdigit() or item.count(":") != 3:
                 raise ValueError
-            identity = RecordIdentity(int(timestamp), bytes.fromhex(digest))
+            identity = RecordIdentity(int(offset), int(timestamp), bytes.fromhex(digest))
             if identity.timestamp_ms < -1 or len(identity.digest) != DIGEST_BYTES:
                 raise ValueError
         except ValueError:
@@ -304,10 +306,10 @@ def parse_record_identities(raw: str) -> dict[int, RecordIdentity]:
                 400,
                 "INVALID_REQUEST",
                 "records",
-                f"records must be partition:timestamp:digest[,...] (a digest of {DIGEST_BYTES * 2} hex "
-                f"digits, as a MOVED answer names them), got {item!r}",
+                f"records must be partition:offset:timestamp:digest[,...] (a digest of "
+                f"{DIGEST_BYTES * 2} hex digits, as a MOVED answer names them), got {item!r}",
             ) from None
-        out[int(partition)] = identity
+        out[int(partition)] = (*out.get(int(partition), ()), identity)
     return out
 
 

@@ -115,9 +115,15 @@ class FakeLog:
 APPENDED = FetchedRecord(10, b"k", b"mine", 1_000)
 
 
+FIRST = FetchedRecord(8, None, b"first", 999)
+
+
+def _identity(record: FetchedRecord) -> RecordIdentity:
+    return RecordIdentity.of(record.offset, record.key, record.value, record.timestamp_ms)
+
+
 def _appended(log: FakeLog) -> Appended:
-    identity = RecordIdentity.of(APPENDED.key, APPENDED.value, APPENDED.timestamp_ms)
-    return Appended({KEY: 10}, {KEY: 4}, {KEY: identity}, log)
+    return Appended({KEY: 10}, {KEY: 4}, {KEY: (_identity(APPENDED),)}, log)
 
 
 def test_produce_is_none_only_once_the_record_read_back_at_its_offset_is_the_one_appended() -> None:
@@ -148,6 +154,21 @@ def test_produce_is_not_leader_when_another_record_is_at_its_offset_under_the_sa
     facts.partitions[KEY] = _facts(20, 4)  # the epoch noted before the append: it cannot tell
     assert op.try_complete()
     assert op.statuses == {KEY: ErrorCode.NOT_LEADER_OR_FOLLOWER}
+
+
+def test_produce_is_not_leader_when_its_first_record_is_gone_though_its_last_is_there() -> None:
+    """One request's batches to a partition straddling the producer learning of a new leader:
+    the first went to the deposed leader (lost), the last to the new one."""
+    facts, log = FakeFacts(), FakeLog({8: FetchedRecord(8, None, b"theirs", 999), 10: APPENDED})
+    appended = Appended({KEY: 10}, {KEY: 4}, {KEY: (_identity(FIRST), _identity(APPENDED))}, log)
+    op = DelayedProduce(facts, appended, delay_ms=60_000)
+    facts.partitions[KEY] = _facts(20, 4)
+    assert op.try_complete()
+    assert op.statuses == {KEY: ErrorCode.NOT_LEADER_OR_FOLLOWER}
+    log.records[8] = FIRST
+    again = DelayedProduce(facts, appended, delay_ms=60_000)
+    assert again.try_complete() and again.statuses == {KEY: ErrorCode.NONE}
+    assert log.reads == 1 + 2, "the first record found wrong ends the read-back; then both are read"
 
 
 def test_kafka_calls_answer_a_stuck_call_at_its_deadline_and_keep_its_slot_until_it_returns() -> None:

@@ -37,11 +37,11 @@ def test_an_attempt_on_the_loop_thread_that_needs_a_read_back_hands_it_to_the_ex
     facts.partitions[KEY] = PartitionFacts(
         high_watermark=11, leader=1, leader_epoch=4, isr=(1, 2, 3), min_insync_replicas=2
     )
-    identity = RecordIdentity.of(RECORD.key, RECORD.value, RECORD.timestamp_ms)
+    identity = RecordIdentity.of(RECORD.offset, RECORD.key, RECORD.value, RECORD.timestamp_ms)
     with ThreadPoolExecutor(1) as attempts:
         op = OffLoopProduce(
             facts,
-            Appended({KEY: 10}, {KEY: 4}, {KEY: identity}, log),
+            Appended({KEY: 10}, {KEY: 4}, {KEY: (identity,)}, log),
             delay_ms=60_000,
             loop_thread=threading.get_ident(),  # this test's thread plays the event loop's
             attempts=attempts,

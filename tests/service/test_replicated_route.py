@@ -22,18 +22,21 @@ from .conftest import Service
 pytestmark = pytest.mark.kafka
 
 
-async def _moved_query(service: Service, topic: str) -> dict[str, str]:
+async def _moved_query(service: Service, topic: str, count: int = 1) -> dict[str, str]:
     gateway = service.gateway
-    appended = await asyncio.to_thread(gateway.appender.append, [ProducerRecord(topic, b"mine", b"k", 0)])
+    records = [ProducerRecord(topic, b"mine-%d" % i, b"k", 0) for i in range(count)]
+    appended = await asyncio.to_thread(gateway.appender.append, records)
     return replicated_query(DelayedProduce(gateway.feed, appended), 15_000)
 
 
-async def test_a_moved_produce_continues_with_its_epochs_and_record_and_is_answered_replicated(
-    service: Service, kafka_topic_factory: TopicFactory
+@pytest.mark.parametrize("count", [1, 3])
+async def test_a_moved_produce_continues_with_its_epochs_and_records_and_is_answered_replicated(
+    service: Service, kafka_topic_factory: TopicFactory, count: int
 ) -> None:
     topic = kafka_topic_factory(1)
-    query = await _moved_query(service, topic)
+    query = await _moved_query(service, topic, count)
     assert set(query) == {"offsets", "epochs", "records", "timeout_ms"}, query
+    assert len(query["records"].split(",")) == min(count, 2), "the first and the last record"
     async with service.client() as client:
         answer = await client.get(f"/topics/{topic}/replicated?{urlencode(query)}")
     assert answer.status_code == 200, answer.text
@@ -45,9 +48,9 @@ async def test_a_moved_produce_whose_offset_holds_another_record_is_503_not_lead
 ) -> None:
     topic = kafka_topic_factory(1)
     query = await _moved_query(service, topic)
-    partition, timestamp, _digest = query["records"].split(":")
-    other = RecordIdentity.of(b"k", b"not mine", int(timestamp))  # what a deposed leader's append leaves
-    query["records"] = f"{partition}:{timestamp}:{other.digest.hex()}"
+    partition, offset, timestamp, _digest = query["records"].split(":")
+    other = RecordIdentity.of(int(offset), b"k", b"mine-1", int(timestamp))  # what a deposed leader leaves
+    query["records"] = f"{partition}:{offset}:{timestamp}:{other.digest.hex()}"
     async with service.client() as client:
         answer = await client.get(f"/topics/{topic}/replicated?{urlencode(query)}")
     assert answer.status_code == 503, answer.text
@@ -56,7 +59,15 @@ async def test_a_moved_produce_whose_offset_holds_another_record_is_503_not_lead
 
 @pytest.mark.parametrize(
     "records",
-    ["0:12:abc", "0:x:" + "00" * 16, "0:-2:" + "00" * 16, "0:12", "1:12:" + "00" * 16, "0:1:2:" + "00" * 16],
+    [
+        "0:0:12:abc",
+        "0:0:x:" + "00" * 16,
+        "0:0:-2:" + "00" * 16,
+        "0:x:12:" + "00" * 16,
+        "0:0:12",
+        "1:0:12:" + "00" * 16,
+        "0:0:1:2:" + "00" * 16,
+    ],
 )
 async def test_malformed_record_identities_are_400_naming_the_field(
     service: Service, kafka_topic_factory: TopicFactory, records: str
