@@ -52,6 +52,8 @@ __all__ = [
 ]
 
 DEFAULT_FETCH_MAX_BYTES = 1 << 20  # Kafka's fetch.max.bytes per partition default is 1 MiB
+# A produce's read-back reads on to the high watermark, this far (DelayedProduce._read_back).
+READ_BACK_MAX_BYTES = 64 << 10
 # Guards the lazy creation of an operation's completion event against its setting: held for a
 # few bytecodes, once per operation that finishes and once per first use of ``op.done``.
 _DONE_LOCK = threading.Lock()
@@ -297,7 +299,8 @@ class DelayedProduce(KafkaOperation):
                     self._single = (key, offset, epoch)
             status = self._status(facts, offset, epoch)
             if status is ErrorCode.NONE and key in self.read_back:
-                status = self._read_back(key, offset)
+                assert facts is not None and facts.high_watermark is not None, "NONE: it passed the offset"
+                status = self._read_back(key, facts.high_watermark)
             if status is None:
                 waiting = True
             else:
@@ -325,19 +328,23 @@ class DelayedProduce(KafkaOperation):
             return None
         return ErrorCode.NONE
 
-    def _read_back(self, key: TopicPartitionKey, offset: int) -> ErrorCode | None:
-        """``NONE`` if the records appended to ``key`` (up to ``offset``, below the high
-        watermark) are the ones at their offsets, ``NOT_LEADER_OR_FOLLOWER`` if another record is
-        at one of them; None if one could not be read now.
+    def _read_back(self, key: TopicPartitionKey, high: int) -> ErrorCode | None:
+        """``NONE`` if the records appended to ``key`` (below the high watermark ``high``) are the
+        ones at their offsets, ``NOT_LEADER_OR_FOLLOWER`` if another record is at one of them;
+        None if one could not be read now.
 
         Runs in ``try_complete`` (small reads, once per partition: the verdict is final); the
         service hands an attempt made on its event loop's thread to an executor instead
-        (``OffLoopProduce``).
+        (``OffLoopProduce``). Each read asks for the records up to ``high`` (at most
+        ``READ_BACK_MAX_BYTES``), not one: through a :class:`SharedReadReader` the produces
+        completed by the same watermark then read theirs from memory, one Kafka read for all.
         """
         assert self.reader is not None, "read_back comes with its reader"
         for identity in self.read_back[key]:
             try:
-                records = self.reader.read(key, identity.offset, identity.offset + 1, max_bytes=1)
+                records = self.reader.read(
+                    key, identity.offset, max(high, identity.offset + 1), max_bytes=READ_BACK_MAX_BYTES
+                )
             except KafkaAdapterError:
                 return None  # the next change of the facts tries again; expiry answers meanwhile
             if not records:

@@ -37,13 +37,13 @@ class OffLoopProduce(DelayedProduce):
         self.attempts = attempts
         self.handed_off = False  # at most one hand-off: later attempts come from fact changes
 
-    def _read_back(self, key: TopicPartitionKey, offset: int) -> ErrorCode | None:
+    def _read_back(self, key: TopicPartitionKey, high: int) -> ErrorCode | None:
         if threading.get_ident() == self.loop_thread:
             if not self.handed_off:
                 self.handed_off = True
                 self.attempts.submit(self._attempt)
             return None  # still waiting, here: the executor's attempt reads
-        return super()._read_back(key, offset)
+        return super()._read_back(key, high)
 
     def _attempt(self) -> None:
         try:
