@@ -75,9 +75,16 @@ class SharedReadReader(RecordReader):
     """A :class:`RecordReader` whose reads are shared through per-partition spans (module docstring)."""
 
     def __init__(
-        self, settings: KafkaSettings | None = None, *, bootstrap_servers: str | None = None
+        self,
+        settings: KafkaSettings | None = None,
+        *,
+        bootstrap_servers: str | None = None,
+        total_max_bytes: int | None = None,
     ) -> None:
         super().__init__(settings, bootstrap_servers=bootstrap_servers)
+        # All spans: TOTAL_MAX_BYTES unless a smaller cache is wanted (KafkaPurgatory's read-back).
+        self._total_max = TOTAL_MAX_BYTES if total_max_bytes is None else total_max_bytes
+        self._span_max = min(SPAN_MAX_BYTES, self._total_max)
         self._spans: OrderedDict[TopicPartitionKey, _Span] = OrderedDict()
         self._spans_lock = threading.Lock()
         self._total = 0
@@ -157,7 +164,7 @@ class SharedReadReader(RecordReader):
                 self._spans[key] = span
                 self._total += span.size
             self._spans.move_to_end(key)
-            self._total -= span.trim(SPAN_MAX_BYTES)
-            while self._total > TOTAL_MAX_BYTES and len(self._spans) > 1:
+            self._total -= span.trim(self._span_max)
+            while self._total > self._total_max and len(self._spans) > 1:
                 _, evicted = self._spans.popitem(last=False)
                 self._total -= evicted.size
