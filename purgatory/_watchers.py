@@ -203,10 +203,31 @@ def _compact_locked(shard: WatcherList, watchers: Watchers) -> int:
             # before its release, and no list holds the entry.
             entry.keys = ()
         _POOL.extend(freed)
-    if not ops and shard.watchers_by_key.get(watchers.key) is watchers:
-        # Only the Watchers we emptied, and only if still empty: see WatcherList's story.
-        del shard.watchers_by_key[watchers.key]
+    if not ops:
+        _remove_emptied(shard, watchers)
     return lingering
+
+
+def _remove_emptied(shard: WatcherList, watchers: Watchers) -> None:
+    """Drop the key of ``watchers``, which the caller (under the shard lock) just emptied.
+
+    Removed first, then looked at: a lock-free watcher appends, then checks that the dict still
+    holds the list (``watch``). Checked first and removed after (as before), an append and its
+    check could both fall between the two (a key's ``__hash__`` is Python code, a thread switch),
+    leaving the entry on a list no key event finds: a lost completion (the pure run of
+    tests/core/test_watch_recycling.py's stress). Now an append either precedes the removal, and
+    is seen here and put back, or follows it, and its check sends it to the key's new list."""
+    by_key = shard.watchers_by_key
+    key = watchers.key
+    if by_key.get(key) is not watchers:
+        return  # only the Watchers we emptied: see WatcherList's story
+    del by_key[key]
+    if watchers.ops:
+        # Appended meanwhile: the list goes back, or its entries join the list a watcher made
+        # since (a duplicate entry only makes a check try the op twice).
+        current = by_key.setdefault(key, watchers)
+        if current is not watchers:
+            current.ops.extend(watchers.ops)
 
 
 # Module-level functions, not methods: compiled code calls a function of this module directly.

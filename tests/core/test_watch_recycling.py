@@ -12,8 +12,6 @@ import threading
 import time
 from collections.abc import Hashable
 
-import pytest
-
 from purgatory import DelayedOperation, DelayedOperationPurgatory, _accel
 from purgatory._operation_core import Watch
 from purgatory._watchers import release_watch
@@ -155,11 +153,6 @@ class _StrictOp(DelayedOperation):
         self.finishes += 1
 
 
-# Recycling is compiled-only. Interpreted (PURGATORY_PURE=1), this stress lost one completion in
-# about 1 run of 8 after the recycling landed (an op finished 0 times; 0 of 18 runs of the tree
-# before it): an open bug of the pure fallback, not yet understood (see the stop-20 note).
-# Repro: PURGATORY_PURE=1 pytest tests/core/test_watch_recycling.py -k never_reach, in a loop.
-@pytest.mark.skipif(not _accel.compiled(), reason="pure fallback: open lost-completion bug under this stress")
 def test_recycled_entries_never_reach_an_op_through_a_key_it_was_not_watched_on() -> None:
     per_purgatory = 30_000  # 60k operations over two purgatories sharing one entry pool
     keys = [_SwitchingKey(f"k{i}") for i in range(12)]
