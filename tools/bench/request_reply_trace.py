@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,11 +136,7 @@ def _ours(bootstrap: str, topic: str, brokers: int, rate: float, total: int, lin
             t3, t4 = seen.pop(result.correlation_id, (float("nan"), float("nan")))
             rows.append({"t0": t0, "t1": body["t1"], "t2": body["t2"], "t3": t3, "t4": t4, "t5": t5})
 
-        _MARKS.append(_threads())
-        with _GcPauses() as pauses:
-            await _paced(one, rate, total)
-        _MARKS.append(_threads())
-        print(f"  requester GC: {pauses.summary()}", flush=True)
+        await _measured(one, rate, total)
 
     try:
         asyncio.run(drive())
@@ -210,11 +207,7 @@ def _hand(bootstrap: str, topic: str, brokers: int, rate: float, total: int, lin
             row["t1"], row["t2"] = body["t1"], body["t2"]
             rows.append(row)
 
-        _MARKS.append(_threads())
-        with _GcPauses() as pauses:
-            await _paced(one, rate, total)
-        _MARKS.append(_threads())
-        print(f"  requester GC: {pauses.summary()}", flush=True)
+        await _measured(one, rate, total)
 
     try:
         asyncio.run(drive())
@@ -224,6 +217,16 @@ def _hand(bootstrap: str, topic: str, brokers: int, rate: float, total: int, lin
         consumer.close()
         producer.flush(10)
     return rows
+
+
+async def _measured(one: Callable[[], Awaitable[None]], rate: float, total: int) -> None:
+    """The measured phase, alike for both sides: thread CPU marks around the paced requests
+    and the requester's GC pauses during them."""
+    _MARKS.append(_threads())
+    with _GcPauses() as pauses:
+        await _paced(one, rate, total)
+    _MARKS.append(_threads())
+    print(f"  requester GC: {pauses.summary()}", flush=True)
 
 
 def _set(fut: asyncio.Future[Any], v: Any) -> None:
