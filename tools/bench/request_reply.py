@@ -208,6 +208,29 @@ class _WakeProbe:
 Send = Callable[[], Awaitable[Any]]
 
 
+def _drive(
+    gc_meter: GcMeter,
+    start: Callable[[], Awaitable[None]],
+    request: Callable[[], Awaitable[Any]],
+    rate: float,
+    warmup_s: float,
+    duration_s: float,
+) -> tuple[list[float], int, int, float, float]:
+    """One side's run on a fresh event loop, alike for both sides: ``start`` (not measured), the
+    start-up freeze, then the paced requests; returns ``_paced``'s figures and the process CPU."""
+
+    async def drive() -> tuple[list[float], int, int, float]:
+        await start()
+        _freeze_start_up()
+        gc_meter.reset()  # the freeze's own full collection is start-up, not the run
+        return await _paced(request, rate, warmup_s, duration_s)
+
+    cpu0 = time.process_time()
+    with gc_meter:
+        latencies, timeouts, sent, window = asyncio.run(drive())
+    return latencies, timeouts, sent, window, time.process_time() - cpu0
+
+
 async def _paced(
     request: Send, rate: float, warmup_s: float, duration_s: float
 ) -> tuple[list[float], int, int, float]:
@@ -375,7 +398,6 @@ def run_once(
     others = [responder_pid] if responder_pid is not None else []
     responder0, brokers0 = _cpu_s(others), _cpu_s(list(broker_pids))
     reply_topic = f"bench-replies-{uuid.uuid4().hex[:8]}"
-    cpu0 = time.process_time()
     probe = _WakeProbe()
     try:
         if side == "purgatory":
@@ -384,20 +406,19 @@ def run_once(
             )
             kp.replies(reply_topic, partitions=2, replication_factor=brokers, linger_ms=linger_ms)
             try:
+                aio = kp.aio
 
-                async def drive() -> tuple[list[float], int, int, float]:
-                    aio = kp.aio
+                async def start() -> None:
                     await aio.request(topic, PAYLOAD, timeout_ms=30_000)  # starts request-reply, not measured
-                    _freeze_start_up()
-                    gc_meter.reset()  # the freeze's own full collection is start-up, not the run
-                    return await _paced(
-                        lambda: aio.request(topic, PAYLOAD, timeout_ms=timeout_ms), rate, warmup_s, duration_s
-                    )
 
-                cpu0 = time.process_time()
-                with gc_meter:
-                    latencies, timeouts, sent, window = asyncio.run(drive())
-                cpu = time.process_time() - cpu0
+                latencies, timeouts, sent, window, cpu = _drive(
+                    gc_meter,
+                    start,
+                    lambda: aio.request(topic, PAYLOAD, timeout_ms=timeout_ms),
+                    rate,
+                    warmup_s,
+                    duration_s,
+                )
             finally:
                 _thaw()
                 kp.close()
@@ -406,18 +427,12 @@ def run_once(
             baseline = _HandRolled(bootstrap, topic, reply_topic, linger_ms)
             try:
 
-                async def drive() -> tuple[list[float], int, int, float]:
+                async def start() -> None:
                     baseline.start(asyncio.get_running_loop())
-                    _freeze_start_up()
-                    gc_meter.reset()  # the freeze's own full collection is start-up, not the run
-                    return await _paced(
-                        lambda: baseline.request(timeout_ms / 1000.0), rate, warmup_s, duration_s
-                    )
 
-                cpu0 = time.process_time()
-                with gc_meter:
-                    latencies, timeouts, sent, window = asyncio.run(drive())
-                cpu = time.process_time() - cpu0
+                latencies, timeouts, sent, window, cpu = _drive(
+                    gc_meter, start, lambda: baseline.request(timeout_ms / 1000.0), rate, warmup_s, duration_s
+                )
             finally:
                 _thaw()
                 baseline.close()
