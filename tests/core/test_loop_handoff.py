@@ -22,6 +22,25 @@ class CountingLoop(asyncio.SelectorEventLoop):
         return super().call_soon_threadsafe(callback, *args, context=context)
 
 
+def _complete_on_another_thread(
+    purgatory: DelayedOperationPurgatory[MockDelayedOperation], ops: list[MockDelayedOperation], key: str
+) -> None:
+    """Makes every op completable and completes them all with one key event on a thread of its own,
+    joined here: called on the loop, it blocks it on purpose, so every finish lands before it runs again."""
+
+    completed: list[int] = []
+
+    def complete_all() -> None:
+        for op in ops:
+            op.completable = True
+        completed.append(purgatory.check_and_complete(key))
+
+    finisher = threading.Thread(target=complete_all)
+    finisher.start()
+    finisher.join()
+    assert completed == [len(ops)], "one key event completes every op"
+
+
 def test_a_burst_of_outcomes_from_another_thread_costs_one_wake_up() -> None:
     loop = CountingLoop()
     try:
@@ -96,14 +115,7 @@ def test_ops_completed_together_off_the_loop_resolve_their_watchers_with_one_wak
             assert purgatory.watched() == 500
             calls_before = loop.threadsafe_calls
 
-            def complete_all() -> None:
-                for op in ops:
-                    op.completable = True
-                assert purgatory.check_and_complete("k") == 500
-
-            finisher = threading.Thread(target=complete_all)
-            finisher.start()
-            finisher.join()  # blocks the loop on purpose: every finish lands before it runs again
+            _complete_on_another_thread(purgatory, ops, "k")
             outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 5)
             assert loop.threadsafe_calls - calls_before == 1, "one wake-up for 500 finishes"
             return outcomes
@@ -150,14 +162,7 @@ def test_watch_then_call_calls_back_once_on_the_loop_for_ops_finished_off_it() -
             assert purgatory.watched() == 500 and not called
             calls_before = loop.threadsafe_calls
 
-            def complete_all() -> None:
-                for op in ops:
-                    op.completable = True
-                assert purgatory.check_and_complete("k") == 500
-
-            finisher = threading.Thread(target=complete_all)
-            finisher.start()
-            finisher.join()
+            _complete_on_another_thread(purgatory, ops, "k")
             await asyncio.sleep(0)  # the one drain
             assert loop.threadsafe_calls - calls_before == 1
 
