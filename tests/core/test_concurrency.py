@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import collections
 import random
 import sys
 import threading
 import time
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
+
+from .stress import Handoff
 
 
 class _Counted(DelayedOperation):
@@ -150,20 +151,11 @@ def test_submissions_racing_force_complete_finish_each_once() -> None:
     rng = random.Random(15)
     ops = [_RacedOp(rng.random() < 0.2) for _ in range(total)]
     purgatory: DelayedOperationPurgatory[_RacedOp] = DelayedOperationPurgatory("race-force")
-    handoff: collections.deque[_RacedOp] = collections.deque()
-    submitted = threading.Event()
+    handoff: Handoff[_RacedOp] = Handoff()
     errors: list[BaseException] = []
 
     def finisher() -> None:
-        while True:
-            try:
-                op = handoff.popleft()
-            except IndexError:
-                if submitted.is_set() and not handoff:
-                    return
-                time.sleep(0)
-                continue
-            op.force_complete()
+        handoff.drain(lambda op: op.force_complete())
 
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows: more interleavings
@@ -171,13 +163,13 @@ def test_submissions_racing_force_complete_finish_each_once() -> None:
     thread.start()
     try:
         for op in ops:
-            handoff.append(op)
+            handoff.put(op)
             try:
                 purgatory.try_complete_else_watch(op, ["a", "b", "c"])
             except Exception as exc:
                 errors.append(exc)
     finally:
-        submitted.set()
+        handoff.close()
         thread.join(60)
         sys.setswitchinterval(old_interval)
         purgatory.shutdown()

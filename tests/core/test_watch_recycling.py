@@ -18,6 +18,7 @@ from purgatory._watchers import release_watch
 from purgatory.testing import MockTimer
 
 from .ops import MockDelayedOperation
+from .stress import Handoff
 
 KEYS = ["k1", "k2", "k3"]
 
@@ -163,8 +164,7 @@ def test_recycled_entries_never_reach_an_op_through_a_key_it_was_not_watched_on(
     ops = {
         name: [_StrictOp(name, rng.sample(keys, 3), context) for _ in range(per_purgatory)] for name in names
     }
-    handoff: collections.deque[_StrictOp] = collections.deque()
-    submitted = threading.Event()
+    handoff: Handoff[_StrictOp] = Handoff()
     errors: list[BaseException] = []
     cancelled_strangers: list[tuple[str, Hashable, _StrictOp]] = []
 
@@ -173,7 +173,7 @@ def test_recycled_entries_never_reach_an_op_through_a_key_it_was_not_watched_on(
             for i, op in enumerate(ops[name]):
                 while len(handoff) > 4:  # keep the finisher close behind: it finishes ops
                     time.sleep(0)  # before, while and just after they are submitted
-                handoff.append(op)
+                handoff.put(op)
                 purgatories[name].try_complete_else_watch(op, op.keys)
                 if i % 97 == 0:  # Kafka's tool: now and then a key event, or a cancelled key
                     key = keys[i % len(keys)]
@@ -193,19 +193,13 @@ def test_recycled_entries_never_reach_an_op_through_a_key_it_was_not_watched_on(
     def finisher() -> None:
         # Finish ops half by force, half through a key event: their entries are released,
         # their lists compacted, their entries recycled into the submitters' next ops.
-        turn = 0
-        while True:
-            try:
-                op = handoff.popleft()
-            except IndexError:
-                if submitted.is_set() and not handoff:
-                    return
-                time.sleep(0)
-                continue
-            turn += 1
+        turns = itertools.count(1)
+
+        def finish(op: _StrictOp) -> None:
+            turn = next(turns)
             if turn % 2:
                 op.force_complete()
-                continue
+                return
             op.completable = True
             key = op.keys[turn % 3]
             context.current = (op.purgatory, key)
@@ -215,6 +209,8 @@ def test_recycled_entries_never_reach_an_op_through_a_key_it_was_not_watched_on(
                 errors.append(exc)
             finally:
                 context.current = None
+
+        handoff.drain(finish)
 
     def yield_on_collection(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -232,10 +228,10 @@ def test_recycled_entries_never_reach_an_op_through_a_key_it_was_not_watched_on(
             thread.start()
         for thread in threads[:2]:
             thread.join(120)
-        submitted.set()
+        handoff.close()
         threads[2].join(120)
     finally:
-        submitted.set()
+        handoff.close()
         gc.callbacks.remove(yield_on_collection)
         gc.set_threshold(*old_threshold)
         sys.setswitchinterval(old_interval)
