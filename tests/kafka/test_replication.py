@@ -130,6 +130,22 @@ def test_produce_expires_with_request_timed_out_while_two_followers_hang(
     assert op.outcome is Outcome.EXPIRED and op.statuses == {key: ErrorCode.REQUEST_TIMED_OUT}
 
 
+def _warmed_and_watched(kp: KafkaPurgatory, key: TopicPartitionKey) -> int:
+    """The leader-change tests' start: the producer is warm (it knows the leader and holds a
+    connection to it), the partition stays watched throughout (so the feed keeps its facts fresh),
+    and the feed holds the partition's leader epoch, which is returned."""
+    warm = kp.produce([ProducerRecord(key.topic, b"warm-up", partition=0)], delay_ms=30_000)
+    assert warm.wait(WAIT_S) and warm.succeeded, warm.statuses
+    kp.submit(DelayedDeleteRecords(kp.feed, {key: 10**9}, delay_ms=120_000), validate=False)
+    wait_until(
+        lambda: getattr(kp.feed.partition(key), "leader_epoch", None) is not None,
+        "the feed holds the partition's leader epoch",
+    )
+    epoch = getattr(kp.feed.partition(key), "leader_epoch", None)
+    assert isinstance(epoch, int)
+    return epoch
+
+
 def test_produce_is_not_answered_replicated_when_a_leader_change_discarded_the_record(
     kafka_cluster3: LocalKafkaCluster,
 ) -> None:
@@ -147,15 +163,7 @@ def test_produce_is_not_answered_replicated_when_a_leader_change_discarded_the_r
     kp = KafkaPurgatory.connect(settings, name="leader-change")
     stranded: StrandedRecord | None = None
     try:
-        warm = kp.produce([ProducerRecord(key.topic, b"warm-up", partition=0)], delay_ms=30_000)
-        assert warm.wait(WAIT_S) and warm.succeeded, warm.statuses
-        # Keep the partition watched throughout, so the feed keeps polling its facts.
-        kp.submit(DelayedDeleteRecords(kp.feed, {key: 10**9}, delay_ms=120_000), validate=False)
-        wait_until(
-            lambda: getattr(kp.feed.partition(key), "leader_epoch", None) is not None,
-            "the feed holds the partition's leader epoch",
-        )
-        old_epoch = kp.feed.partition(key).leader_epoch  # type: ignore[union-attr]
+        old_epoch = _warmed_and_watched(kp, key)
         stranded = StrandedRecord(cluster, settings, key)
         stranded.freeze_followers()
         try:
@@ -216,16 +224,7 @@ def test_a_record_a_zombie_leader_appended_after_the_feed_saw_its_successor_is_n
     kp = KafkaPurgatory.connect(settings, name=f"zombie-{feed_mode}")
     zombie, successor, controller = STRANDING_REPLICAS[0], STRANDING_REPLICAS[1], 1
     try:
-        # Warm the producer: it knows node 2 leads and holds a connection to it.
-        warm = kp.produce([ProducerRecord(key.topic, b"warm-up", partition=0)], delay_ms=30_000)
-        assert warm.wait(WAIT_S) and warm.succeeded, warm.statuses
-        # Keep the partition watched throughout, so the feed keeps its facts fresh.
-        kp.submit(DelayedDeleteRecords(kp.feed, {key: 10**9}, delay_ms=120_000), validate=False)
-        wait_until(
-            lambda: getattr(kp.feed.partition(key), "leader_epoch", None) is not None,
-            "the feed holds the partition's leader epoch",
-        )
-        old_epoch = kp.feed.partition(key).leader_epoch  # type: ignore[union-attr]
+        old_epoch = _warmed_and_watched(kp, key)
         cluster.pause_broker(zombie)
         try:
             wait_until(
