@@ -1,4 +1,5 @@
-"""Deterministic time for tests — ours and our users': ``MockTime`` and ``MockTimer``."""
+"""Deterministic time for tests — ours and our users': ``MockTime`` and ``MockTimer`` — and what a
+leak check must know of the core: ``pooled_watch_entries``."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import threading
 
 from mypy_extensions import mypyc_attr
 
+from ._watchers import pooled_watch_entries
 from .timer import TimerTask, WheelTimerCore, leave_bucket
 
-__all__ = ["MockTime", "MockTimer"]
+__all__ = ["MockTime", "MockTimer", "pooled_watch_entries"]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -251,3 +251,30 @@ def test_recycled_entries_never_reach_an_op_through_a_key_it_was_not_watched_on(
     finally:
         for purgatory in purgatories.values():
             purgatory.shutdown(drain=False)
+
+
+def test_the_entries_kept_for_reuse_are_counted_where_a_leak_check_can_read_them_and_are_bounded() -> None:
+    """The pool is memory kept by design: ``purgatory.testing.pooled_watch_entries`` lets a leak
+    check (the soak) discount it without reaching into a private module; it never passes POOL_MAX."""
+    from purgatory._watchers import POOL_MAX
+    from purgatory.testing import pooled_watch_entries
+
+    purgatory: DelayedOperationPurgatory[MockDelayedOperation] = DelayedOperationPurgatory(
+        "recycling-count", timer=MockTimer(), reaper_enabled=False
+    )
+    try:
+        ops = [MockDelayedOperation(10_000) for _ in range(POOL_MAX)]  # 3 entries each: past the cap
+        for op in ops:
+            assert not purgatory.try_complete_else_watch(op, ["a", "b", "c"])
+        for key in ("a", "b", "c"):
+            for op in ops:
+                op.completable = True
+            purgatory.check_and_complete(key)
+        assert all(op.completions == 1 for op in ops)
+        pooled = pooled_watch_entries()
+        if _accel.compiled():
+            assert 0 < pooled <= POOL_MAX, pooled
+        else:
+            assert pooled == 0, "the interpreted build recycles nothing"
+    finally:
+        purgatory.shutdown(drain=False)

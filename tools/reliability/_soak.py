@@ -42,7 +42,7 @@ from array import array
 from dataclasses import asdict, dataclass, field
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
-from purgatory._watchers import pooled_watch_entries
+from purgatory.testing import pooled_watch_entries
 
 __all__ = ["SoakResult", "rss_bytes", "run_soak"]
 
