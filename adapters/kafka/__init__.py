@@ -70,6 +70,7 @@ from ._operations import (
     DelayedProduce,
     DelayedTopicReady,
     KafkaOperation,
+    PartitionRead,
 )
 from ._ownership import (
     Member,
@@ -168,6 +169,7 @@ __all__ = [
     "OwnershipStats",
     "PartitionFacts",
     "PartitionOwnership",
+    "PartitionRead",
     "ProduceResult",
     "ProducerRecord",
     "RecordIdentity",

@@ -60,7 +60,7 @@ import json
 import re
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -167,7 +167,12 @@ def fetch_params(query: QueryParams) -> FetchParams:
 
 def fetch_response(rendered: RenderedFetches, topic: str, partition: int, op: DelayedFetch) -> Response:
     """The 200 answer of a finished long poll (the body shared by every waiter answered the same)."""
-    return Response(rendered.body(topic, partition, op), media_type="application/json")
+    return fetch_body_response(rendered.body(topic, partition, op))
+
+
+def fetch_body_response(body: bytes) -> Response:
+    """The 200 answer whose body :meth:`RenderedFetches.body` rendered."""
+    return Response(body, media_type="application/json")
 
 
 def error_response(exc: RequestError) -> Response:
@@ -189,15 +194,15 @@ def _record_json(record: FetchedRecord) -> dict[str, Any]:
 
 
 def _fetch_json(topic: str, partition: int, op: DelayedFetch) -> dict[str, Any]:
-    (key,) = op.fetch_offsets
-    records = op.records[key]
+    (part,) = op.parts
+    records = part.records
     return {
         "topic": topic,
         "partition": partition,
         "outcome": op.outcome.name if op.outcome is not None else None,
-        "error_code": op.statuses[key].value,
-        "fetch_offset": op.fetch_offsets[key],
-        "next_offset": records[-1].offset + 1 if records else op.fetch_offsets[key],
+        "error_code": part.status.value,
+        "fetch_offset": part.fetch_offset,
+        "next_offset": records[-1].offset + 1 if records else part.fetch_offset,
         "records": [_record_json(r) for r in records],
         "error": str(op.error) if op.error is not None else None,
     }
@@ -222,19 +227,19 @@ class RenderedFetches:
     def __init__(self, max_entries: int = RENDERED_FETCHES, max_bytes: int = RENDERED_FETCH_BYTES) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[Any, ...], tuple[list[FetchedRecord], bytes]] = OrderedDict()
+        self._entries: OrderedDict[tuple[Any, ...], tuple[Sequence[FetchedRecord], bytes]] = OrderedDict()
         self._bytes = 0
         self.hits = 0
 
     def body(self, topic: str, partition: int, op: DelayedFetch) -> bytes:
-        (key,) = op.fetch_offsets
-        records = op.records[key]
+        (part,) = op.parts
+        records = part.records
         cache_key = (
             topic,
             partition,
             op.outcome,
-            op.statuses[key],
-            op.fetch_offsets[key],
+            part.status,
+            part.fetch_offset,
             str(op.error) if op.error is not None else None,
             tuple(map(id, records)),
         )

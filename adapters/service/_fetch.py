@@ -46,6 +46,8 @@ _log = structlog.get_logger("purgatory.service")
 class OffLoopFetch(DelayedFetch):
     """:class:`DelayedFetch` deferring every attempt made on ``loop_thread`` (see the module docstring)."""
 
+    __slots__ = ("attempts", "handed_off", "loop_thread")  # held by the thousands: no instance dict
+
     def __init__(self, *args: Any, loop_thread: int, attempts: Executor, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.loop_thread = loop_thread
@@ -68,8 +70,9 @@ class OffLoopFetch(DelayedFetch):
         polled yet) are such a promise too: their first poll is a change.
         """
         nothing_needed = self.min_records == 0 if self.min_bytes is None else self.min_bytes == 0
-        for key, offset in self.fetch_offsets.items():
-            facts = self.facts.partition(key)
+        for part in self.parts:
+            offset = part.fetch_offset
+            facts = self.facts.partition(part.key)
             if facts is None:
                 continue
             if facts.error is not None:

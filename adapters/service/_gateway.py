@@ -111,6 +111,10 @@ READ_THREADS, READ_BACKLOG = 4, 1024
 # reader's READ_TIMEOUT_S when the record cache misses): a few, so a burst of catching-up
 # consumers cannot take every core. Queued attempts are bounded by admission.max_waiters.
 FETCH_ATTEMPT_THREADS = 4
+# Partition keys shared by the long polls of a partition (fetch_then_call): one key and one topic
+# string per partition instead of one per waiter (~120 B of each). Cleared when this many are
+# held (topics come and go; a key made again is only a new object, never another partition).
+INTERNED_KEYS = 65_536
 # librdkafka refuses a record whose key + value exceed the producer's message.max.bytes (this
 # default unless kafka.client_config sets it): checked for every record before any is appended,
 # so a request is refused whole (413) rather than half appended.
@@ -174,6 +178,8 @@ class Gateway:
                 purgatory.max_pending_per_key = settings.admission.max_waiters_per_key
         kafka = settings.kafka
         self._topics: dict[str, _TopicMeta] = {}
+        self._interned_keys: dict[TopicPartitionKey, TopicPartitionKey] = {}
+        self._last_thread = 0  # see _loop_thread
         self.metadata_calls = KafkaCalls("metadata", METADATA_THREADS, METADATA_BACKLOG)
         self.append_calls = KafkaCalls("append", APPEND_THREADS, APPEND_BACKLOG)
         self.read_calls = KafkaCalls("read", READ_THREADS, READ_BACKLOG)
@@ -399,7 +405,7 @@ class Gateway:
         meta = self._topics.get(topic)
         if meta is None or partition >= meta.partitions:
             return None
-        key = TopicPartitionKey(topic, partition)
+        key = self._interned(TopicPartitionKey(topic, partition))
         offset = params.offset if params.offset is not None else self._known_high_watermark(key)
         if offset is None:
             return None
@@ -408,6 +414,16 @@ class Gateway:
             self.kafka.watch_then_call(op, callback)
         self.task_free_fetches += 1
         return op
+
+    def _interned(self, key: TopicPartitionKey) -> TopicPartitionKey:
+        """The one key object for ``key``'s partition that its waiting long polls share (INTERNED_KEYS)."""
+        keys = self._interned_keys
+        shared = keys.get(key)
+        if shared is None:
+            if len(keys) >= INTERNED_KEYS:
+                keys.clear()
+            shared = keys[key] = key
+        return shared
 
     def abandon_fetch(self, op: DelayedFetch) -> None:
         """The waiter of ``op`` (from :meth:`fetch_then_call`) left: finish it CANCELLED, out of the timer."""
@@ -422,32 +438,40 @@ class Gateway:
             min_bytes=params.min_bytes,
             max_bytes=params.max_bytes,
             max_wait_ms=self._clamped_wait_ms(params.max_wait_ms),
-            loop_thread=threading.get_ident(),
+            loop_thread=self._loop_thread(),
             attempts=self._attempts,
         )
+
+    def _loop_thread(self) -> int:
+        """This thread's ident, as one int object for every op made here (a new one is 32 B each)."""
+        ident = threading.get_ident()
+        if ident != self._last_thread:
+            self._last_thread = ident
+        return self._last_thread
 
     def fetch_finished(self, op: DelayedFetch, requested_offset: int | None) -> bool:
         """Raise the answer of a finished fetch that is an error (416, 404); True when its offset
         must still be checked (:meth:`check_fetch_offset`), False when ``op`` is the answer."""
-        ((key, offset),) = op.fetch_offsets.items()
-        if op.statuses[key] is ErrorCode.OFFSET_OUT_OF_RANGE:
+        (part,) = op.parts
+        key, offset = part.key, part.fetch_offset
+        if part.status is ErrorCode.OFFSET_OUT_OF_RANGE:
             raise RequestError(416, "OFFSET_OUT_OF_RANGE", "offset", str(op.error), value=offset)
-        if op.statuses[key] is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        if part.status is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
             self._topics.pop(key.topic, None)
             raise RequestError(
                 404, "UNKNOWN_TOPIC_OR_PARTITION", "partition", str(op.error), value=key.partition
             )
         # A poll the shutdown drained is answered EXPIRED as it is: the clients the check would
         # ask are closing (CI once answered such a poll "client pool closed" instead).
-        unanswered = op.outcome is Outcome.EXPIRED and not op.records[key]
+        unanswered = op.outcome is Outcome.EXPIRED and not part.records
         if requested_offset is not None and unanswered and self.serving:
             return not self._offset_vouched(key, requested_offset)
         return False
 
     async def check_fetch_offset(self, op: DelayedFetch) -> None:
         """416 unless the offset of an expired, empty fetch is in range (:meth:`fetch_finished`)."""
-        ((key, offset),) = op.fetch_offsets.items()
-        await self._check_offset_in_range(key, offset)
+        (part,) = op.parts
+        await self._check_offset_in_range(part.key, part.fetch_offset)
 
     def _clamped_wait_ms(self, requested: int | None) -> int:
         """``max_wait_ms`` within ``admission.max_wait_ms``: a long poll is answered by then at the latest.

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote
 
 import h11
@@ -62,8 +62,8 @@ from ._app import (
     checked_partition,
     checked_topic,
     error_response,
+    fetch_body_response,
     fetch_params,
-    fetch_response,
 )
 from ._errors import RequestError
 from ._gateway import Gateway
@@ -112,30 +112,28 @@ class _PushbackConnection(h11.Connection):
 
 
 class _Parked:
-    """One waiting long poll: its operation and what its answer needs."""
+    """One waiting long poll: its operation and what its answer needs.
 
-    __slots__ = ("gateway", "offset", "op", "partition", "pipelined", "target", "topic")
+    The topic and partition are the operation's key's (the gateway shares one key per partition
+    between its waiters): not the request's own copies, held by every waiter.
+    """
 
-    def __init__(
-        self,
-        gateway: Gateway,
-        op: DelayedFetch,
-        topic: str,
-        partition: int,
-        offset: int | None,
-        target: str | None,
-    ) -> None:
+    __slots__ = ("gateway", "offset", "op", "pipelined", "target")
+
+    def __init__(self, gateway: Gateway, op: DelayedFetch, offset: int | None, target: str | None) -> None:
         self.gateway = gateway  # its lifespan drops it from the app's state before draining
         self.op = op
-        self.topic = topic
-        self.partition = partition
         self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
         self.pipelined = b""  # bytes the client sent after the request, for h11 after the answer
         self.target = target  # path and query, for the access log only (None when it is off)
 
 
 class _SharedAnswer:
-    """The last 200 rendered to bytes: every waiter of a burst answered the same shares them."""
+    """The last 200 rendered to bytes: every waiter of a burst answered the same shares them.
+
+    Keyed on the body's identity, so a waiter answered alike costs no :class:`Response` either
+    (building one, its headers included, was a few µs of each of 10,000 answers).
+    """
 
     __slots__ = ("body", "data", "headers")
 
@@ -144,30 +142,43 @@ class _SharedAnswer:
         self.headers: list[tuple[bytes, bytes]] | None = None
         self.data = b""
 
-    def bytes_for(self, response: Response, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    def bytes_for(self, body: bytes, default_headers: list[tuple[bytes, bytes]]) -> bytes:
         # Identity, not equality: RenderedFetches hands every waiter of a burst the same body
         # object, and uvicorn replaces its default headers (a new list) when the date changes.
-        if response.body is not self.body or default_headers is not self.headers:
-            self.data = http11_response(response, default_headers)
-            self.body = bytes(response.body)
+        if body is not self.body or default_headers is not self.headers:
+            self.data = http11_response(fetch_body_response(body), default_headers)
+            self.body = body
             self.headers = default_headers
         return self.data
 
 
-class _LazyFlowControl(FlowControl):
-    """uvicorn's :class:`FlowControl` whose ``asyncio.Event`` is made only once a write pauses.
+class _LazyFlowControl:
+    """uvicorn's :class:`FlowControl`, slotted, whose ``asyncio.Event`` is made only once a write pauses.
 
-    An idle connection never needs it, and each cost ~760 bytes (the event and its waiters'
-    deque) of every waiting long poll's connection. Same behaviour: ``drain`` returns at once
-    while writing is not paused, else waits for ``resume_writing``.
+    An idle connection never needs the event, and each cost ~760 bytes (the event and its
+    waiters' deque) of every waiting long poll's connection; the instance dict of a subclass of
+    :class:`FlowControl` ~200 more, so this is a class of its own with the same interface
+    (uvicorn only calls these methods and reads ``write_paused``). Same behaviour: ``drain``
+    returns at once while writing is not paused, else waits for ``resume_writing``.
     """
 
-    _writable: asyncio.Event | None = None
+    __slots__ = ("_transport", "_writable", "read_paused", "write_paused")
 
     def __init__(self, transport: asyncio.Transport) -> None:  # no Event: see the class docstring
         self._transport = transport
+        self._writable: asyncio.Event | None = None
         self.read_paused = False
         self.write_paused = False
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            self.read_paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            self._transport.resume_reading()
 
     def _event(self) -> asyncio.Event:
         if self._writable is None:
@@ -208,7 +219,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         super().connection_made(transport)
         if self._route is not None:
             self.conn = self._fresh_connection()
-            self.flow = _LazyFlowControl(transport)
+            self.flow = cast(FlowControl, _LazyFlowControl(transport))
 
     @property
     def _route(self) -> LongPollRoute | None:
@@ -320,7 +331,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             return False  # nothing was submitted: fetch() awaits what is not cached
         logged = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
         target = get_path_with_query_string(scope) if logged else None  # type: ignore[arg-type]
-        self._parked = _Parked(gateway, op, topic, partition, params.offset, target)
+        self._parked = _Parked(gateway, op, params.offset, target)
         return True
 
     # -- the answer ----------------------------------------------------------------------------
@@ -351,29 +362,35 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
                 task.add_done_callback(self.tasks.discard)
                 self.tasks.add(task)
                 return
-            response = self._fetch_response(parked)
+            data = self._fetch_answer(parked)
         except RequestError as exc:
-            response = error_response(exc)
+            data = self._error_answer(error_response(exc))
         except Exception:
-            response = self._unexpected(parked)
-        self._respond(parked, response)
+            data = self._error_answer(self._unexpected(parked))
+        self._respond(parked, data)
 
     async def _answer_after_offset_check(self, parked: _Parked) -> None:
         try:
             await parked.gateway.check_fetch_offset(parked.op)
-            response = self._fetch_response(parked)
+            data = self._fetch_answer(parked)
         except RequestError as exc:
-            response = error_response(exc)
+            data = self._error_answer(error_response(exc))
         except Exception:
-            response = self._unexpected(parked)
+            data = self._error_answer(self._unexpected(parked))
         if self._parked is parked and not self.transport.is_closing():
-            self._respond(parked, response)
+            self._respond(parked, data)
 
-    def _fetch_response(self, parked: _Parked) -> Response:
+    def _fetch_answer(self, parked: _Parked) -> bytes:
+        """The 200's bytes, as the route's :func:`._app.fetch_response` renders them (see _SharedAnswer)."""
         route = self._route
         assert route is not None
         rendered: RenderedFetches = route.app.state.rendered_fetches
-        return fetch_response(rendered, parked.topic, parked.partition, parked.op)
+        key = parked.op.parts[0].key
+        body = rendered.body(key.topic, key.partition, parked.op)
+        return _SHARED_ANSWER.bytes_for(body, self.server_state.default_headers)
+
+    def _error_answer(self, response: Response) -> bytes:
+        return http11_response(response, self.server_state.default_headers)
 
     def _unexpected(self, parked: _Parked) -> Response:
         """As :class:`._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
@@ -383,19 +400,13 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         _log.exception("request_failed_unexpectedly", method="GET", path=parked.target, fast_path=True)
         return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
 
-    def _respond(self, parked: _Parked, response: Response) -> None:
-        default_headers = self.server_state.default_headers
-        if response.status_code == 200:
-            data = _SHARED_ANSWER.bytes_for(response, default_headers)
-        else:
-            data = http11_response(response, default_headers)
+    def _respond(self, parked: _Parked, data: bytes) -> None:
         self.transport.write(data)
         self._parked = None
         if parked.target is not None:  # as uvicorn's access log line
             client = f"{self.client[0]}:{self.client[1]}" if self.client else ""
-            self.access_logger.info(
-                '%s - "%s %s HTTP/%s" %d', client, "GET", parked.target, "1.1", response.status_code
-            )
+            status = int(data[9:12])  # b"HTTP/1.1 200 ..."
+            self.access_logger.info('%s - "%s %s HTTP/%s" %d', client, "GET", parked.target, "1.1", status)
         # The response went out past h11: start its state afresh, with what arrived meanwhile.
         trailing = parked.pipelined
         self.conn = self._fresh_connection()

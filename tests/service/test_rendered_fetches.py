@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from purgatory.adapters.kafka import DelayedFetch, ErrorCode, FetchedRecord, TopicPartitionKey
+from purgatory.adapters.kafka import DelayedFetch, ErrorCode, FetchedRecord, PartitionRead, TopicPartitionKey
 from purgatory.adapters.service._app import RenderedFetches, _fetch_json
 
 from purgatory import Outcome
@@ -23,6 +23,15 @@ class AnsweredFetch:
     statuses: dict[TopicPartitionKey, ErrorCode] = field(default_factory=lambda: {KEY: ErrorCode.NONE})
     outcome: Outcome | None = Outcome.COMPLETED
     error: Exception | None = None
+
+    @property
+    def parts(self) -> tuple[PartitionRead, ...]:
+        parts = []
+        for key, offset in self.fetch_offsets.items():
+            part = PartitionRead(key, offset)
+            part.records, part.status = self.records[key], self.statuses[key]
+            parts.append(part)
+        return tuple(parts)
 
 
 def _answered(records: list[FetchedRecord]) -> DelayedFetch:
