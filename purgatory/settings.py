@@ -352,6 +352,12 @@ class ServiceSettings(_Section):
         "waiting poll holds no asyncio task and its answer is written from the batch wake-up "
         "(same checks and answers as the ASGI route; anything else still goes through it).",
     )
+    http2: bool = Field(
+        True,
+        description="Accept HTTP/2 with prior knowledge (h2c, the connection preface) on the same port "
+        "beside HTTP/1.1: one connection multiplexes many long polls (idle ones served below the ASGI "
+        "app, as with fast_long_poll; other requests bridged to it). Needs the service's own server.",
+    )
     body_read_timeout_ms: PositiveInt = Field(
         10_000,
         description="A request body not received in full within this long is answered 408 "

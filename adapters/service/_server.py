@@ -26,6 +26,7 @@ import uvicorn
 
 from purgatory.settings import ServiceSettings
 
+from ._h2_long_poll import http2_capable
 from ._head_timeout import head_timeout_protocol
 from ._long_poll import long_poll_protocol
 
@@ -60,6 +61,8 @@ def uvicorn_options(service: ServiceSettings) -> dict[str, Any]:
             service.head_read_timeout_ms / 1000.0
         ),
     }
+    if service.http2:  # h2c with prior knowledge on the same port (._h2_long_poll)
+        options["http"] = http2_capable(options["http"])
     if service.tls_certfile is not None:
         options |= {
             "ssl_certfile": service.tls_certfile,

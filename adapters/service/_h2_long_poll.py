@@ -1,0 +1,667 @@
+"""HTTP/2 with prior knowledge (h2c) beside HTTP/1.1 on the service's port, long polls served below ASGI.
+
+Why: over HTTP/1.1 every waiting long poll holds a socket on the service *and* on the client, so
+the open-file limit caps the waiters of one process (20,000 here, ~18,000 long polls). Real
+clients multiplex: one HTTP/2 connection carries thousands of waiting streams.
+
+How: the service's uvicorn protocol (:class:`._long_poll.LongPollH11Protocol` or
+:class:`._head_timeout.HeadTimeoutH11Protocol`) gets the :class:`H2PriorKnowledge` mixin. When a
+connection's first bytes are the HTTP/2 connection preface (``PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n``)
+the connection is handed to an :class:`H2Session` (the ``h2`` library's state machine: framing,
+HPACK, flow control, stream states); anything else is HTTP/1.1 exactly as before. TLS with ALPN
+``h2`` is not offered (the service's TLS stays HTTP/1.1): h2c is for clients that know.
+
+A stream that is ``GET /topics/{t}/partitions/{p}/records`` without a body is checked with the
+same code as the HTTP/1.1 fast path (header limits, authentication, the route's own match, the
+topic policy, the query, :meth:`Gateway.fetch_then_call`: admission and its 429 + Retry-After,
+the ``max_wait_ms`` clamp, the same operation) and parked as an :class:`_H2Waiter` — a slotted
+record that *is* the operation's callback: no task, no future, no closure per waiter. Its answer
+is the route's :func:`._app.fetch_response` (the body bytes shared by every waiter answered the
+same), written as HEADERS + DATA on its stream, within the stream's and the connection's
+flow-control windows (what does not fit waits for the client's WINDOW_UPDATE). Answers of one
+batch wake-up are written with one ``transport.write`` per connection. A stream the client
+resets (RST_STREAM), or a connection that goes away, finishes its operation CANCELLED at once.
+
+Every other stream — another route, a request the fast path does not take or refuses (it answers
+nothing itself: the app answers every refusal with its own JSON), a request with a body — is
+bridged to the ASGI app (``http_version`` "2" in its scope) with its body read in full first
+(at most :data:`MAX_BRIDGED_BODY_BYTES`, else 413) and its response sent when complete. The
+answers are the same status, headers and bytes as over HTTP/1.1 (tests/service/test_h2.py).
+
+Header blocks: HPACK is per connection and stateful, so equal headers normally encode to
+different bytes on each stream. :class:`_SharedHeaderEncoder` encodes without the dynamic table
+(static table and literals only: always allowed, RFC 7541 §4.2), so equal header lists encode to
+equal bytes, encoded once per process and reused on every stream of every connection.
+
+Limits: SETTINGS_MAX_CONCURRENT_STREAMS is ``admission.max_waiters`` + :data:`STREAM_HEADROOM` (one
+connection may hold what the whole process admits, and past it still hears the 429 + Retry-After
+rather than queueing in its client), SETTINGS_MAX_HEADER_LIST_SIZE
+is ``service.max_header_bytes``. A graceful shutdown refuses new streams (RST_STREAM
+REFUSED_STREAM), lets the drain answer the waiting ones, then sends GOAWAY and closes.
+Not (yet) over HTTP/2: the request-head time bound (h2 has no slowly trickled head; a stream whose
+body never ends holds its buffered part until the connection closes), uvicorn's access log lines.
+
+Concurrency contract: the event loop's thread only, as uvicorn's protocols; an operation may
+finish on any thread, and its callback reaches the loop through the gateway's handoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import unquote
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import h11
+import hpack
+import structlog
+from pydantic import ValidationError
+from starlette.datastructures import QueryParams
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Match
+
+from ..kafka import DelayedFetch
+from ._app import (
+    LongPollRoute,
+    RenderedFetches,
+    checked_partition,
+    checked_topic,
+    error_response,
+    fetch_params,
+    fetch_response,
+)
+from ._errors import RequestError
+from ._gateway import Gateway
+from ._guards import UNEXPECTED_ERROR_BODY, header_fields_problem
+from ._long_poll import _MAX_WRAPPERS, _NOT_OURS, _long_poll_route
+
+__all__ = ["H2_PREFACE", "H2PriorKnowledge", "H2Session", "http2_capable"]
+
+_log = structlog.get_logger("purgatory.service")
+
+H2_PREFACE = (
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 §3.4: what a client with prior knowledge sends first
+)
+# A bridged request's body is read in full before the app runs: bounded (the produce route's own
+# limit is 1 MiB; the margin lets the app give its own 413 with the field named).
+MAX_BRIDGED_BODY_BYTES = 2 * 1024 * 1024
+# SETTINGS_MAX_CONCURRENT_STREAMS is the process's waiter budget plus this: a client that has
+# filled the budget can still open streams and hear 429 + Retry-After (and reach /healthz),
+# instead of queueing unseen in its own connection pool.
+STREAM_HEADROOM = 100
+# Distinct header lists kept encoded: a 200 differs from the next by its Date (one a second) and
+# its Content-Length; a few dozen cover every answer of a burst many times over.
+SHARED_HEADER_BLOCKS = 64
+# HTTP/1.1 connection-specific fields HTTP/2 forbids (RFC 9113 §8.2.2): dropped from ASGI answers.
+_CONNECTION_FIELDS = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
+)
+_STATUS = {status: str(status).encode() for status in range(100, 600)}
+
+
+class _SharedHeaderEncoder(hpack.Encoder):
+    """HPACK without the dynamic table: equal header lists give equal bytes, encoded once.
+
+    The table's size is 0 from the start (the first header block of the connection carries the
+    size update, so it is encoded afresh); a peer's SETTINGS_HEADER_TABLE_SIZE is an upper bound
+    an encoder may stay below (RFC 7541 §4.2), so it is kept at 0 for the connection's life. With
+    nothing indexed, a block depends only on the headers: the process-wide cache holds the bytes.
+    """
+
+    blocks: OrderedDict[tuple[tuple[bytes, bytes], ...], bytes] = OrderedDict()  # every connection's
+
+    def __init__(self) -> None:
+        super().__init__()
+        # The base class's setter records the change, emitted at the start of the next block.
+        hpack.Encoder.header_table_size.fset(self, 0)  # type: ignore[attr-defined]
+
+    @property
+    def header_table_size(self) -> int:
+        return 0
+
+    @header_table_size.setter
+    def header_table_size(self, value: int) -> None:
+        pass  # the peer's maximum: the table stays at 0 (class docstring)
+
+    def encode(self, headers: Any, huffman: bool = True) -> bytes:
+        if self.header_table.resized:  # the connection's first block: size update + headers
+            return super().encode(headers, huffman)
+        key = tuple(headers)
+        blocks = self.blocks
+        block = blocks.get(key)
+        if block is None:
+            block = super().encode(key, huffman)
+            blocks[key] = block
+            if len(blocks) > SHARED_HEADER_BLOCKS:
+                blocks.popitem(last=False)
+        return block
+
+
+class _H2Waiter:
+    """One waiting long poll on a stream; the operation's callback (no closure, no task)."""
+
+    __slots__ = ("gateway", "offset", "op", "partition", "session", "stream_id", "topic")
+
+    def __init__(
+        self,
+        session: H2Session,
+        stream_id: int,
+        gateway: Gateway,
+        topic: str,
+        partition: int,
+        offset: int | None,
+    ) -> None:
+        self.session = session
+        self.stream_id = stream_id
+        self.gateway = gateway
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
+        self.op: DelayedFetch | None = None  # set once fetch_then_call returned it
+
+    def __call__(self, op: DelayedFetch) -> None:
+        """The operation finished (on the loop: at once, or from the handoff's batch)."""
+        session = self.session
+        if session.waiters.get(self.stream_id) is self:
+            session.answer(self)
+        elif self.op is None:
+            # Finished inside fetch_then_call, before the session recorded the waiter.
+            self.op = op
+            session.loop.call_soon(session.answer_if_waiting, self)
+
+
+class _H2Request:
+    """A stream whose request is still arriving: its header fields and body so far."""
+
+    __slots__ = ("body", "headers", "refused")
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self.headers = headers
+        self.body = bytearray()
+        self.refused = False  # answered 413 already: the rest of its body is dropped
+
+
+class _Bridged:
+    """One stream served by the ASGI app: its ``receive`` and ``send``, the answer sent when complete."""
+
+    def __init__(self, session: H2Session, stream_id: int, body: bytes) -> None:
+        self.session = session
+        self.stream_id = stream_id
+        self.body: bytes | None = body  # None once handed to the app
+        self.left = asyncio.Event()  # the client reset the stream or the connection went away
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.response = bytearray()
+        self.complete = False
+
+    async def receive(self) -> dict[str, Any]:
+        body, self.body = self.body, None
+        if body is not None:
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.left.is_set() or self.complete:
+            return
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+            self.headers = [
+                (bytes(name).lower(), bytes(value))
+                for name, value in message.get("headers", ())
+                if bytes(name).lower() not in _CONNECTION_FIELDS
+            ]
+        elif message["type"] == "http.response.body":
+            self.response += message.get("body", b"")
+            if not message.get("more_body", False):
+                self.complete = True
+                self.left.set()  # a receive still awaited (a disconnect watcher) returns
+                self.session.bridged_done(self)
+
+
+def _app_settings(app: Any) -> Any:
+    """The app's :class:`Settings`, looked up through uvicorn's wrappers (None: not our app)."""
+    for _ in range(_MAX_WRAPPERS):
+        settings = getattr(getattr(app, "state", None), "settings", None)
+        if settings is not None:
+            return settings
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
+class H2Session:
+    """One HTTP/2 connection: ``h2``'s state machine, its waiting streams and its bridged ones.
+
+    ``waiters`` (stream id -> :class:`_H2Waiter`) are the parked long polls; ``requests`` the
+    streams whose request is still arriving; ``bridged`` the ones the ASGI app serves; ``blocked``
+    the answers' bytes waiting for flow-control window. A stream is in at most one of them.
+    """
+
+    def __init__(self, protocol: Any) -> None:
+        self.protocol = protocol  # the uvicorn protocol the transport calls (app, state, transport)
+        self.transport: asyncio.Transport = protocol.transport
+        self.loop: asyncio.AbstractEventLoop = protocol.loop
+        self.route: LongPollRoute | None = _long_poll_route(protocol.app)
+        settings = _app_settings(protocol.app)
+        config = h2.config.H2Configuration(
+            client_side=False,
+            header_encoding=None,
+            # Our answers' headers are lowercase bytes already (Starlette's raw headers, uvicorn's
+            # defaults): normalising and validating each stream's cost more than its encoding.
+            normalize_outbound_headers=False,
+            validate_outbound_headers=False,
+        )
+        self.conn = h2.connection.H2Connection(config)
+        self.conn.encoder = _SharedHeaderEncoder()
+        initial: dict[h2.settings.SettingCodes, int] = {}
+        if settings is not None:
+            initial[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = (
+                settings.admission.max_waiters + STREAM_HEADROOM
+            )
+            initial[h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE] = settings.service.max_header_bytes
+        self.conn.local_settings = h2.settings.Settings(client=False, initial_values=initial)
+        self.waiters: dict[int, _H2Waiter] = {}
+        self.requests: dict[int, _H2Request] = {}
+        self.bridged: dict[int, _Bridged] = {}
+        self.blocked: dict[int, memoryview] = {}
+        self.closing = False  # graceful shutdown: new streams refused, GOAWAY once the last is answered
+        self._flush_scheduled = False
+        self.conn.initiate_connection()
+        self.flush()
+
+    # -- bytes in ------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:  # h2 queued its GOAWAY naming the error
+            _log.info("h2_protocol_error", error=str(exc)[:200])
+            self.flush()
+            self.transport.close()
+            return
+        for event in events:
+            if isinstance(event, h2.events.RequestReceived):
+                self._request_received(event)
+            elif isinstance(event, h2.events.DataReceived):
+                self._data_received(event)
+            elif isinstance(event, h2.events.StreamEnded):
+                request = self.requests.pop(event.stream_id, None)
+                if request is not None and not request.refused:
+                    self._dispatch(event.stream_id, request)
+            elif isinstance(event, h2.events.StreamReset):
+                self._released(event.stream_id)
+            elif isinstance(event, h2.events.WindowUpdated):
+                self._unblock(event.stream_id)
+            elif isinstance(event, h2.events.RemoteSettingsChanged):
+                if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+                    self._unblock(0)
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                self.closing = True
+        self.flush()
+        self._close_if_done()
+
+    def _request_received(self, event: h2.events.RequestReceived) -> None:
+        stream_id = event.stream_id
+        if self.closing:
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)  # retry elsewhere
+            return
+        self.requests[stream_id] = _H2Request(list(event.headers or ()))
+
+    def _data_received(self, event: h2.events.DataReceived) -> None:
+        stream_id = event.stream_id
+        # Give the window back at once: the body is bounded below, not by flow control.
+        self.conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
+        request = self.requests.get(stream_id)
+        if request is None or request.refused:
+            return
+        request.body += event.data or b""
+        if len(request.body) > MAX_BRIDGED_BODY_BYTES:
+            request.refused = True
+            request.body = bytearray()
+            error = RequestError(
+                413, "PAYLOAD_TOO_LARGE", "body", f"request body over {MAX_BRIDGED_BODY_BYTES} bytes"
+            )
+            self._respond_with(stream_id, error_response(error))
+
+    # -- a complete request --------------------------------------------------------------------
+
+    def _dispatch(self, stream_id: int, request: _H2Request) -> None:
+        pseudo: dict[bytes, bytes] = {}
+        headers: list[tuple[bytes, bytes]] = []
+        for name, value in request.headers:
+            if name[:1] == b":":
+                pseudo[name] = value
+            else:
+                headers.append((name, value))
+        if b"host" not in (name for name, _ in headers) and b":authority" in pseudo:
+            headers.insert(0, (b"host", pseudo[b":authority"]))  # as HTTP/1.1 clients send it
+        if self.route is not None and not request.body and pseudo.get(b":method") == b"GET":
+            try:
+                if self._take(stream_id, pseudo, headers):
+                    return
+            except Exception:  # a bug: the ASGI path answers the request instead
+                _log.exception("h2_long_poll_take_failed", path=pseudo.get(b":path", b"")[:200])
+        self._bridge(stream_id, pseudo, headers, bytes(request.body))
+
+    def _scope(self, pseudo: dict[bytes, bytes], headers: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
+        protocol = self.protocol
+        raw_path, _, query_string = pseudo.get(b":path", b"/").partition(b"?")
+        try:
+            path = unquote(raw_path.decode("ascii"))
+        except UnicodeDecodeError:
+            return None
+        return {
+            "type": "http",
+            "asgi": {"version": protocol.config.asgi_version, "spec_version": "2.3"},
+            "http_version": "2",
+            "server": protocol.server,
+            "client": protocol.client,
+            "scheme": protocol.scheme,
+            "method": pseudo.get(b":method", b"GET").decode("ascii", "replace"),
+            "root_path": protocol.root_path,
+            "path": protocol.root_path + path,
+            "raw_path": protocol.root_path.encode("ascii") + raw_path,
+            "query_string": query_string,
+            "headers": headers,
+            "state": protocol.app_state.copy(),
+        }
+
+    def _take(self, stream_id: int, pseudo: dict[bytes, bytes], headers: list[tuple[bytes, bytes]]) -> bool:
+        """Park the stream if it is a long poll the fast path serves (as ``LongPollH11Protocol._take``)."""
+        route = self.route
+        assert route is not None
+        for name, value in headers:
+            if name in _NOT_OURS:
+                return False
+            if name == b"content-length" and value.strip() != b"0":
+                return False
+        service = route.settings.service
+        if header_fields_problem(headers, service.max_header_count, service.max_header_bytes) is not None:
+            return False
+        scope = self._scope(pseudo, headers)
+        if scope is None or not route.authenticator.admits(scope):
+            return False
+        match, child = route.route.matches(scope)
+        if match is not Match.FULL:
+            return False
+        state = route.app.state
+        gateway: Gateway | None = getattr(state, "gateway", None)
+        if gateway is None or not gateway.serving:
+            return False
+        try:
+            path_params = child["path_params"]
+            topic = checked_topic(str(path_params["topic"]), state.topic_policy)
+            partition = checked_partition(str(path_params["partition"]))
+            params = fetch_params(QueryParams(scope["query_string"]))
+            waiter = _H2Waiter(self, stream_id, gateway, topic, partition, params.offset)
+            op = gateway.fetch_then_call(topic, partition, params, waiter)
+        except (RequestError, ValidationError):
+            return False  # the ASGI path answers it, with the same checks
+        if op is None:
+            return False  # nothing was submitted: fetch() awaits what is not cached
+        waiter.op = op
+        self.waiters[stream_id] = waiter
+        return True
+
+    # -- answers -------------------------------------------------------------------------------
+
+    def answer_if_waiting(self, waiter: _H2Waiter) -> None:
+        if self.waiters.get(waiter.stream_id) is waiter:
+            self.answer(waiter)
+
+    def answer(self, waiter: _H2Waiter) -> None:
+        """Answer a finished waiter as the route does (and as the HTTP/1.1 fast path does)."""
+        del self.waiters[waiter.stream_id]
+        op = waiter.op
+        assert op is not None
+        if self.transport.is_closing():
+            return
+        try:
+            if waiter.gateway.fetch_finished(op, waiter.offset):
+                # An expired, empty poll whose offset the feed cannot vouch for: one ListOffsets.
+                task = self.loop.create_task(self._answer_after_offset_check(waiter, op))
+                self.protocol.tasks.add(task)
+                task.add_done_callback(self.protocol.tasks.discard)
+                return
+            response = self._fetch_response(waiter, op)
+        except RequestError as exc:
+            response = error_response(exc)
+        except Exception:
+            response = self._unexpected()
+        self._respond_with(waiter.stream_id, response)
+
+    async def _answer_after_offset_check(self, waiter: _H2Waiter, op: DelayedFetch) -> None:
+        try:
+            await waiter.gateway.check_fetch_offset(op)
+            response = self._fetch_response(waiter, op)
+        except RequestError as exc:
+            response = error_response(exc)
+        except Exception:
+            response = self._unexpected()
+        self._respond_with(waiter.stream_id, response)
+
+    def _fetch_response(self, waiter: _H2Waiter, op: DelayedFetch) -> Response:
+        assert self.route is not None
+        rendered: RenderedFetches = self.route.app.state.rendered_fetches
+        return fetch_response(rendered, waiter.topic, waiter.partition, op)
+
+    def _unexpected(self) -> Response:
+        """As :class:`._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
+        assert self.route is not None
+        self.route.app.state.unexpected_errors.count += 1
+        _log.exception("request_failed_unexpectedly", method="GET", fast_path=True, http_version="2")
+        return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
+
+    def _respond_with(self, stream_id: int, response: Response) -> None:
+        self._respond(stream_id, response.status_code, response.raw_headers, bytes(response.body))
+
+    def _respond(
+        self, stream_id: int, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        if self.transport.is_closing():
+            return
+        block = [(b":status", _STATUS[status]), *self.protocol.server_state.default_headers, *headers]
+        try:
+            self.conn.send_headers(stream_id, block, end_stream=not body)
+            if body:
+                self._send_body(stream_id, memoryview(body), body)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self.blocked.pop(stream_id, None)  # the client reset the stream meanwhile
+        self._schedule_flush()
+
+    def _send_body(self, stream_id: int, view: memoryview, whole: bytes | None = None) -> None:
+        """Send what the windows allow; the rest waits in ``blocked`` for a WINDOW_UPDATE."""
+        conn = self.conn
+        while view:
+            size = min(conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size, len(view))
+            if size <= 0:
+                self.blocked[stream_id] = view
+                return
+            last = size == len(view)
+            # The shared body itself when it fits in one frame (the common answer): no copy.
+            chunk = whole if last and whole is not None and size == len(whole) else bytes(view[:size])
+            conn.send_data(stream_id, chunk, end_stream=last)
+            view = view[size:]
+        self.blocked.pop(stream_id, None)
+
+    def _unblock(self, stream_id: int) -> None:
+        streams = list(self.blocked) if stream_id == 0 else [stream_id]
+        for sid in streams:
+            view = self.blocked.pop(sid, None)
+            if view is None:
+                continue
+            try:
+                self._send_body(sid, view)
+            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+                self.blocked.pop(sid, None)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        # One write per connection for all answers of a batch wake-up (the batch runs in one
+        # loop iteration; the flush after it).
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush_later)
+
+    def _flush_later(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
+        self._close_if_done()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and not self.transport.is_closing():
+            self.transport.write(data)
+
+    # -- the ASGI bridge -----------------------------------------------------------------------
+
+    def _bridge(
+        self, stream_id: int, pseudo: dict[bytes, bytes], headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        scope = self._scope(pseudo, headers)
+        if scope is None:
+            error = RequestError(400, "INVALID_REQUEST", "path", "the request path is not ASCII")
+            self._respond_with(stream_id, error_response(error))
+            return
+        exchange = _Bridged(self, stream_id, body)
+        self.bridged[stream_id] = exchange
+        task = self.loop.create_task(self._run_app(exchange, scope))
+        tasks = self.protocol.tasks  # uvicorn's graceful shutdown waits for these
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _run_app(self, exchange: _Bridged, scope: dict[str, Any]) -> None:
+        try:
+            await self.protocol.app(scope, exchange.receive, exchange.send)
+        except Exception:
+            _log.exception("h2_asgi_app_failed", path=scope.get("path"))
+            if exchange.status == 0 and not exchange.left.is_set():  # nothing sent yet: a JSON 500
+                exchange.status = 500
+                exchange.headers = list(JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500).raw_headers)
+                exchange.response = bytearray(JSONResponse(UNEXPECTED_ERROR_BODY).body)
+                exchange.complete = True
+                self.bridged_done(exchange)
+        finally:
+            if self.bridged.pop(exchange.stream_id, None) is not None and not self.transport.is_closing():
+                # The app returned without a complete answer: the stream cannot be answered now.
+                self._reset(exchange.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+
+    def bridged_done(self, exchange: _Bridged) -> None:
+        if self.bridged.pop(exchange.stream_id, None) is exchange:
+            self._respond(exchange.stream_id, exchange.status, exchange.headers, bytes(exchange.response))
+            self._close_if_done()
+
+    def _reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
+        try:
+            self.conn.reset_stream(stream_id, code)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            return
+        self._schedule_flush()
+
+    # -- streams and the connection going away --------------------------------------------------
+
+    def _released(self, stream_id: int) -> None:
+        """The client reset the stream: its operation is finished CANCELLED now, not at max_wait_ms."""
+        waiter = self.waiters.pop(stream_id, None)
+        if waiter is not None and waiter.op is not None:
+            waiter.gateway.abandon_fetch(waiter.op)  # no-op if it finished meanwhile
+        self.requests.pop(stream_id, None)
+        exchange = self.bridged.pop(stream_id, None)
+        if exchange is not None:
+            exchange.left.set()  # the app's disconnect watcher cancels its wait
+        self.blocked.pop(stream_id, None)
+
+    def connection_lost(self) -> None:
+        for stream_id in [*self.waiters, *self.requests, *self.bridged, *self.blocked]:
+            self._released(stream_id)
+
+    def shutdown(self) -> None:
+        """Graceful shutdown: no new streams; GOAWAY and close once the open ones are answered."""
+        self.closing = True
+        self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        if not self.closing or self.waiters or self.bridged or self.blocked or self.transport.is_closing():
+            return
+        # The state machine may be closed already (the client's GOAWAY): nothing more to say then.
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.conn.close_connection()
+        self.flush()
+        self.transport.close()
+
+
+class H2PriorKnowledge:
+    """Mixin for the service's uvicorn protocols: a connection opening with the HTTP/2 preface
+    is served by an :class:`H2Session`; any other stays HTTP/1.1, untouched (module docstring).
+
+    Set on the instance only for HTTP/2 connections (class defaults otherwise): an HTTP/1.1
+    connection carries no attribute more (see ``LongPollH11Protocol`` on instance dictionaries).
+    """
+
+    _h2: H2Session | None = None
+    _preface: bytes = b""  # the start of a preface split across reads
+
+    def data_received(self, data: bytes) -> None:
+        session = self._h2
+        if session is not None:
+            session.data_received(data)
+            return
+        if self._preface or (data[:1] == b"P" and self._before_first_request()):
+            data = self._preface + data
+            if len(data) < len(H2_PREFACE) and H2_PREFACE.startswith(data):
+                self._preface = data  # wait for the rest of it
+                return
+            if self._preface:
+                self._preface = b""
+            if data.startswith(H2_PREFACE):
+                self._start_h2(data)
+                return
+        super().data_received(data)  # type: ignore[misc]
+
+    def _before_first_request(self) -> bool:
+        """Nothing arrived on this connection yet: prior knowledge means the preface comes first."""
+        conn = getattr(self, "conn", None)
+        return (
+            conn is not None
+            and getattr(self, "cycle", None) is None
+            and conn.their_state is h11.IDLE
+            and conn.our_state is h11.IDLE
+            and not conn.trailing_data[0]
+            and not getattr(self, "_head_bytes", 0)
+        )
+
+    def _start_h2(self, data: bytes) -> None:
+        disarm = getattr(self, "_disarm_head_timer", None)
+        if disarm is not None:
+            disarm()  # h2 has no request head to trickle: the head timer is HTTP/1.1's
+        keep_alive = getattr(self, "timeout_keep_alive_task", None)
+        if keep_alive is not None:
+            keep_alive.cancel()
+        self._h2 = H2Session(self)
+        self._h2.data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._h2 is not None:
+            self._h2.connection_lost()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def shutdown(self) -> None:
+        if self._h2 is not None:
+            self._h2.shutdown()
+            return
+        super().shutdown()  # type: ignore[misc]
+
+
+def http2_capable(protocol: type[Any]) -> type[Any]:
+    """``protocol`` (a uvicorn h11 protocol class) accepting HTTP/2 with prior knowledge too."""
+    return type(protocol.__name__, (H2PriorKnowledge, protocol), {})
