@@ -50,6 +50,7 @@ import typer
 from purgatory.settings import load_settings
 
 from ..kafka import provide_cluster
+from ._h2_bench_client import H2LongPoll, open_h2_long_polls
 
 __all__ = ["FanoutResult", "fanout", "run_case"]
 
@@ -89,6 +90,7 @@ class FanoutResult:
     errors: int
     load_average: tuple[float, float, float]
     task_free: int = 0  # of the registered, how many the protocol-level path holds (no task)
+    http2_streams: int = 0  # long polls per h2c connection (0: HTTP/1.1, one connection each)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -335,6 +337,7 @@ async def _run_case_async(
     partitions: int,
     idle_s: float,
     timeout_s: float,
+    http2_streams: int = 0,
 ) -> FanoutResult:
     from confluent_kafka import Producer
 
@@ -342,7 +345,11 @@ async def _run_case_async(
     deadline = time.monotonic() + timeout_s
     rss0 = _rss_bytes(service.pid)
     started = time.monotonic()
-    polls = await _open_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS)
+    polls: list[_LongPoll] | list[H2LongPoll] = (
+        await open_h2_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS, http2_streams)
+        if http2_streams
+        else await _open_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS)
+    )
     registered = 0
     while time.monotonic() < deadline:
         registered = await asyncio.to_thread(service.pending_fetches)
@@ -401,6 +408,7 @@ async def _run_case_async(
         errors=errors,
         load_average=os.getloadavg(),
         task_free=task_free,
+        http2_streams=http2_streams,
     )
 
 
@@ -414,6 +422,7 @@ def run_case(
     server_args: tuple[str, ...] = (),
     service_python: str | None = None,
     server: str = "serve",
+    http2_streams: int = 0,
 ) -> FanoutResult:
     """One case on a fresh topic and a fresh service process (see the module docstring)."""
     topic = _create_topic(bootstrap, partitions)
@@ -425,7 +434,9 @@ def run_case(
         with _service(bootstrap, server_args, service_python, server) as service:
             _warm_up(service, topic, partitions)
             return asyncio.run(
-                _run_case_async(service, bootstrap, topic, waiters, partitions, idle_s, timeout_s)
+                _run_case_async(
+                    service, bootstrap, topic, waiters, partitions, idle_s, timeout_s, http2_streams
+                )
             )
     finally:
         gc.set_threshold(*thresholds)
@@ -452,6 +463,7 @@ def _median(runs: list[FanoutResult]) -> FanoutResult:
         errors=max(r.errors for r in runs),
         load_average=runs[-1].load_average,
         task_free=min(r.task_free for r in runs),
+        http2_streams=runs[0].http2_streams,
     )
 
 
@@ -513,18 +525,32 @@ def fanout(
     out: Annotated[Path, typer.Option("--out", help="Directory of the JSON result file.")] = Path(
         "bench-results"
     ),
+    http2: Annotated[
+        bool,
+        typer.Option(
+            "--http2",
+            help="Long polls as HTTP/2 streams (h2c, prior knowledge; the h2 library's client), "
+            "--streams-per-connection on each connection, instead of one HTTP/1.1 connection each.",
+        ),
+    ] = False,
+    streams_per_connection: Annotated[
+        int, typer.Option("--streams-per-connection", min=1, help="Long polls per h2c connection (--http2).")
+    ] = 1000,
 ) -> None:
     """N idle long polls on one service process: registration rate, RSS/waiter, idle CPU, produce→answer."""
     if server not in ("serve", "uvicorn"):
         raise typer.BadParameter(f"--server must be serve or uvicorn, got {server!r}", param_hint="--server")
     counts = waiters or [10_000, TARGET_N]
     partition_counts = partitions or [1, 8]
-    fds = _raise_fd_limit(2 * max(counts) + FD_HEADROOM)
+    sockets = -(-max(counts) // streams_per_connection) if http2 else max(counts)
+    fds = _raise_fd_limit(2 * sockets + FD_HEADROOM)
     # Each waiter is one socket in this process and one in the service: the open-file limit (its
     # hard limit can only be raised with CAP_SYS_RESOURCE) caps N. Capped cases say so.
     cap = fds - FD_HEADROOM
     if cap <= 0:
         raise typer.BadParameter(f"open-file limit {fds} leaves no room for connections", param_hint="-n")
+    if http2:  # the cap is on connections: streams_per_connection waiters each
+        cap *= streams_per_connection
     if max(counts) > cap:
         typer.echo(f"note: open-file limit {fds}: cases above {cap} waiters are capped to {cap}")
     counts = list(dict.fromkeys(min(c, cap) for c in counts))
@@ -535,7 +561,8 @@ def fanout(
         typer.echo(
             f"Kafka via {cluster.provider} at {cluster.bootstrap_servers}; service: one process ({server}, "
             f"fast_long_poll={load_settings().service.fast_long_poll if server == 'serve' else False}); "
-            f"{repeats} run(s) per case, medians; load average {os.getloadavg()}"
+            f"{repeats} run(s) per case, medians; load average {os.getloadavg()}; "
+            + (f"HTTP/2 (h2c), {streams_per_connection} streams per connection" if http2 else "HTTP/1.1")
         )
         typer.echo(
             f"{'':9}{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} "
@@ -554,6 +581,7 @@ def fanout(
                         server_args=tuple(server_arg or ()),
                         service_python=service_python,
                         server=server,
+                        http2_streams=streams_per_connection if http2 else 0,
                     )
                     for _ in range(repeats)
                 ]
