@@ -91,6 +91,7 @@ class FanoutResult:
     load_average: tuple[float, float, float]
     task_free: int = 0  # of the registered, how many the protocol-level path holds (no task)
     http2_streams: int = 0  # long polls per h2c connection (0: HTTP/1.1, one connection each)
+    client_cpu_us: float = 0.0  # this (client) process's CPU from the produce to the last answer, / answers
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -365,6 +366,7 @@ async def _run_case_async(
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 0, "log_level": 0})
     produced_ns: dict[int, int] = {}
     cpu_before_produce = _cpu_s(service.pid)
+    client_cpu_before = time.process_time()
     for partition in range(partitions):
         produced_ns[partition] = time.monotonic_ns()
         producer.produce(topic, b"fanout", partition=partition)
@@ -375,6 +377,8 @@ async def _run_case_async(
     # The service's CPU per answer from the produce to the last answer: unlike the answer times,
     # it hardly depends on what else the (shared) machine runs.
     answer_cpu_s = _cpu_s(service.pid) - cpu_before_produce
+    # ... and the client's: reading 50,000 answers shares the same two cores.
+    client_cpu_s = time.process_time() - client_cpu_before
     lags: list[float] = []
     completed = expired = errors = 0
     for poll in polls:
@@ -409,6 +413,7 @@ async def _run_case_async(
         load_average=os.getloadavg(),
         task_free=task_free,
         http2_streams=http2_streams,
+        client_cpu_us=1e6 * client_cpu_s / max(completed, 1),
     )
 
 
@@ -464,6 +469,7 @@ def _median(runs: list[FanoutResult]) -> FanoutResult:
         load_average=runs[-1].load_average,
         task_free=min(r.task_free for r in runs),
         http2_streams=runs[0].http2_streams,
+        client_cpu_us=statistics.median(r.client_cpu_us for r in runs),
     )
 
 
@@ -473,8 +479,8 @@ def _row(result: FanoutResult) -> str:
         f"{result.rss_per_waiter_bytes:>8.0f} {result.idle_cpu_pct:>7.1f}% "
         f"{result.answer_p50_ms:>6.1f}ms {result.answer_p99_ms:>6.1f}ms "
         f"{result.answer_max_ms:>6.1f}ms {result.answer_cpu_us:>6.0f}µs "
-        f"{result.completed:>7} {result.expired:>7} {result.errors:>6} {result.task_free:>7}  "
-        + " ".join(f"{x:.2f}" for x in result.load_average)
+        f"{result.completed:>7} {result.expired:>7} {result.errors:>6} {result.task_free:>7} "
+        f"{result.client_cpu_us:>6.0f}µs  " + " ".join(f"{x:.2f}" for x in result.load_average)
     )
 
 
@@ -567,7 +573,7 @@ def fanout(
         typer.echo(
             f"{'':9}{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} "
             f"{'p50':>8} {'p99':>8} {'max':>8} {'CPU/ans':>8} {'done':>7} {'expired':>7} {'errors':>6} "
-            f"{'no-task':>7}  load"
+            f"{'no-task':>7} {'cli/ans':>8}  load"
         )
         for count in counts:
             for parts in partition_counts:
