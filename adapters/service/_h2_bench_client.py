@@ -51,6 +51,7 @@ class _H2Connection(asyncio.Protocol):
         self.requests = requests
         self.by_stream: dict[int, H2LongPoll] = {}
         self.bodies: dict[int, bytearray] = {}
+        self.statuses: dict[int, int] = {}
         self.transport: asyncio.Transport | None = None
         self.sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -76,14 +77,14 @@ class _H2Connection(asyncio.Protocol):
         now = time.monotonic_ns()
         for event in self.conn.receive_data(data):
             if isinstance(event, h2.events.ResponseReceived):
-                poll = self.by_stream[event.stream_id]
-                poll.status = int(dict(event.headers or ())[b":status"])
+                self.statuses[event.stream_id] = int(dict(event.headers or ())[b":status"])
             elif isinstance(event, h2.events.DataReceived):
                 self.bodies.setdefault(event.stream_id, bytearray()).extend(event.data or b"")
                 self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif isinstance(event, h2.events.StreamEnded):
                 poll = self.by_stream[event.stream_id]
                 poll.body = bytes(self.bodies.pop(event.stream_id, b""))
+                poll.status = self.statuses.pop(event.stream_id, 0)  # set once the answer is whole
                 poll.answered_ns = now
             elif isinstance(event, h2.events.StreamReset):
                 poll = self.by_stream[event.stream_id]
