@@ -206,6 +206,7 @@ class RawH2:
         self.headers: dict[int, dict[bytes, bytes]] = {}
         self.ended: set[int] = set()
         self.last_answered = 0
+        self.goaway = False
 
     @classmethod
     async def open(cls, url: str) -> RawH2:
@@ -243,6 +244,8 @@ class RawH2:
                         self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
                     elif isinstance(event, h2.events.StreamEnded):
                         self.ended.add(event.stream_id)
+                    elif isinstance(event, h2.events.ConnectionTerminated):
+                        self.goaway = True
                 self.writer.write(self.conn.data_to_send())
         self.last_answered = stream_id
         return self.statuses[stream_id], bytes(self.bodies.get(stream_id, b""))
@@ -329,3 +332,26 @@ def test_equal_header_lists_are_encoded_once_and_decode_on_any_connection() -> N
         assert decoder.decode(block, raw=True) == headers
     first.header_table_size = 4096  # a peer's SETTINGS_HEADER_TABLE_SIZE: an upper bound, stays 0
     assert first.encode(headers) is block
+
+
+async def test_shutdown_answers_waiting_streams_then_says_goaway(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
+) -> None:
+    topic = kafka_topic_factory(1)
+    with _served(kafka_settings) as served:
+        await _warm(served, topic)
+        client = await RawH2.open(served.url)
+        try:
+            stream_id = client.get(f"{_records(topic)}?offset=0&max_wait_ms=60000")
+            await until(lambda: served.pending == 1, "the h2 long poll waiting")
+            stopping = asyncio.create_task(asyncio.to_thread(served.server.stop))  # graceful, then the drain
+            status, body = await client.answer(stream_id)
+            async with asyncio.timeout(WAIT_S):  # then GOAWAY, and the connection closes
+                while rest := await client.reader.read(65536):
+                    events = client.conn.receive_data(rest)
+                    client.goaway |= any(isinstance(e, h2.events.ConnectionTerminated) for e in events)
+            await stopping
+        finally:
+            await client.close()
+    assert status == 200 and json.loads(body)["outcome"] == "EXPIRED", "answered by the drain, not dropped"
+    assert client.goaway, "GOAWAY before the close"
