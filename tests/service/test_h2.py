@@ -21,6 +21,7 @@ import hpack
 import httpx
 import pytest
 from purgatory.adapters.service import create_app
+from purgatory.adapters.service._h2_bench_client import open_h2_long_polls
 from purgatory.adapters.service._h2_long_poll import H2PriorKnowledge, _SharedHeaderEncoder
 from purgatory.adapters.service._server import BackgroundServer, uvicorn_options
 from starlette.applications import Starlette
@@ -355,3 +356,24 @@ async def test_shutdown_answers_waiting_streams_then_says_goaway(
             await client.close()
     assert status == 200 and json.loads(body)["outcome"] == "EXPIRED", "answered by the drain, not dropped"
     assert client.goaway, "GOAWAY before the close"
+
+
+async def test_the_bench_client_holds_its_long_polls_on_few_connections(
+    served: H2Served, kafka_topic_factory: TopicFactory
+) -> None:
+    """``purgatory bench fanout --http2``'s client: 300 polls on 3 connections, each answered once."""
+    topic = kafka_topic_factory(1)
+    await _warm(served, topic)
+    connections = served.server.server.server_state.connections
+    polls = await open_h2_long_polls(served.server.port, topic, 300, 1, 30_000, 100)
+    try:
+        await until(lambda: served.pending == 300, "300 bench long polls waiting")
+        assert len([c for c in connections if getattr(c, "_h2", None) is not None]) == 3
+        await _produce(served, topic, "bench")
+        await until(lambda: all(p.answered_ns for p in polls), "every bench long poll answered")
+    finally:
+        for poll in polls:
+            if poll.transport is not None:
+                poll.transport.close()
+    assert {p.status for p in polls} == {200}
+    assert {json.loads(p.body)["records"][0]["value"] for p in polls} == {"bench"}
