@@ -86,6 +86,7 @@ def list_benchmarks() -> None:
     typer.echo(
         "request-reply  kp.request() round trips on local Kafka (1 and 3 brokers) vs a hand-rolled requester"
     )
+    typer.echo("produce    kp.produce latency and burst rate with the read-back vs without it (same run)")
 
 
 DEFAULT_NS = [100_000]
