@@ -117,7 +117,9 @@ def run_once(
                     return
                 failures[slot] += not _produce_one(kp, topic, i)
 
-        workers = [threading.Thread(target=worker, args=(n,), name=f"bench-produce-{n}") for n in range(threads)]
+        workers = [
+            threading.Thread(target=worker, args=(n,), name=f"bench-produce-{n}") for n in range(threads)
+        ]
         started = time.perf_counter()
         for thread in workers:
             thread.start()
@@ -146,14 +148,18 @@ def _median(runs: list[ProduceRun], field: str) -> float:
 
 def produce(
     brokers: Annotated[
-        list[int] | None, typer.Option("--brokers", help="Broker counts (default 1; 3 starts its own cluster).")
+        list[int] | None, typer.Option("--brokers", help="Broker counts (default 1; 3: a local cluster).")
     ] = None,
-    modes: Annotated[list[str] | None, typer.Option("--mode", help="Feed modes (default push and poll).")] = None,
+    modes: Annotated[
+        list[str] | None, typer.Option("--mode", help="Feed modes (default push and poll).")
+    ] = None,
     sequential: Annotated[int, typer.Option(min=1, help="Sequential produces per run.")] = 200,
     burst: Annotated[int, typer.Option(min=1, help="Produces per burst.")] = 800,
     threads: Annotated[int, typer.Option(min=1, help="Threads producing the burst.")] = 16,
     partitions: Annotated[int, typer.Option(min=1, help="Partitions of the bench topic.")] = 4,
-    repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, help="Runs per configuration (medians).")] = 3,
+    repeats: Annotated[
+        int, typer.Option("--repeats", "-r", min=1, help="Runs per configuration (medians).")
+    ] = 3,
     out: Annotated[Path, typer.Option(help="Directory for the JSON result file.")] = Path("bench-results"),
 ) -> None:
     """kp.produce latency and throughput with the read-back, vs without it in the same run."""
