@@ -90,6 +90,19 @@ class KafkaCalls:
             self.timed_out += 1
             raise KafkaUnavailableError(f"Kafka did not answer {what} within {timeout_s:.1f} s") from None
 
+    def submit(self, fn: Callable[[], Any], /) -> Future[Any]:
+        """``fn()`` on this pool, not awaited (a completion attempt handed off the event loop);
+        admitted as :meth:`run` (raises :class:`KafkaUnavailableError` when full or closed)."""
+        what = getattr(fn, "__qualname__", "a call")
+        self._admit(what)
+        try:
+            future = self._pool.submit(fn)
+        except RuntimeError:
+            self._finished(Future())
+            raise KafkaUnavailableError(f"{what}: the Kafka client pool {self.name!r} is closed") from None
+        future.add_done_callback(self._finished)
+        return future
+
     def close(self) -> None:
         """Refuse new calls; queued ones are cancelled, running ones end on their client timeouts."""
         with self._lock:

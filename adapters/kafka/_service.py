@@ -62,6 +62,7 @@ from ._clients import ProducerRecord, RecordProducer, RecordReader
 from ._errors import KafkaAdapterError, UnknownTopicError
 from ._feed import ChangeFeed
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
+from ._off_loop import OffLoopProduce
 from ._operations import (
     DEFAULT_FETCH_MAX_BYTES,
     DelayedConsumerCommit,
@@ -394,7 +395,11 @@ class KafkaPurgatory:
         appended = await self.calls.run(
             self.appender.append, records, timeout_s, timeout_s=timeout_s, what="the append"
         )
-        op = DelayedProduce(self.feed, appended, delay_ms=delay_ms)
+        # The watch's first attempt runs on this loop's thread: a read-back due then (the high
+        # watermark passed already) goes to self.calls instead of blocking the loop on Kafka.
+        op = OffLoopProduce(
+            self.feed, appended, delay_ms=delay_ms, loop_thread=threading.get_ident(), attempts=self.calls
+        )
         await self.watch(op, validate=False)  # releases the feed's keys if the watch fails
         return op
 
