@@ -253,6 +253,9 @@ class DelayedProduce(KafkaOperation):
         # The records each partition must hold to be answered NONE, and how to read them.
         self.read_back: Mapping[TopicPartitionKey, tuple[RecordIdentity, ...]] = {}
         self.reader: RecordReading | None = None
+        # Records appended (an Appended, the epochs noted before the append), not plain targets:
+        # the fence must go wherever the wait goes (a MOVED answer, the service's _scaleout).
+        self.fenced = isinstance(appended, Appended)
         if isinstance(appended, Appended):
             if appended.reader is not None:
                 self.read_back, self.reader = appended.read_back, appended.reader

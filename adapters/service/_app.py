@@ -417,7 +417,9 @@ async def produce_records(request: Request) -> Response:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if op.moved is not None and scaleout is not None:
         timeout_ms = produce.timeout_ms or gateway.settings.kafka.produce_timeout_ms
-        return scaleout.moved_produce(topic, op, started, timeout_ms)
+        moved = scaleout.moved_produce(topic, op, started, timeout_ms)
+        if moved is not None:
+            return moved  # else its fence could not go along: answered here, NOT_LEADER_OR_FOLLOWER
     status, payload = _produce_json(topic, op)
     return JSONResponse(payload, status_code=status)
 
@@ -462,9 +464,11 @@ async def await_replicated(request: Request) -> Response:
     if op is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if op.moved is not None and scaleout is not None:
-        return scaleout.moved_produce(
+        moved = scaleout.moved_produce(
             topic, op, started, timeout_ms or gateway.settings.kafka.produce_timeout_ms
         )
+        if moved is not None:
+            return moved  # else its fence could not go along: answered here, NOT_LEADER_OR_FOLLOWER
     status, payload = _produce_json(topic, op)
     return JSONResponse(payload, status_code=status)
 

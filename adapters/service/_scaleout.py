@@ -231,10 +231,16 @@ class ScaleOut:
         assert op.moved is not None
         return self._moved(key, op.moved.owner_url, f"{request.url.path}?{urlencode(query)}", status=307)
 
-    def moved_produce(self, topic: str, op: DelayedProduce, started: float, timeout_ms: int) -> Response:
-        """303 to the new owner's replication wait for the offsets already appended."""
+    def moved_produce(
+        self, topic: str, op: DelayedProduce, started: float, timeout_ms: int
+    ) -> Response | None:
+        """303 to the new owner's replication wait for the offsets already appended; None when
+        the produce's fence cannot go there (:func:`replicated_query`): answer ``op`` itself."""
         remaining = max(0, timeout_ms - int((time.monotonic() - started) * 1000))
-        path = f"/topics/{topic}/replicated?{urlencode(replicated_query(op, remaining))}"
+        query = replicated_query(op, remaining)
+        if query is None:
+            return None
+        path = f"/topics/{topic}/replicated?{urlencode(query)}"
         assert op.moved is not None
         return self._moved(next(iter(op.appended)), op.moved.owner_url, path, status=303)
 
@@ -269,16 +275,32 @@ class ScaleOut:
         return {"enabled": True, "mode": self.settings.mode, **described}
 
 
-def replicated_query(op: DelayedProduce, timeout_ms: int) -> dict[str, str]:
-    """The query of ``GET /topics/{t}/replicated`` that continues ``op``'s wait elsewhere."""
+def replicated_query(op: DelayedProduce, timeout_ms: int) -> dict[str, str] | None:
+    """The query of ``GET /topics/{t}/replicated`` that continues ``op``'s wait elsewhere; None
+    when ``op``'s fence cannot go with it.
+
+    A produce of records appended here (``op.fenced``) travels with every partition's leader
+    epoch before the append, and its record identities when it reads them back. Should one
+    partition lack either (its epoch was unknown before the append: already
+    NOT_LEADER_OR_FOLLOWER here), a query without them would wait on bare offsets at the new
+    owner — no fence for *any* partition, a lost record answered NONE — so there is none: the
+    caller answers ``op`` as it stands (503 NOT_LEADER_OR_FOLLOWER, retry). Plain targets
+    (``offsets`` alone, epochs adopted when first seen) travel as they came: epochs only when
+    every partition has adopted one.
+    """
     ordered = sorted(op.appended.items(), key=lambda item: item[0].partition)
     query = {"offsets": ",".join(f"{k.partition}:{o}" for k, o in ordered), "timeout_ms": str(timeout_ms)}
     epochs = {k: op.leader_epochs.get(k) for k, _ in ordered}
+    reads_back = bool(op.read_back)
+    if op.fenced and (
+        any(e is None for e in epochs.values()) or (reads_back and any(k not in op.read_back for k in epochs))
+    ):
+        return None
     if all(e is not None for e in epochs.values()):
         # The leader epochs before the append travel along: the new owner keeps the fence
         # (a leader change since the append is still NOT_LEADER_OR_FOLLOWER there).
         query["epochs"] = ",".join(f"{k.partition}:{e}" for k, e in epochs.items())
-        if all(k in op.read_back for k, _ in ordered):
+        if reads_back:
             # And what the appended records are: the new owner reads them back before NONE too
             # (a deposed leader's append, see FencedAppender).
             query["records"] = ",".join(

@@ -388,6 +388,7 @@ def test_a_moved_produce_carries_its_offsets_and_leader_epochs_to_the_new_owner(
     op = DelayedProduce(FakeFacts(), Appended({tp(1): 41, tp(0): 7}, {tp(1): 5, tp(0): 3}), delay_ms=30_000)
     assert op.move(Moved("revoked", OTHER, 4))
     answer = scaleout.moved_produce(TOPIC, op, time.monotonic(), 30_000)
+    assert answer is not None
     assert answer.status_code == 303, "a GET of the replication wait: the records are not appended again"
     location = urlsplit(answer.headers["location"])
     assert (
@@ -396,3 +397,37 @@ def test_a_moved_produce_carries_its_offsets_and_leader_epochs_to_the_new_owner(
     query = parse_qs(location.query)
     assert query["offsets"] == ["0:7,1:41"] and query["epochs"] == ["0:3,1:5"]
     assert 29_000 <= int(query["timeout_ms"][0]) <= 30_000, "what remains of the produce's timeout"
+
+
+def test_a_moved_produce_with_a_partition_of_unknown_epoch_is_answered_here_never_sent_on_unfenced(
+    purgatory: DelayedOperationPurgatory[DelayedOperation],
+) -> None:
+    """One partition without an epoch before the append must not strip the others' fences: a
+    query of bare offsets would let the new owner answer NONE for a record a leader change lost."""
+    from purgatory.adapters.kafka import Appended, FetchedRecord, RecordIdentity
+    from purgatory.adapters.service._scaleout import replicated_query
+
+    class NoRecords:
+        def read(
+            self, key: TopicPartitionKey, start: int, end: int, *, max_bytes: int
+        ) -> list[FetchedRecord]:
+            return []
+
+    scaleout = service_scaleout(purgatory)
+    identities = {tp(p): (RecordIdentity.of(o, None, b"v", 1_000),) for p, o in ((0, 7), (1, 41))}
+    appended = Appended({tp(1): 41, tp(0): 7}, {tp(1): 5}, identities, NoRecords())
+    op = DelayedProduce(FakeFacts(), appended, delay_ms=30_000)
+    assert replicated_query(op, 30_000) is None
+    assert op.move(Moved("revoked", OTHER, 4))
+    assert scaleout.moved_produce(TOPIC, op, time.monotonic(), 30_000) is None, "answered here"
+    assert op.statuses == {tp(0): ErrorCode.NOT_LEADER_OR_FOLLOWER, tp(1): ErrorCode.NOT_LEADER_OR_FOLLOWER}
+
+
+def test_plain_target_offsets_moved_before_every_epoch_was_seen_travel_as_plain_targets(
+    purgatory: DelayedOperationPurgatory[DelayedOperation],
+) -> None:
+    from purgatory.adapters.service._scaleout import replicated_query
+
+    op = DelayedProduce(FakeFacts(), {tp(1): 41, tp(0): 7}, delay_ms=30_000)
+    query = replicated_query(op, 30_000)
+    assert query is not None and "epochs" not in query and query["offsets"] == "0:7,1:41"

@@ -26,7 +26,9 @@ async def _moved_query(service: Service, topic: str, count: int = 1) -> dict[str
     gateway = service.gateway
     records = [ProducerRecord(topic, b"mine-%d" % i, b"k", 0) for i in range(count)]
     appended = await asyncio.to_thread(gateway.appender.append, records)
-    return replicated_query(DelayedProduce(gateway.feed, appended), 15_000)
+    query = replicated_query(DelayedProduce(gateway.feed, appended), 15_000)
+    assert query is not None, "every partition's epoch was known before the append"
+    return query
 
 
 @pytest.mark.parametrize("count", [1, 3])
