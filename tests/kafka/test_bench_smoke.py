@@ -6,6 +6,7 @@ import pytest
 from purgatory.adapters.kafka.bench import run_once
 
 from purgatory.settings import KafkaSettings
+from tests.kafka.kafka_fixtures import TopicFactory
 
 pytestmark = pytest.mark.kafka
 
@@ -42,3 +43,28 @@ def test_request_reply_bench_answers_every_request_on_both_sides(kafka_bootstrap
     finally:
         responder.stop()
     assert responder.process.returncode == 0, "the responder stopped on SIGTERM (no SIGKILL needed)"
+
+
+@pytest.mark.parametrize("mode", ["push", "poll"])
+def test_produce_bench_reads_back_only_on_the_read_back_side(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory, mode: str
+) -> None:
+    """``purgatory bench produce``: both sides answer every produce NONE; only one reads back."""
+    from purgatory.adapters.kafka.produce_bench import run_once as produce_once
+
+    topic = kafka_topic_factory(2)
+    for read_back in (True, False):
+        result = produce_once(
+            kafka_settings,
+            topic,
+            mode=mode,
+            read_back=read_back,
+            brokers=1,
+            sequential=5,
+            burst=10,
+            threads=2,
+        )
+        assert result.failed == 0, result
+        assert 0 < result.seq_p50_ms <= result.seq_p99_ms and result.burst_per_s > 0
+        reads = result.kafka_reads + result.shared_hits
+        assert reads > 0 if read_back else reads == 0, result
