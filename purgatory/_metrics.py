@@ -17,8 +17,8 @@ class PurgatoryStats:
     """Finished operations by outcome, and user-code errors (docs/design.md §3.3 metrics).
 
     Finishes come from the executor, the reaper and any caller's thread at once, and ``+=`` on
-    an attribute is not atomic across threads: outcome counts are updated under the operations'
-    claim lock (see ``count``), error counts under this object's own lock.
+    an attribute is not atomic across threads: outcome counts are updated inside the operations'
+    claim (see ``count``), error counts under this object's own lock.
     """
 
     __slots__ = ("_lock", "cancelled", "completed", "expired", "user_code_errors")
@@ -31,7 +31,8 @@ class PurgatoryStats:
         self.user_code_errors = 0
 
     def count(self, outcome: Outcome) -> None:
-        # Called by _operation_core.finish under its claim lock, which serialises every
+        # Called by _operation_core.finish inside its claim (compiled: native steps no other
+        # thread can interleave; interpreted: under the claim lock), which serialises every
         # update of these three counters: no lock of our own on the completion path.
         if outcome is Outcome.COMPLETED:
             self.completed += 1

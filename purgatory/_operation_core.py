@@ -499,7 +499,7 @@ def own_release(op: OperationCore) -> None:
 
 def finish(op: OperationCore, outcome: Outcome) -> bool:
     """Claim ``op`` for ``outcome`` and, if this call won the claim, run its callbacks."""
-    # The claim: test-and-set of ``outcome`` under one process-wide lock. A Lock per
+    # The claim: test-and-set of ``outcome``; interpreted, under one process-wide lock. A Lock per
     # operation would cost an allocation and ~40 bytes each (purgatory bench: 0.3 us per
     # request); the critical section is a few bytecodes, so sharing it costs no parallelism
     # under the GIL. The owner's outcome counters ride on the same lock.
@@ -511,16 +511,31 @@ def finish(op: OperationCore, outcome: Outcome) -> bool:
     # ``purgatory bench purgatory`` ended with 40-70k of 100k requests expired, not ~4.6k).
     # acquire/release rather than ``with``: compiled, ``with`` also looks up and calls
     # ``__enter__``/``__exit__`` through the generic protocol (see WheelTimerCore.schedule).
-    _claim_acquire()
-    try:
+    if _NATIVE_STEPS:
+        # Compiled, the claim needs no lock: the test, the store and the counting run no Python
+        # code (native field reads and writes, the owner's ``stats`` slot, PurgatoryStats.count,
+        # all compiled), so no other thread runs between the test and the store — the GIL
+        # changes hands only in the interpreter loop (see _NATIVE_STEPS; the own lock's steps
+        # rely on the same). The lock's acquire and release were two calls of a method that
+        # parses its arguments (``lock.acquire``: PyArg_ParseTupleAndKeywords) per finish.
+        # (tests/core/test_concurrency.py: finishes racing on many threads, each claimed once.)
         if op.outcome is not None:
             return False
         op.outcome = outcome
         owner = op._owner
         if owner is not None:
             owner.stats.count(outcome)
-    finally:
-        _claim_release()
+    else:
+        _claim_acquire()
+        try:
+            if op.outcome is not None:
+                return False
+            op.outcome = outcome
+            owner = op._owner
+            if owner is not None:
+                owner.stats.count(outcome)
+        finally:
+            _claim_release()
     # The winner removes the timer entry so the wheel frees it now rather than at expiry.
     cancel_task(op)
     try:

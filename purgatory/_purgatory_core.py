@@ -43,6 +43,7 @@ from ._watchers import (
     keys_not_holding,
     new_watch,
     release_watch,
+    shard_index,
     watch,
 )
 from .timer import SystemTimer, Timer, add_task, cancel_task
@@ -188,7 +189,7 @@ class PurgatoryCore(Generic[T]):
     # -- submission ---------------------------------------------------------------------------
 
     def _shard(self, key: Hashable) -> WatcherList:
-        return self._shards[hash(key) % SHARDS]
+        return self._shards[shard_index(key)]
 
     def try_complete_else_watch(self, op: T, keys: Iterable[Hashable]) -> bool:
         """Complete ``op`` now if it can be, else watch it on every key and time it.
@@ -575,7 +576,7 @@ def _try_else_watch(
         # length less the deaths known says it may be full. Best effort like max_pending:
         # concurrent submitters on one key may overshoot by at most their number.
         for key in watch_keys:
-            on_key = purgatory._shards[hash(key) % SHARDS].watchers_by_key.get(key)
+            on_key = purgatory._shards[shard_index(key)].watchers_by_key.get(key)
             if on_key is not None and len(on_key.ops) - on_key.dead >= max_per_key:
                 live = on_key.live()
                 if live >= max_per_key:

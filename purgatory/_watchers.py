@@ -6,6 +6,8 @@ import threading
 from collections.abc import Hashable, Sequence
 from typing import Final
 
+from mypy_extensions import i64
+
 from . import _accel
 from ._operation_core import OperationCore, Watch, is_finished
 
@@ -19,12 +21,18 @@ __all__ = [
     "new_watch",
     "pooled_watch_entries",
     "release_watch",
+    "shard_index",
     "watch",
 ]
 
 # Kafka's figure: shard the watcher lists so threads on different keys rarely contend. Final:
 # compiled code reads it as a constant, not from the module's dict (twice per key per request).
 SHARDS: Final = 512
+# SHARDS is a power of 2, so a key's shard is the low bits of its hash: one native AND (see
+# shard_index). For every Python int x, x & (2**k - 1) == x % 2**k, negative ones included, so
+# keys land in the shards ``hash(key) % SHARDS`` chose (tests/core/test_kafka_regressions.py
+# builds keys that share one shard that way).
+SHARD_MASK: Final = SHARDS - 1
 
 # A list is compacted once at least half of its entries are dead (their operation finished or
 # was unwatched): each compaction of n entries follows n/2 deaths, so O(1) per death amortised,
@@ -233,6 +241,17 @@ def _remove_emptied(shard: WatcherList, watchers: Watchers) -> None:
 # Module-level functions, not methods: compiled code calls a function of this module directly.
 
 
+def shard_index(key: Hashable) -> i64:
+    """The shard of ``key``: ``hash(key) % SHARDS``, computed natively.
+
+    Compiled, ``hash(key) % SHARDS`` boxed the hash whenever it did not fit mypyc's 63-bit short
+    int (half of all hashes) and took Python's long modulo on it (``l_mod``, ``PyNumber_Remainder``:
+    ~3.5% of a request's CPU in a profile of the bench's per-request work, three times per request
+    per key). As an ``i64`` the hash is unboxed once and masked in one instruction."""
+    h: i64 = hash(key)
+    return h & SHARD_MASK
+
+
 def new_watch(op: OperationCore, keys: Sequence[Hashable]) -> Watch:
     """An entry for ``op`` watched on ``keys``: a pooled one if any (see Watch), else a new one.
 
@@ -270,7 +289,7 @@ def watch(shards: list[WatcherList], op: OperationCore, keys: Sequence[Hashable]
     for key in keys:
         if is_finished(op):  # a call: a narrowed field re-read would be type-checked by mypyc
             break
-        by_key = shards[hash(key) % SHARDS].watchers_by_key
+        by_key = shards[shard_index(key)].watchers_by_key
         while True:
             watchers = by_key.get(key)
             if watchers is None:
@@ -296,7 +315,7 @@ def keys_not_holding(shards: list[WatcherList], keys: Sequence[Hashable], entry:
     submitted again after ``cancel_for_key``, whose entry may still be on its other keys)."""
     missing: list[Hashable] = []
     for key in keys:
-        watchers = shards[hash(key) % SHARDS].watchers_by_key.get(key)
+        watchers = shards[shard_index(key)].watchers_by_key.get(key)
         if watchers is None or entry not in watchers.ops[:]:
             missing.append(key)
     return missing
@@ -306,7 +325,7 @@ def compact_after_finish(shards: list[WatcherList], keys: Sequence[Hashable]) ->
     """Count a released entry's death in the lists of its ``keys`` (read before the release:
     the entry may be recycled for another op from then on); compact those now half dead."""
     for key in keys:
-        shard = shards[hash(key) % SHARDS]
+        shard = shards[shard_index(key)]
         watchers = shard.watchers_by_key.get(key)
         if watchers is not None:
             dead = watchers.dead + 1
