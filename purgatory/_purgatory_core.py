@@ -226,7 +226,11 @@ class PurgatoryCore(Generic[T]):
         # Checked before anything is watched: a bad third key must not leave two keys watched.
         try:
             for key in watch_keys:
-                hash(key)
+                # A str or an int always hashes (the common keys: topic-partitions as strings,
+                # ids): one type test instead of a hash call whose result, compiled, is boxed
+                # half the time only to be dropped.
+                if type(key) is not str and type(key) is not int:
+                    hash(key)
         except TypeError:
             raise TypeError(
                 f"watch key {key!r} of type {type(key).__name__} is unhashable; keys must be hashable"
