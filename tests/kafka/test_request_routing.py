@@ -197,8 +197,8 @@ def test_router_completes_the_request_named_by_the_correlation_header(
 ) -> None:
     router = _router(purgatory, {0, 1})
     ops = [_request(router) for _ in range(2)]
-    assert {op.reply_partition for op in ops} == {0, 1}, "requests name the ready partitions in turn"
-    key = TopicPartitionKey(REPLIES, 1)
+    assert [op.reply_partition for op in ops] == [0, 0], "requests name the home partition"
+    key = TopicPartitionKey(REPLIES, 0)
     router._on_records(key, [_record(ops[1].correlation_id), _record(ops[1].correlation_id)])
     assert ops[1].is_completed() and not ops[0].is_completed()
     assert (router.stats.answered, router.stats.duplicates, router.pending()) == (1, 1, 1)
@@ -268,15 +268,15 @@ def test_a_revoked_reply_partition_is_read_until_its_requests_finish(
     purgatory: DelayedOperationPurgatory[Any],
 ) -> None:
     router = _router(purgatory, {0, 1})
-    waiting = [_request(router) for _ in range(2)]
-    on_1 = next(op for op in waiting if op.reply_partition == 1)
-    router.on_revoked(frozenset({TopicPartitionKey(REPLIES, 1)}), Moved("revoked", None, 2))
-    assert router.ready() == (0,), "new requests no longer name the revoked partition"
-    assert all(_request(router).reply_partition == 0 for _ in range(3))
-    assert TopicPartitionKey(REPLIES, 1) in router.tail._wanted, "still read: a request waits on it"
-    router._on_records(TopicPartitionKey(REPLIES, 1), [_record(on_1.correlation_id)])
-    assert on_1.result().complete
-    assert TopicPartitionKey(REPLIES, 1) not in router.tail._wanted, "its last waiter done: dropped"
+    on_0 = _request(router)
+    assert on_0.reply_partition == 0, "the home partition: the lowest one ready"
+    router.on_revoked(frozenset({TopicPartitionKey(REPLIES, 0)}), Moved("revoked", None, 2))
+    assert router.ready() == (1,), "new requests no longer name the revoked partition"
+    assert all(_request(router).reply_partition == 1 for _ in range(3)), "the next owned one is home"
+    assert TopicPartitionKey(REPLIES, 0) in router.tail._wanted, "still read: a request waits on it"
+    router._on_records(TopicPartitionKey(REPLIES, 0), [_record(on_0.correlation_id)])
+    assert on_0.result().complete
+    assert TopicPartitionKey(REPLIES, 0) not in router.tail._wanted, "its last waiter done: dropped"
 
 
 def test_no_ready_partition_is_a_typed_error(purgatory: DelayedOperationPurgatory[Any]) -> None:
