@@ -48,6 +48,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import secrets
 import socket
 import threading
 import time
@@ -357,7 +358,9 @@ class ReplyRouter:
             )
         partition = ready[0]  # the home partition (module doc: why one, not each in turn)
         op = DelayedRequest(
-            uuid.uuid4().hex,
+            # 128 random bits as 32 hex digits, like uuid4().hex without building a UUID (a
+            # third of the cost, ~1.5 of 5 µs per request).
+            secrets.token_hex(16),
             topic,
             timeout_ms=timeout_ms,
             wanted=replies,
