@@ -236,8 +236,8 @@ class PartitionTail:
             topic, partition = message.topic() or "", message.partition() or 0
             key = keys.get((topic, partition))
             if key is None:
-                # One key per partition, built once: a TopicPartitionKey validates its fields, a
-                # few µs per record at 1,000 replies/s on the tail thread (issue 14's requester).
+                # One key per partition, built once: a TopicPartitionKey validates its fields
+                # (~0.5 µs per record on the tail thread, a sixth of its round's work per record).
                 key = keys[topic, partition] = TopicPartitionKey(topic, partition)
             if error is not None:
                 if error.code() in _GONE and key in assigned:
