@@ -366,10 +366,11 @@ def test_two_requester_instances_get_their_own_replies_across_a_rebalance(
             )
             from_b = b.request(topic, b"b0", timeout_ms=60_000)
             assert from_b.reply_partition == routers[1].ready()[0]
-            # The sticky assignor hands b the first of a's partitions, a's home: both of a's
-            # waiting requests named a partition that is b's now.
+            # The sticky assignor has so far handed b the first of a's partitions, a's home, so
+            # both of a's waiting requests named a partition that is b's now; which one b gets is
+            # the assignor's choice, so the counts below hold either way (the moved case alone is
+            # pinned by test_a_revoked_reply_partition_is_read_until_its_requests_finish).
             moved = [op for op in first if op.reply_partition in routers[1].ready()]
-            assert moved, f"b owns {routers[1].ready()}: none of a's requests' partitions moved"
             release.set()
             for op in (*first, from_b):
                 assert op.wait(WAIT_S), f"request {op.correlation_id} answered"
