@@ -10,8 +10,15 @@ new records themselves.
 Algorithm (one thread, ``kafka-tail-<name>``), each round:
 
 1. If the set of partitions to follow changed (``follow``), ``incremental_assign`` the new ones
-   at ``OFFSET_END`` (only records appended from now on are tailed: a waiter behind the end is
-   answered from the log by its own read) and ``incremental_unassign`` the dropped ones.
+   one record before their end (``START_AT``: records appended from now on are tailed, plus the
+   last one; a waiter further behind is answered from the log by its own read) and
+   ``incremental_unassign`` the dropped ones. Why the last record: the end is the high watermark
+   when librdkafka resolves it, and a produce is watched right after its append; on a replicated
+   topic the followers may already have fetched the record by then, so the tail starts *past*
+   it and no fetch response would ever carry it (records-less responses vouch for nothing, see
+   below) — the produce waited for the refresh poll, ~``feed_refresh_ms``. Reading the record
+   below the end gives a push that vouches for that end, with the epoch proof of the record it
+   read: every record appended before the tail started is covered at once.
 2. ``poll(ROUND_S)`` then ``consume(TAIL_BATCH, 0)``: returns as soon as a fetch response
    brings records (the broker holds an idle fetch for ``fetch.wait.max.ms``), with the rest of
    what was fetched, or after ``ROUND_S`` with nothing.
@@ -51,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 import structlog
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from purgatory.settings import KafkaSettings
 
@@ -64,6 +71,10 @@ __all__ = ["PartitionTail", "TailStats", "TailedPosition"]
 
 _log = structlog.get_logger("purgatory.kafka.tail")
 
+# librdkafka's logical offset "end - 1" (RD_KAFKA_OFFSET_TAIL(1); 0 on an empty partition):
+# where a newly followed partition is read from (module doc, step 1).
+OFFSET_TAIL_BASE = -2000  # RD_KAFKA_OFFSET_TAIL_BASE: confluent_kafka exports no constant for it
+START_AT = OFFSET_TAIL_BASE - 1
 TAIL_BATCH = 1000  # messages per consume(): one call drains a burst without holding much memory
 ROUND_S = 0.1  # consume() timeout: how soon a changed set of partitions is (un)assigned
 ERROR_BACKOFF_S = 0.5  # after an unexpected failure of a round, before the next one
@@ -144,7 +155,7 @@ class PartitionTail:
         self._keys: dict[tuple[str, int], TopicPartitionKey] = {}
 
     def follow(self, keys: Iterable[TopicPartitionKey]) -> None:
-        """Follow exactly ``keys`` from the next round on (new ones from their end)."""
+        """Follow exactly ``keys`` from the next round on (new ones from their last record)."""
         wanted = frozenset(keys)
         with self._lock:
             if wanted != self._wanted:
@@ -215,7 +226,7 @@ class PartitionTail:
             consumer.incremental_unassign([TopicPartition(k.topic, k.partition) for k in gone])
             assigned.difference_update(gone)
         if new:
-            consumer.incremental_assign([TopicPartition(k.topic, k.partition, OFFSET_END) for k in new])
+            consumer.incremental_assign([TopicPartition(k.topic, k.partition, START_AT) for k in new])
             assigned.update(new)
             self.stats.assigned += len(new)
         if gone or new:
