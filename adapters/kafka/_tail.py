@@ -150,6 +150,7 @@ class PartitionTail:
         self._wanted: frozenset[TopicPartitionKey] = frozenset()
         self._wanted_version = 0
         self._stopping = threading.Event()
+        self._changed = threading.Event()  # follow() changed the wanted set
         self._thread: threading.Thread | None = None
         # (topic, partition) of a fetched message -> its key; only the tail thread touches it
         self._keys: dict[tuple[str, int], TopicPartitionKey] = {}
@@ -161,6 +162,7 @@ class PartitionTail:
             if wanted != self._wanted:
                 self._wanted = wanted
                 self._wanted_version += 1
+                self._changed.set()  # an idle tail assigns it now, not after its round's wait
 
     def following(self, key: TopicPartitionKey) -> bool:
         """True once ``key`` is assigned and a fetch response gave its high watermark."""
@@ -175,6 +177,7 @@ class PartitionTail:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._changed.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(JOIN_TIMEOUT_S)
@@ -202,11 +205,12 @@ class PartitionTail:
                 try:
                     with self._lock:
                         wanted, current = self._wanted, self._wanted_version
+                        self._changed.clear()  # under the lock: a follow() after this sets it again
                     if current != version:
                         self._reassign(consumer, assigned, wanted)
                         version = current
                     if not assigned:
-                        self._stopping.wait(ROUND_S)
+                        self._changed.wait(ROUND_S)  # a lone produce's partition is followed at once
                         continue
                     self._round(consumer, assigned)
                 except Exception as exc:  # the tail must outlive anything: count, log, back off
