@@ -6,10 +6,12 @@ not poll it again within the test, so a completion can only have come from the t
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from purgatory.adapters.kafka import (
@@ -26,13 +28,14 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
     UnknownTopicError,
 )
+from purgatory.adapters.kafka._facts import ClusterFacts
 from purgatory.adapters.kafka._tail import TailedPosition
 
 from purgatory import DelayedOperationPurgatory, Outcome
 from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
-from .kafka_fixtures import TopicFactory, create_topic, wait_isr
+from .kafka_fixtures import TopicFactory, create_topic, replicated_topic, wait_isr
 
 pytestmark = pytest.mark.kafka
 
@@ -258,3 +261,61 @@ def test_a_tail_position_written_by_a_newer_leader_is_withheld_so_a_produce_cann
 def _epoch_known(feed: ChangeFeed, key: TopicPartitionKey) -> bool:
     facts = feed.partition(key)
     return facts is not None and facts.leader_epoch is not None and facts.high_watermark is not None
+
+
+class _PolledBeforeReplication(ClusterView):
+    """The poll's race with the followers, made to last: every ListOffsets answer for ``key``
+    predates the replication of the record at ``offset`` (high watermark capped at it), as when
+    the feed polled a freshly watched produce before the followers fetched it. Only the tail can
+    then tell the feed the record is replicated."""
+
+    def __init__(self, settings: KafkaSettings, key: TopicPartitionKey, offset: int) -> None:
+        super().__init__(settings)
+        self._key, self._offset = key, offset
+
+    def facts(self, *args: Any, **kwargs: Any) -> ClusterFacts:
+        facts = super().facts(*args, **kwargs)
+        polled = facts.partitions.get(self._key)
+        if polled is not None and polled.high_watermark is not None:
+            capped = min(polled.high_watermark, self._offset)
+            facts.partitions[self._key] = dataclasses.replace(polled, high_watermark=capped)
+        return facts
+
+
+def test_a_produce_replicated_before_its_partition_is_tailed_is_answered_by_a_push(
+    kafka_cluster3: LocalKafkaCluster,
+) -> None:
+    """A lone produce on an RF-3 topic used to wait for the refresh poll (~500 ms, docs/performance.md).
+
+    The followers may fetch the record before the tail starts following the partition; a tail
+    started at the end then sits past the record and no fetch response ever carries it. Started
+    one record before the end, it reads that record and pushes a position (with its epoch) that
+    covers it."""
+    settings, key = replicated_topic(kafka_cluster3, "push-lone")
+    _produce(settings, key, b"replicated-before-tailed")  # offset 0
+    view = ClusterView(settings)
+    try:
+        wait_until(lambda: view.facts([key]).partitions[key].high_watermark == 1, "the followers fetch it")
+        facts = view.facts([key]).partitions[key]
+    finally:
+        view.close()
+    assert facts.leader_epoch is not None
+    pushed = settings.model_copy(update={"feed_mode": "push", "feed_refresh_ms": NO_POLL_MS})
+    stale = _PolledBeforeReplication(pushed, key, offset=0)
+    feed = ChangeFeed(stale, settings=pushed, name=f"push-{uuid.uuid4().hex[:6]}")
+    produces: DelayedOperationPurgatory[DelayedProduce] = DelayedOperationPurgatory(feed.name)
+    feed.attach(produces)
+    feed.start()
+    try:
+        produce = DelayedProduce(feed, Appended({key: 0}, {key: facts.leader_epoch}), delay_ms=60_000)
+        produces.try_complete_else_watch(produce, produce.watch_keys())
+        assert produce.wait(WAIT_S), "the tail pushed the position covering the record"
+        assert produce.statuses == {key: ErrorCode.NONE}
+        tail = feed.tail
+        assert tail is not None and tail.stats.records >= 1 and tail.stats.pushes >= 1
+        assert feed.stats.pushes_withheld == 0
+    finally:
+        feed.stop()
+        feed.detach(produces)
+        produces.shutdown()
+        stale.close()
