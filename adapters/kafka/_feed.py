@@ -185,6 +185,9 @@ class ChangeFeed:
                 on_high_watermarks=self._pushed,
                 on_lost=self._tail_lost,
                 name=name,
+                # A produce replicated before its partition is tailed is pushed at once, not
+                # left to the refresh poll (PartitionTail's module doc, step 1).
+                read_last=True,
             )
         else:
             self.refresh_ms = self.interval_ms

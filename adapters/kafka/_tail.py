@@ -10,15 +10,18 @@ new records themselves.
 Algorithm (one thread, ``kafka-tail-<name>``), each round:
 
 1. If the set of partitions to follow changed (``follow``), ``incremental_assign`` the new ones
-   one record before their end (``START_AT``: records appended from now on are tailed, plus the
-   last one; a waiter further behind is answered from the log by its own read) and
-   ``incremental_unassign`` the dropped ones. Why the last record: the end is the high watermark
-   when librdkafka resolves it, and a produce is watched right after its append; on a replicated
-   topic the followers may already have fetched the record by then, so the tail starts *past*
-   it and no fetch response would ever carry it (records-less responses vouch for nothing, see
-   below) — the produce waited for the refresh poll, ~``feed_refresh_ms``. Reading the record
-   below the end gives a push that vouches for that end, with the epoch proof of the record it
-   read: every record appended before the tail started is covered at once.
+   at their end (only records appended from now on are tailed: a waiter behind the end is
+   answered from the log by its own read) — or, with ``read_last=True`` (the change feed's
+   tail), one record before it — and ``incremental_unassign`` the dropped ones. Why the feed
+   reads the last record: the end is the high watermark when librdkafka resolves it, and a
+   produce is watched right after its append; on a replicated topic the followers may already
+   have fetched the record by then, so a tail started at the end sits *past* it and no fetch
+   response ever carries it (records-less responses vouch for nothing, see below) — the
+   produce waited for the refresh poll, ~``feed_refresh_ms`` (docs/performance.md). Reading the
+   record below the end gives a push that vouches for that end, with the epoch proof of the
+   record read: every record appended before the tail started is covered at once. The reply
+   router's tail (records, not positions, are what it wants) starts at the end: an old reply
+   read again would be counted as unknown.
 2. ``poll(ROUND_S)`` then ``consume(TAIL_BATCH, 0)``: returns as soon as a fetch response
    brings records (the broker holds an idle fetch for ``fetch.wait.max.ms``), with the rest of
    what was fetched, or after ``ROUND_S`` with nothing.
@@ -58,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 import structlog
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from purgatory.settings import KafkaSettings
 
@@ -71,10 +74,10 @@ __all__ = ["PartitionTail", "TailStats", "TailedPosition"]
 
 _log = structlog.get_logger("purgatory.kafka.tail")
 
-# librdkafka's logical offset "end - 1" (RD_KAFKA_OFFSET_TAIL(1); 0 on an empty partition):
-# where a newly followed partition is read from (module doc, step 1).
+# librdkafka's logical offset "end - 1" (RD_KAFKA_OFFSET_TAIL(1); 0 on an empty partition),
+# where ``read_last`` starts a newly followed partition (module doc, step 1).
 OFFSET_TAIL_BASE = -2000  # RD_KAFKA_OFFSET_TAIL_BASE: confluent_kafka exports no constant for it
-START_AT = OFFSET_TAIL_BASE - 1
+LAST_RECORD = OFFSET_TAIL_BASE - 1
 TAIL_BATCH = 1000  # messages per consume(): one call drains a burst without holding much memory
 ROUND_S = 0.1  # consume() timeout: how soon a changed set of partitions is (un)assigned
 ERROR_BACKOFF_S = 0.5  # after an unexpected failure of a round, before the next one
@@ -127,7 +130,10 @@ class PartitionTail:
         on_high_watermarks: HighWatermarksCallback,
         on_lost: LostCallback,
         name: str = "kafka",
+        read_last: bool = False,
     ) -> None:
+        # Where a newly followed partition is read from (module doc, step 1).
+        self._start_at = LAST_RECORD if read_last else OFFSET_END
         self._config: dict[str, str | int | float | bool] = {
             **client_config(settings, bootstrap_servers),
             # Required by the client; never joined (assign only) and never committed under.
@@ -156,7 +162,7 @@ class PartitionTail:
         self._keys: dict[tuple[str, int], TopicPartitionKey] = {}
 
     def follow(self, keys: Iterable[TopicPartitionKey]) -> None:
-        """Follow exactly ``keys`` from the next round on (new ones from their last record)."""
+        """Follow exactly ``keys`` from the next round on (new ones from their end, module doc step 1)."""
         wanted = frozenset(keys)
         with self._lock:
             if wanted != self._wanted:
@@ -230,7 +236,7 @@ class PartitionTail:
             consumer.incremental_unassign([TopicPartition(k.topic, k.partition) for k in gone])
             assigned.difference_update(gone)
         if new:
-            consumer.incremental_assign([TopicPartition(k.topic, k.partition, START_AT) for k in new])
+            consumer.incremental_assign([TopicPartition(k.topic, k.partition, self._start_at) for k in new])
             assigned.update(new)
             self.stats.assigned += len(new)
         if gone or new:
