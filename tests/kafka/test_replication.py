@@ -22,6 +22,7 @@ from purgatory.adapters.kafka import (
     DelayedDeleteRecords,
     DelayedProduce,
     ErrorCode,
+    FetchedRecord,
     KafkaPurgatory,
     KafkaUnavailableError,
     LocalKafkaCluster,
@@ -130,6 +131,20 @@ def test_produce_expires_with_request_timed_out_while_two_followers_hang(
     assert op.outcome is Outcome.EXPIRED and op.statuses == {key: ErrorCode.REQUEST_TIMED_OUT}
 
 
+def _record_at(kp: KafkaPurgatory, key: TopicPartitionKey, offset: int) -> FetchedRecord:
+    """The record the partition's leader now serves at ``offset``. Right after a leader change a
+    read may come back empty (the reader still asks the old leader, and it does not hold its
+    fetches: ``fetch.wait.max.ms`` 0), so wait (bounded) until the new leader serves it."""
+    found: list[FetchedRecord] = []
+
+    def served() -> bool:
+        found[:] = kp.reader.read(key, offset, offset + 1, max_bytes=1 << 20)
+        return bool(found)
+
+    wait_until(served, f"the leader serves offset {offset} of {key.label}")
+    return found[0]
+
+
 def _warmed_and_watched(kp: KafkaPurgatory, key: TopicPartitionKey) -> int:
     """The leader-change tests' start: the producer is warm (it knows the leader and holds a
     connection to it), the partition stays watched throughout (so the feed keeps its facts fresh),
@@ -187,7 +202,7 @@ def test_produce_is_not_answered_replicated_when_a_leader_change_discarded_the_r
         assert after.wait(WAIT_S) and after.succeeded, after.statuses
         assert after.appended[key] >= offset, "the new leader reused the lost record's offset"
         assert lost.wait(WAIT_S)
-        (at_offset,) = kp.reader.read(key, offset, offset + 1, max_bytes=1 << 20)
+        at_offset = _record_at(kp, key, offset)
         assert at_offset.value != b"lost", "no follower had the record: the leader change discarded it"
         assert kp.feed.partition(key).leader_epoch != old_epoch  # type: ignore[union-attr]
         assert lost.statuses == {key: ErrorCode.NOT_LEADER_OR_FOLLOWER}, (
@@ -265,7 +280,7 @@ def test_a_record_a_zombie_leader_appended_after_the_feed_saw_its_successor_is_n
             "records produced to node 3 reached the offset"
         )
         assert op.wait(WAIT_S)
-        (at_offset,) = kp.reader.read(key, offset, offset + 1, max_bytes=1 << 20)
+        at_offset = _record_at(kp, key, offset)
         assert at_offset.value != b"zombie", "node 2 appended it after node 3 took over: it is discarded"
         assert op.statuses == {key: ErrorCode.NOT_LEADER_OR_FOLLOWER}, (
             f"record at offset {offset} was appended by a deposed leader and discarded, yet: {op.statuses}"
