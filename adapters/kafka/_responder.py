@@ -401,7 +401,7 @@ class Responder:
 
         seq = acks.next()
 
-        def delivered(error: KafkaAdapterError | None, _message: Message) -> None:
+        def delivered(error: KafkaAdapterError | None, _message: Message | None) -> None:
             # On the sender thread (or this one, in a flush). Reported either way, so the
             # acknowledged prefix moves on; an unavailable one stops commits (rewind) first.
             if isinstance(error, KafkaUnavailableError):
