@@ -251,7 +251,6 @@ class Responder:
             bootstrap_servers=bootstrap_servers,
             name=f"replies-{self.group}",
             linger_ms=self.linger_ms,
-            report_successes=True,  # commits follow the acknowledged replies (_ReplyAcks)
         )
         consumer = Consumer(config)
         loop = asyncio.new_event_loop() if self._is_async else None

@@ -27,7 +27,9 @@ partition are unreported, and holds the rest; every delivery report releases wha
 records, same order, same idempotence and batching (the held records leave in one produce
 request, as librdkafka would have batched them after the acknowledgement): 45-56 µs per record
 and 0.3-0.4 wake-ups in the same test. The price: a delivery report per record (the sender
-thread serves them; a Python call each).
+thread serves them; a Python call each). A held record counts towards its delivery deadline
+from ``send``: one still held when ``message.timeout.ms`` has passed is reported failed
+(unavailable) without being produced, so it is answered within at most twice that bound.
 
 Concurrency contract: ``send``, ``flush`` and ``stats`` from any thread; ``close`` once, by the
 owner (it flushes, then stops the thread). Delivery callbacks run on the sender thread: keep them
@@ -163,7 +165,6 @@ class RecordSender:
         bootstrap_servers: str | None = None,
         name: str = "kafka",
         linger_ms: int = DEFAULT_LINGER_MS,
-        report_successes: bool = False,  # kept for callers: every record is reported now
     ) -> None:
         self._config: dict[str, str | int | float | bool] = {
             **client_config(settings, bootstrap_servers),
