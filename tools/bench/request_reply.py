@@ -269,13 +269,23 @@ async def _paced(
     return latencies, timeouts, total - first_measured, sent_window
 
 
+# Kafka client settings the baseline shares with our requester (the comparison is of the
+# requesters, not of client tuning): Nagle off on both clients, as our sender and tail run.
+HAND_ROLLED_CLIENT = {"socket.nagle.disable": True}
+
+
 class _HandRolled:
     """The baseline: futures by correlation id, a consumer thread on the reply partition."""
 
     def __init__(self, bootstrap: str, topic: str, reply_topic: str, linger_ms: int) -> None:
         self.topic, self.reply_topic = topic, reply_topic
         self.producer = Producer(
-            {"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": True}
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": linger_ms,
+                "enable.idempotence": True,
+                **HAND_ROLLED_CLIENT,
+            }
         )
         self.consumer = Consumer(
             {
@@ -283,6 +293,7 @@ class _HandRolled:
                 "group.id": f"hand-rolled-{uuid.uuid4().hex[:6]}",
                 "enable.auto.commit": False,
                 "fetch.wait.max.ms": 100,
+                **HAND_ROLLED_CLIENT,
             }
         )
         self.consumer.assign([TopicPartition(reply_topic, 0, OFFSET_END)])

@@ -49,7 +49,7 @@ from purgatory.adapters.kafka.local import STEADY_STATE_JVM_OPTIONS
 
 from purgatory.settings import KafkaSettings
 
-from .request_reply import _cpu_s, _freeze_start_up, _thaw
+from .request_reply import HAND_ROLLED_CLIENT, _cpu_s, _freeze_start_up, _thaw
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 
@@ -165,9 +165,11 @@ def _hand(bootstrap: str, topic: str, brokers: int, rate: float, total: int, lin
           topic_extra: dict[str, str]) -> list[dict[str, float]]:  # fmt: skip
     reply_topic = f"trace-replies-{uuid.uuid4().hex[:8]}"
     _create(bootstrap, reply_topic, 2, brokers, topic_extra)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger, "enable.idempotence": True})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger, "enable.idempotence": True,
+                         **HAND_ROLLED_CLIENT})  # fmt: skip
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"h-{uuid.uuid4().hex[:6]}",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 100})  # fmt: skip
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 100,
+                         **HAND_ROLLED_CLIENT})  # fmt: skip
     consumer.assign([TopicPartition(reply_topic, 0, OFFSET_END)])
     waiting: dict[bytes, tuple[asyncio.Future[Any], dict[str, float]]] = {}
     stopping = threading.Event()
