@@ -25,6 +25,8 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ._coalesced_timers import CoalescedTimeout, coalesced_timers
+
 __all__ = ["HeadTimeoutH11Protocol", "head_timeout_protocol"]
 
 
@@ -35,13 +37,15 @@ class HeadTimeoutH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_timer: CoalescedTimeout | None = None
         self._head_bytes = 0  # bytes of the head awaited now (0: the client has sent nothing)
 
     def _arm_head_timer(self) -> None:
         self._disarm_head_timer()
         self._head_bytes = 0
-        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+        # Shared with the heads awaited from the same moment (a burst of long-poll answers re-arms
+        # thousands at once): one loop timer per bucket, not one per connection.
+        self._head_timer = coalesced_timers(self.loop, self.head_timeout_s).call_later(self._head_timed_out)
 
     def _disarm_head_timer(self) -> None:
         if self._head_timer is not None:
