@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import re
 import uuid
 
@@ -34,6 +35,21 @@ def test_keys_are_frozen_hashable_and_labelled_like_kafka() -> None:
     assert TopicPartitionKey("orders", 3) != TopicKey("orders")
     with pytest.raises(dataclasses.FrozenInstanceError):
         key.partition = 4  # type: ignore[misc]
+
+
+def test_a_partition_key_hashes_once_and_as_its_fields_do() -> None:
+    """The hash is cached at construction (the feed hashes a key ~10 times per completion): it must
+    stay the dataclass's own value, equal keys equal hashes, and survive pickling and replace()."""
+    key = TopicPartitionKey("orders", 3)
+    assert hash(key) == hash(("orders", 3)), "the cached hash is the generated __hash__'s value"
+    assert {key: 1}[TopicPartitionKey("orders", 3)] == 1, "an equal key finds the entry"
+    copied = pickle.loads(pickle.dumps(key))
+    assert copied == key and hash(copied) == hash(key)
+    moved = dataclasses.replace(key, partition=4)
+    assert hash(moved) == hash(("orders", 4)) and moved != key
+    assert repr(key) == "TopicPartitionKey(topic='orders', partition=3)", "the cache is not in the repr"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        key._hash = 0  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
