@@ -28,7 +28,7 @@ CONNECT_CONCURRENCY = 16  # connections being opened at once (each sends its str
 
 
 class H2LongPoll:
-    """One long poll on a stream: when, and with what, it was answered (as ``bench._LongPoll``)."""
+    """One long poll on a stream: when, and with what, it was answered (as ``H1LongPoll``)."""
 
     __slots__ = ("answered_ns", "body", "partition", "status", "transport")
 
@@ -38,6 +38,11 @@ class H2LongPoll:
         self.body = b""
         self.answered_ns = 0
         self.transport: asyncio.Transport | None = None  # its connection's, closed by the bench
+
+    def close(self) -> None:
+        """Close its connection (shared with the connection's other streams: closing twice is a no-op)."""
+        if self.transport is not None:
+            self.transport.close()
 
 
 class _H2Connection(asyncio.Protocol):

@@ -43,21 +43,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated
 
 import typer
 
 from purgatory.settings import load_settings
 
 from ..kafka import provide_cluster
+from ._h1_bench_client import AnswerReader, H1LongPoll, open_long_polls
 from ._h2_bench_client import H2LongPoll, open_h2_long_polls
 
 __all__ = ["FanoutResult", "fanout", "run_case"]
 
 MAX_WAIT_MS = 60_000  # the service's limit: nothing may expire while a case runs
-CONNECTIONS_PER_SOURCE_IP = 20_000  # under the 28k ephemeral ports of one (source IP, port 0) bind
-IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # Linux >= 4.2
-CONNECT_CONCURRENCY = 256  # connects in flight: below the listen backlog, so no SYN is dropped
 SERVICE_START_TIMEOUT_S = 60.0
 SERVICE_STOP_TIMEOUT_S = 20.0
 HEALTH_POLL_S = 0.1
@@ -232,80 +230,6 @@ def _service(
         service.stop()
 
 
-class _LongPoll(asyncio.Protocol):
-    """One HTTP/1.1 GET on its own connection; records when (and what) the answer was."""
-
-    __slots__ = ("answered_ns", "body", "buffer", "partition", "request", "status", "transport")
-
-    def __init__(self, request: bytes, partition: int) -> None:
-        self.request = request
-        self.partition = partition
-        self.buffer = bytearray()
-        self.status = 0
-        self.body = b""
-        self.answered_ns = 0
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = cast(asyncio.Transport, transport)
-        self.transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        head_end = self.buffer.find(b"\r\n\r\n")
-        if head_end < 0:
-            return
-        head = bytes(self.buffer[:head_end]).decode("latin-1").split("\r\n")
-        length = next(
-            (int(line.split(":", 1)[1]) for line in head[1:] if line.lower().startswith("content-length:")), 0
-        )
-        if len(self.buffer) - head_end - 4 < length:
-            return
-        self.answered_ns = time.monotonic_ns()
-        self.status = int(head[0].split()[1])
-        self.body = bytes(self.buffer[head_end + 4 : head_end + 4 + length])
-        self.buffer = bytearray()
-        # The connection stays open (a consumer polls again on it): closing it here made the
-        # service tear down thousands of sockets while it was still answering the others, a
-        # third of its loop's time in that window, charged to the answers still on their way.
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.answered_ns:
-            self.answered_ns = time.monotonic_ns()
-            self.status = -1  # closed without an answer
-
-
-async def _open_long_polls(
-    port: int, topic: str, waiters: int, partitions: int, max_wait_ms: int
-) -> list[_LongPoll]:
-    loop = asyncio.get_running_loop()
-    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
-    polls: list[_LongPoll] = []
-
-    async def open_one(i: int) -> None:
-        partition = i % partitions
-        request = (
-            f"GET /topics/{topic}/partitions/{partition}/records?offset=0&max_wait_ms={max_wait_ms} "
-            "HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-        ).encode()
-        poll = _LongPoll(request, partition)
-        polls.append(poll)
-        source = f"127.0.0.{2 + i // CONNECTIONS_PER_SOURCE_IP}"
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        # Choose the source port at connect(), not at bind(): bind(port 0) searches the ports in
-        # use and slows down quadratically past ~10k sockets (33 s for 10,000 measured).
-        sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
-        sock.bind((source, 0))
-        sock.setblocking(False)
-        async with gate:
-            await loop.sock_connect(sock, ("127.0.0.1", port))
-            await loop.create_connection(lambda: poll, sock=sock)
-
-    await asyncio.gather(*(open_one(i) for i in range(waiters)))
-    return polls
-
-
 def _create_topic(bootstrap: str, partitions: int) -> str:
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -340,17 +264,47 @@ async def _run_case_async(
     timeout_s: float,
     http2_streams: int = 0,
 ) -> FanoutResult:
-    from confluent_kafka import Producer
-
     port = int(service.url.rsplit(":", 1)[1])
     deadline = time.monotonic() + timeout_s
     rss0 = _rss_bytes(service.pid)
     started = time.monotonic()
-    polls: list[_LongPoll] | list[H2LongPoll] = (
-        await open_h2_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS, http2_streams)
-        if http2_streams
-        else await _open_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS)
-    )
+    polls: list[H1LongPoll] | list[H2LongPoll]
+    reader: AnswerReader | None = None
+    if http2_streams:
+        polls = await open_h2_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS, http2_streams)
+    else:
+        polls = await open_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS)
+        reader = AnswerReader(polls, deadline)  # reads every answer on its own thread
+        reader.start()
+    try:
+        return await _measure_case(
+            service, bootstrap, topic, waiters, partitions, idle_s, deadline, started, rss0, polls, reader,
+            http2_streams,
+        )  # fmt: skip
+    finally:
+        if reader is not None:
+            reader.stop()
+            await asyncio.to_thread(reader.join)
+        for poll in polls:
+            poll.close()
+
+
+async def _measure_case(
+    service: _Service,
+    bootstrap: str,
+    topic: str,
+    waiters: int,
+    partitions: int,
+    idle_s: float,
+    deadline: float,
+    started: float,
+    rss0: int,
+    polls: list[H1LongPoll] | list[H2LongPoll],
+    reader: AnswerReader | None,
+    http2_streams: int,
+) -> FanoutResult:
+    from confluent_kafka import Producer
+
     registered = 0
     while time.monotonic() < deadline:
         registered = await asyncio.to_thread(service.pending_fetches)
@@ -372,6 +326,8 @@ async def _run_case_async(
         producer.produce(topic, b"fanout", partition=partition)
     producer.poll(0)
     producer.flush(10)
+    if reader is not None:
+        await asyncio.to_thread(reader.join)  # every answer read, or the deadline passed
     while time.monotonic() < deadline and not all(p.answered_ns for p in polls):
         await asyncio.sleep(0.05)
     # The service's CPU per answer from the produce to the last answer: unlike the answer times,
@@ -392,9 +348,6 @@ async def _run_case_async(
         else:
             expired += 1
     lags.sort()
-    for poll in polls:
-        if poll.transport is not None:
-            poll.transport.close()
     return FanoutResult(
         waiters=waiters,
         partitions=partitions,

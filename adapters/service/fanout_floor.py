@@ -33,6 +33,7 @@ from typing import Annotated, cast
 import typer
 
 from . import bench
+from ._h1_bench_client import AnswerReader, open_long_polls
 
 __all__ = ["ANSWER", "main"]
 
@@ -51,6 +52,7 @@ ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 
 MODULE = "purgatory.adapters.service.fanout_floor"  # run as __main__, it does not know its name
 START_TIMEOUT_S = 30.0
 GC_THRESHOLDS = (50_000, 20, 100)  # as the service's admission.gc_thresholds
+MEASURE_TIMEOUT_S = 120.0  # bound on one run's registration and answers
 
 
 def _install_uvloop() -> None:
@@ -107,24 +109,29 @@ def _get(port: int, path: str) -> bytes:
 
 async def _measure(pid: int, port: int, waiters: int) -> str:
     rss0 = bench._rss_bytes(pid)
-    polls = await bench._open_long_polls(port, "floor", waiters, 1, bench.MAX_WAIT_MS)
-    while int(await asyncio.to_thread(_get, port, "/count")) < waiters:
-        await asyncio.sleep(bench.HEALTH_POLL_S)
-    rss1 = bench._rss_bytes(pid)
-    cpu0, fired_ns = bench._cpu_s(pid), time.monotonic_ns()
-    await asyncio.to_thread(_get, port, "/fire")
-    while not all(p.answered_ns for p in polls):
-        await asyncio.sleep(0.01)
-    cpu_s = bench._cpu_s(pid) - cpu0
-    lags = sorted((p.answered_ns - fired_ns) / 1e6 for p in polls)
-    for poll in polls:
-        if poll.transport is not None:
-            poll.transport.close()
+    polls = await open_long_polls(port, "floor", waiters, 1, bench.MAX_WAIT_MS)
+    reader = AnswerReader(polls, time.monotonic() + MEASURE_TIMEOUT_S)  # the bench's client, as there
+    reader.start()
+    try:
+        while int(await asyncio.to_thread(_get, port, "/count")) < waiters:
+            await asyncio.sleep(bench.HEALTH_POLL_S)
+        rss1 = bench._rss_bytes(pid)
+        cpu0, client_cpu0, fired_ns = bench._cpu_s(pid), time.process_time(), time.monotonic_ns()
+        await asyncio.to_thread(_get, port, "/fire")
+        await asyncio.to_thread(reader.join)
+        cpu_s, client_cpu_s = bench._cpu_s(pid) - cpu0, time.process_time() - client_cpu0
+    finally:
+        reader.stop()
+        await asyncio.to_thread(reader.join)
+        for poll in polls:
+            poll.close()
+    lags = sorted((p.answered_ns - fired_ns) / 1e6 for p in polls if p.answered_ns)
     ok = sum(p.status == 200 for p in polls)
     p50, p99 = bench._pct(lags, 0.5), bench._pct(lags, 0.99)
     return (
         f"{waiters} waiters: {(rss1 - rss0) / waiters:.0f} B/waiter, answer p50 {p50:.1f} ms "
-        f"p99 {p99:.1f} ms, server CPU {1e6 * cpu_s / waiters:.1f} µs/answer, {ok} answered 200; "
+        f"p99 {p99:.1f} ms, server CPU {1e6 * cpu_s / waiters:.1f} µs/answer, client CPU "
+        f"{1e6 * client_cpu_s / waiters:.1f} µs/answer, {ok} answered 200; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
 
