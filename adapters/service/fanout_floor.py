@@ -1,6 +1,6 @@
 """What holding and answering N long polls costs *without* ASGI: the floor under ``bench fanout``.
 
-``python -m purgatory.adapters.service.fanout_floor -n 10000 [--uvloop]``
+``python -m purgatory.adapters.service.fanout_floor -n 10000 [--uvloop] [--sockets-only]``
 
 The service answers a long poll through uvicorn and Starlette: a task and a coroutine chain per
 waiting request, and per answer a task wake-up, the middleware stack's send wrappers, the HTTP
@@ -14,6 +14,12 @@ CPU per answer, and the answer times seen by the client (the client's own readin
 is part of them). No Kafka: ``/fire`` stands in for the produce.
 
 The server runs in its own process (this module with ``serve``), stopped by its PID.
+
+``--sockets-only`` measures the floor under that floor: the kernel's share alone. N loopback TCP
+connections in this process, the same answer ``send`` on each server side in a bare loop, then
+every client side read from one ``epoll`` set with ``recv_into``: the CPU per answer of the two
+system calls (and the least Python around them) that any server and client with one connection
+per waiter pay, whatever their design. N answers cannot arrive sooner than N times that.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import gc
 import importlib
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -136,14 +144,61 @@ async def _measure(pid: int, port: int, waiters: int) -> str:
     )
 
 
+def _sockets_only(waiters: int) -> str:
+    """The system calls' floor (module docstring): CPU per answer of ``send`` and of ``epoll`` + ``recv``."""
+    fds = bench._raise_fd_limit(2 * waiters + bench.FD_HEADROOM)
+    pairs = min(waiters, (fds - bench.FD_HEADROOM) // 2)  # both ends are in this process
+    listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
+    servers: list[socket.socket] = []
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(pairs):
+            clients.append(socket.create_connection(listener.getsockname()))
+            servers.append(listener.accept()[0])
+        for sock in (*servers, *clients):
+            sock.setblocking(False)
+        cpu0 = time.process_time()
+        for sock in servers:
+            sock.send(ANSWER)
+        send_s = time.process_time() - cpu0
+        buffer = bytearray(64 * 1024)
+        by_fd = {sock.fileno(): sock for sock in clients}
+        with select.epoll() as epoll:
+            for fd in by_fd:
+                epoll.register(fd, select.EPOLLIN)
+            cpu1, left = time.process_time(), pairs
+            while left:
+                for fd, _ in epoll.poll(MEASURE_TIMEOUT_S, pairs):
+                    by_fd[fd].recv_into(buffer)
+                    left -= 1
+            recv_s = time.process_time() - cpu1
+    finally:
+        for sock in (*servers, *clients, listener):
+            sock.close()
+    send_us, recv_us = 1e6 * send_s / pairs, 1e6 * recv_s / pairs
+    return (
+        f"{pairs} loopback connections: send {send_us:.1f} µs/answer, epoll + recv {recv_us:.1f} µs/answer "
+        f"of CPU; {waiters} answers need >= {waiters * send_us / 1000:.0f} ms of the sender's core and "
+        f"{waiters * recv_us / 1000:.0f} ms of the reader's; load average {os.getloadavg()[0]:.2f}"
+    )
+
+
 def main(
     waiters: Annotated[int, typer.Option("--waiters", "-n", help="Idle long polls held.")] = 10_000,
     use_uvloop: Annotated[
         bool, typer.Option("--uvloop", help="uvloop in the server and the client.")
     ] = False,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1)] = 3,
+    sockets_only: Annotated[
+        bool,
+        typer.Option("--sockets-only", help="Only the send/recv system calls' floor (module docstring)."),
+    ] = False,
 ) -> None:
     """Hold ``waiters`` long polls in a bare protocol server, answer them at once, print the costs."""
+    if sockets_only:
+        for _ in range(repeats):
+            typer.echo(_sockets_only(waiters))
+        return
     bench._raise_fd_limit(2 * waiters + bench.FD_HEADROOM)
     for _ in range(repeats):
         port = bench._free_port()
