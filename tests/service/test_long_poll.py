@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -243,6 +244,38 @@ def test_a_kept_alive_connection_serves_long_polls_and_pipelined_requests_in_ord
     assert b'"fetch_offset":1' in third  # answered after the one before it, on the same connection
     # All three on the fast path: the pipelined one waited in h11's buffer for the answer before it.
     assert _taken(fast) - before == 3
+
+
+def test_an_answered_connection_holds_no_h11_state_and_closes_at_the_keep_alive_timeout(
+    fast: Served, kafka_topic_factory: object
+) -> None:
+    """After a fast-path answer the connection waits for its next request with no h11 state and a
+    keep-alive timeout shared with its burst (CoalescedTimers): it must still close at uvicorn's
+    timeout (5 s), not before, and a request sent meanwhile would start a fresh h11 state."""
+    topic = kafka_topic_factory(1)  # type: ignore[operator]
+    _produce(fast.port, topic, "x")
+    _warm(fast.port, topic)
+    connections = fast.server.server.server_state.connections
+    keep_alive_s = fast.server.server.config.timeout_keep_alive
+
+    async def answered_then_idle() -> tuple[bytes, list[object], float, bytes]:
+        conn = await RawConnection.open(fast.port)
+        try:
+            conn.send(_get(f"/topics/{topic}/partitions/0/records?offset=0&max_wait_ms=5000"))
+            answer = await conn.response()
+            answered = time.monotonic()
+            states = [getattr(c, "conn", "?") for c in list(connections)]
+            async with asyncio.timeout(keep_alive_s + WAIT_S):
+                tail = await conn.reader.read()  # EOF: the service closed the idle connection
+            return answer, states, time.monotonic() - answered, tail
+        finally:
+            await conn.close()
+
+    answer, states, idle_s, tail = asyncio.run(answered_then_idle())
+    assert b'"value":"x"' in answer
+    assert None in states, "the answered connection holds no h11 state while idle"
+    assert tail == b"", "closed without another byte"
+    assert idle_s >= keep_alive_s - 0.1, f"closed after {idle_s:.2f} s: not before the keep-alive timeout"
 
 
 # -- authentication -------------------------------------------------------------------------------
