@@ -58,7 +58,7 @@ import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Protocol, Self, cast
 
 import structlog
 
@@ -69,6 +69,7 @@ from ._clients import FetchedRecord
 from ._errors import KafkaUnavailableError
 from ._facts import NO_LEADER, GroupFacts, PartitionFacts, TopicFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
+from ._offset_index import OP, Entry, OffsetIndex
 from ._tail import PartitionTail, TailedPosition
 from ._view import ClusterView
 
@@ -115,7 +116,9 @@ class FeedStats:
     reconnects: int = 0
     keys_changed: int = 0
     pushes_withheld: int = 0  # tail positions from a leader newer than the facts' (see _pushed)
-    checks: int = 0
+    checks: int = 0  # check_and_complete calls (one per changed key per purgatory watching it)
+    indexed_wakes: int = 0  # high-watermark advances served by the offset index instead
+    indexed_tries: int = 0  # operations those tried: what they could complete, not all waiters
     last_error: str | None = None
     poll_ms: list[float] = field(default_factory=list)
 
@@ -160,8 +163,16 @@ class ChangeFeed:
         # key -> {purgatory name -> number of operations watching it there}
         self._refs: dict[KafkaKey, dict[str, int]] = {}
         self._purgatories: dict[str, Purgatoryish] = {}
-        # id(op) -> (purgatory name, its Kafka keys): what on_finished must release.
-        self._op_keys: dict[int, tuple[str, tuple[KafkaKey, ...], bool]] = {}
+        # id(op) -> what on_finished must release: purgatory name, Kafka keys, needs_log_start,
+        # and its entries in the offset index (key, entry) when its type is indexed.
+        self._op_keys: dict[int, _Registration] = {}
+        # (purgatory name, partition) -> how many of the operations watching it are indexed by
+        # the high watermark they need (OffsetIndex). When that is all of them (_refs), a
+        # high-watermark advance of the partition tries only the due ones; otherwise
+        # check_and_complete tries them all. Updated with _refs under self._lock, so one read
+        # under it sees both counts of the same registrations.
+        self._indexed: dict[tuple[str, TopicPartitionKey], int] = {}
+        self.index = OffsetIndex()
         # Partitions whose watchers read the log start offset -> how many such watchers.
         self._log_start_refs: dict[TopicPartitionKey, int] = {}
         self._wake = threading.Event()
@@ -235,39 +246,47 @@ class ChangeFeed:
         ``needs_log_start``: the watcher reads log start offsets (ListOffsets earliest is then
         polled for its partitions; keys nobody needs it for skip that request).
         """
-        added = False
         with self._lock:
-            for key in keys:
-                if isinstance(key, TopicPartitionKey | GroupPartitionKey | TopicKey):
-                    added |= key not in self._refs
-                    per = self._refs.setdefault(key, {})
-                    per[purgatory] = per.get(purgatory, 0) + 1
-                    if needs_log_start and isinstance(key, TopicPartitionKey):
-                        self._log_start_refs[key] = self._log_start_refs.get(key, 0) + 1
-            if added:
-                self._follow_partitions()
+            added = self._watch_locked(purgatory, keys, needs_log_start)
         if added:
             self._wake.set()  # facts for a new key are wanted now, not at the next interval
 
+    def _watch_locked(self, purgatory: str, keys: Iterable[Hashable], needs_log_start: bool) -> bool:
+        added = False
+        for key in keys:
+            if isinstance(key, TopicPartitionKey | GroupPartitionKey | TopicKey):
+                added |= key not in self._refs
+                per = self._refs.setdefault(key, {})
+                per[purgatory] = per.get(purgatory, 0) + 1
+                if needs_log_start and isinstance(key, TopicPartitionKey):
+                    self._log_start_refs[key] = self._log_start_refs.get(key, 0) + 1
+        if added:
+            self._follow_partitions()
+        return added
+
     def release(self, purgatory: str, keys: Iterable[Hashable], *, needs_log_start: bool = True) -> None:
-        dropped = False
         with self._lock:
-            for key in keys:
-                if needs_log_start and key in self._log_start_refs:
-                    self._log_start_refs[key] -= 1
-                    if self._log_start_refs[key] <= 0:
-                        del self._log_start_refs[key]
-                per = self._refs.get(key)  # type: ignore[call-overload]
-                if per is None or purgatory not in per:
-                    continue
-                per[purgatory] -= 1
-                if per[purgatory] <= 0:
-                    del per[purgatory]
-                    if not per:
-                        del self._refs[key]  # type: ignore[arg-type]
-                        dropped = True
-            if dropped:
+            if self._release_locked(purgatory, keys, needs_log_start):
                 self._follow_partitions()
+
+    def _release_locked(self, purgatory: str, keys: Iterable[Hashable], needs_log_start: bool) -> bool:
+        """Count one watcher less of each key; True if a key is no longer watched at all."""
+        dropped = False
+        for key in keys:
+            if needs_log_start and key in self._log_start_refs:
+                self._log_start_refs[key] -= 1
+                if self._log_start_refs[key] <= 0:
+                    del self._log_start_refs[key]
+            per = self._refs.get(key)  # type: ignore[call-overload]
+            if per is None or purgatory not in per:
+                continue
+            per[purgatory] -= 1
+            if per[purgatory] <= 0:
+                del per[purgatory]
+                if not per:
+                    del self._refs[key]  # type: ignore[arg-type]
+                    dropped = True
+        return dropped
 
     def _follow_partitions(self) -> None:
         # Called with self._lock held, only when a key came or went: O(watched keys) per key
@@ -282,19 +301,49 @@ class ChangeFeed:
     # PurgatoryListener hooks (the core calls these on submission and on finish).
     def on_submitted(self, purgatory: str, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
         kafka_keys = tuple(k for k in keys if isinstance(k, TopicPartitionKey | GroupPartitionKey | TopicKey))
-        if kafka_keys:
-            # Operation types that never read log start offsets say so (KafkaOperation does);
-            # anything else is assumed to need every fact.
-            needs = bool(getattr(op, "needs_log_start", True))
-            with self._lock:
-                self._op_keys[id(op)] = (purgatory, kafka_keys, needs)
-            self.watch(purgatory, kafka_keys, needs_log_start=needs)
+        if not kafka_keys:
+            return
+        # Operation types that never read log start offsets say so (KafkaOperation does);
+        # anything else is assumed to need every fact.
+        needs = bool(getattr(op, "needs_log_start", True))
+        indexed = _indexed_op(op)
+        entries: list[tuple[TopicPartitionKey, Entry]] = []
+        if indexed is not None:
+            # Indexed *before* the submission's first try (this hook runs before it): an event
+            # whose pop misses the entry published its facts before, so that try sees them
+            # (OffsetIndex's lost-wakeup argument).
+            for key in kafka_keys:
+                if isinstance(key, TopicPartitionKey):
+                    at = indexed.high_watermark_needed(key)
+                    if at is not None:
+                        entries.append((key, self.index.add(purgatory, key, at, op)))
+        with self._lock:
+            self._op_keys[id(op)] = _Registration(purgatory, kafka_keys, needs, entries, indexed is not None)
+            if indexed is not None:
+                for key in kafka_keys:
+                    if isinstance(key, TopicPartitionKey):
+                        self._indexed[purgatory, key] = self._indexed.get((purgatory, key), 0) + 1
+            added = self._watch_locked(purgatory, kafka_keys, needs)
+        if added:
+            self._wake.set()
 
     def on_finished(self, purgatory: str, op: DelayedOperation) -> None:
         with self._lock:
             entry = self._op_keys.pop(id(op), None)
-        if entry is not None:
-            self.release(entry[0], entry[1], needs_log_start=entry[2])
+            if entry is None:
+                return
+            if entry.indexed:
+                for key in entry.keys:
+                    if isinstance(key, TopicPartitionKey):
+                        left = self._indexed.get((entry.purgatory, key), 0) - 1
+                        if left > 0:
+                            self._indexed[entry.purgatory, key] = left
+                        else:
+                            self._indexed.pop((entry.purgatory, key), None)
+            if self._release_locked(entry.purgatory, entry.keys, entry.needs_log_start):
+                self._follow_partitions()
+        for key, indexed in entry.entries:
+            self.index.kill(entry.purgatory, key, indexed)
 
     def on_released(self, purgatory: str, op: DelayedOperation) -> None:
         """The purgatory let go of ``op`` unfinished (refused, or handed back by cancel_for_key)."""
@@ -427,14 +476,31 @@ class ChangeFeed:
         for observer in self._observers:
             observer(changed)
         for key in changed:
-            self._check(key)
+            if isinstance(key, TopicPartitionKey):
+                self._check(key, _advanced_to(old.partitions.get(key), partitions[key]))
+            else:
+                self._check(key)
         return True
 
-    def _check(self, key: KafkaKey) -> None:
+    def _check(self, key: KafkaKey, advanced_to: int | None = None) -> None:
+        """Wake ``key`` in every purgatory watching it. ``advanced_to``: only its high watermark
+        moved, to this: purgatories whose every watcher of ``key`` is indexed try just the due
+        ones (OffsetIndex); the others, and every other change, ``check_and_complete(key)``."""
         with self._lock:
             names = list(self._refs.get(key, ()))
             purgatories = [self._purgatories[n] for n in names if n in self._purgatories]
+            if advanced_to is not None and isinstance(key, TopicPartitionKey):
+                refs = self._refs.get(key, {})
+                covered = {
+                    p.name for p in purgatories if self._indexed.get((p.name, key), 0) >= refs.get(p.name, 0)
+                }
+            else:
+                covered = set()
         for purgatory in purgatories:
+            if purgatory.name in covered:
+                assert isinstance(key, TopicPartitionKey) and advanced_to is not None, "covered: an advance"
+                self._wake_indexed(purgatory, key, advanced_to)
+                continue
             self.stats.checks += 1
             try:
                 purgatory.check_and_complete(key)
@@ -442,6 +508,38 @@ class ChangeFeed:
                 _log.exception(
                     "kafka_feed_check_failed", feed=self.name, key=str(key), purgatory=purgatory.name
                 )
+
+    def _wake_indexed(self, purgatory: Purgatoryish, key: TopicPartitionKey, high_watermark: int) -> None:
+        """Try the operations of ``purgatory`` whose needed high watermark of ``key`` was reached.
+
+        As ``check_and_complete`` does for each op: ``safe_try_complete`` under its lock, a
+        failure logged and counted with the op left watched and timed (and indexed). An op still
+        waiting is put back at what it needs now. Popped entries are out of the heap while they
+        are tried, so an advance published meanwhile by the other thread (tail vs poll) may have
+        missed them: pass again while the published watermark moved past the one handled.
+        """
+        self.stats.indexed_wakes += 1
+        name = purgatory.name
+        handled = high_watermark
+        while True:
+            for entry in self.index.due(name, key, handled):
+                op: _IndexedOp | None = entry[OP]
+                if op is None:
+                    continue  # finished or released since the pop
+                self.stats.indexed_tries += 1
+                try:
+                    op.safe_try_complete()
+                except Exception as exc:
+                    _user_code_failed(purgatory, op, exc)
+                if not op.is_completed():
+                    at = op.high_watermark_needed(key)
+                    if at is not None:
+                        self.index.again(name, key, entry, at)
+            facts = self._snapshot.partitions.get(key)
+            latest = None if facts is None else facts.high_watermark
+            if latest is None or latest <= handled:
+                return
+            handled = latest
 
     # -- push: the tail's callbacks (on its thread) -----------------------------------------------
 
@@ -467,7 +565,7 @@ class ChangeFeed:
         poll is woken instead and re-describes the partition; its ListOffsets answer brings the
         new leader's epoch.
         """
-        changed: list[TopicPartitionKey] = []
+        changed: list[tuple[TopicPartitionKey, int]] = []
         newer_leader = False
         with self._publish_lock:
             old = self._snapshot
@@ -487,7 +585,7 @@ class ChangeFeed:
                     continue
                 if facts.high_watermark is None or position.read_to > facts.high_watermark:
                     partitions[key] = dataclasses.replace(facts, high_watermark=position.read_to)
-                    changed.append(key)
+                    changed.append((key, position.read_to))
             if changed:
                 self._snapshot = _Snapshot(partitions, old.topics, old.groups, old.unavailable)
         if newer_leader:
@@ -496,9 +594,9 @@ class ChangeFeed:
             self._wake.set()
         self.stats.keys_changed += len(changed)
         for observer in self._observers:
-            observer(list(changed))
-        for key in changed:
-            self._check(key)
+            observer([key for key, _ in changed])
+        for key, read_to in changed:
+            self._check(key, read_to)  # only the high watermark moved (replaced above)
 
     def _tail_lost(self, key: TopicPartitionKey, why: str) -> None:
         _log.info("kafka_feed_partition_untailed", feed=self.name, partition=key.label, error=why)
@@ -544,6 +642,54 @@ def _newest(polled: PartitionFacts, current: PartitionFacts | None) -> Partition
     ):
         return polled
     return dataclasses.replace(polled, high_watermark=current.high_watermark)
+
+
+def _advanced_to(old: PartitionFacts | None, new: PartitionFacts) -> int | None:
+    """``new``'s high watermark if only that moved forward since ``old`` (log start aside: no
+    indexed operation reads it); None for any other change — first facts, leader, epoch, ISR,
+    error — which every operation on the key may need to see."""
+    high = new.high_watermark
+    if old is None or high is None or (old.high_watermark is not None and high <= old.high_watermark):
+        return None
+    same = dataclasses.replace(old, high_watermark=high, log_start_offset=new.log_start_offset)
+    return high if same == new else None
+
+
+def _user_code_failed(purgatory: Purgatoryish, op: _IndexedOp, exc: Exception) -> None:
+    # As check_and_complete: logged and counted by the purgatory (a fake of tests may not count).
+    report = getattr(purgatory, "user_code_failed", None)
+    if callable(report):
+        report(op, "try_complete", exc)
+    else:
+        _log.error("kafka_feed_try_failed", purgatory=purgatory.name, exc_info=exc)
+
+
+def _indexed_op(op: object) -> _IndexedOp | None:
+    """``op`` when its type is indexed by the high watermark it needs (OffsetIndex), else None."""
+    if getattr(op, "indexed_by_high_watermark", False):
+        return cast(_IndexedOp, op)
+    return None
+
+
+class _IndexedOp(Protocol):
+    """An operation indexed by high watermark (``KafkaOperation.indexed_by_high_watermark``)."""
+
+    def safe_try_complete(self) -> bool: ...
+
+    def is_completed(self) -> bool: ...
+
+    def high_watermark_needed(self, key: TopicPartitionKey) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Registration:
+    """What the feed must undo when an operation finishes or is released."""
+
+    purgatory: str
+    keys: tuple[KafkaKey, ...]
+    needs_log_start: bool
+    entries: list[tuple[TopicPartitionKey, Entry]]
+    indexed: bool
 
 
 def _degraded(facts: PartitionFacts) -> bool:

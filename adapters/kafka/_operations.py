@@ -91,6 +91,10 @@ class KafkaOperation(DelayedOperation):
     # Whether try_complete reads log start offsets: the feed polls ListOffsets(earliest) only
     # for partitions some watcher needs it for.
     needs_log_start = False
+    # True for a type whose ``high_watermark_needed`` is exact (see there): the change feed then
+    # tries an operation on a high-watermark advance only once it reaches what the operation
+    # needs (OffsetIndex), instead of on every change of the partition.
+    indexed_by_high_watermark = False
 
     def __init__(
         self,
@@ -121,6 +125,17 @@ class KafkaOperation(DelayedOperation):
     @abstractmethod
     def _respond(self) -> None:
         """Build the response fields (runs once, inside ``on_complete``)."""
+
+    def high_watermark_needed(self, key: TopicPartitionKey) -> int | None:
+        """The high watermark of ``key`` from which this operation may progress, or None if an
+        advance of it alone never lets it (done with that partition already).
+
+        The promise, for types that set ``indexed_by_high_watermark``: while ``key``'s leader,
+        leader epoch, ISR, min ISR and error stay as they are, ``try_complete`` cannot finish
+        the operation or change its state before the high watermark reaches this value. Any
+        other change of ``key``'s facts still tries it (``check_and_complete``).
+        """
+        return None
 
     def move(self, moved: Moved) -> bool:
         """Finish now because the partition moved (``moved`` says where); True iff this call finished it.
@@ -276,8 +291,20 @@ class DelayedProduce(KafkaOperation):
             ((key, offset),) = self.appended.items()
             self._single = (key, offset, self.leader_epochs[key])
 
+    # A partition waiting on a healthy leader is done only once the high watermark passes its
+    # offset (_status): the feed tries it on that advance, not on every one (OffsetIndex).
+    indexed_by_high_watermark = True
+
     def watch_keys(self) -> tuple[KafkaKey, ...]:
         return tuple(self.appended)
+
+    def high_watermark_needed(self, key: TopicPartitionKey) -> int | None:
+        """``appended[key] + 1`` while ``key`` waits (the watermark must *pass* the offset); a
+        read-back that brought nothing leaves it waiting, tried again on each later advance."""
+        offset = self.appended.get(key)
+        if offset is None or self.statuses.get(key) is not None:
+            return None
+        return offset + 1
 
     def try_complete(self) -> bool:
         # Hot path: the feed re-checks every operation watched on a key whose facts changed
