@@ -16,6 +16,13 @@ Figures, per pending count (the second count shows the cost does not depend on i
   once the tail follows every partition plus ``WARMUP_S``: records appended while the tail was
   being assigned are answered by the poll, a start-up cost (seconds, measured) and not the
   steady state this figure is for;
+* the same lag seen by a bare consumer (``assign``, no purgatory, the tail's fetch settings)
+  tailing the topic in the same process during the same run: the floor this machine and broker
+  give right now (on a shared machine the broker's stalls — its GC, CPU starvation — reach every
+  client alike), and, per record, the completion's lag over that floor (p50 / p99): what the
+  purgatory adds;
+* the feed's work per high-watermark advance: operations tried (the offset index tries only the
+  due ones) and ``check_and_complete`` calls;
 * requests sent to Kafka per second and per poll, polls per second, poll duration.
 """
 
@@ -32,7 +39,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import typer
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
 
 from purgatory.settings import KafkaSettings, load_settings
 
@@ -47,6 +54,7 @@ __all__ = ["BenchResult", "kafka", "run_once"]
 WARMUP_S = 1.0  # after the tail follows every partition: first pushes, the broker's JIT; not measured
 FOLLOW_TIMEOUT_S = 60.0  # bound on waiting for the tail to follow every partition (push mode)
 FOLLOW_POLL_S = 0.05
+FLOOR_ROUND_S = 0.1  # the bare consumer's poll timeout (as the tail's ROUND_S)
 GRACE_S = 1.0  # after the window: completions of records sent at its end are still counted
 OP_TIMEOUT_MS = 600_000  # nothing may expire during a run: every completion is a Kafka event
 TARGET_LAG_P99_MS = 5.0  # issue 12: Kafka-backed completion lag p99 at 10,000 pending
@@ -62,6 +70,12 @@ class BenchResult:
     lag_max_ms: float
     ack_lag_p50_ms: float
     ack_lag_p99_ms: float
+    floor_p50_ms: float  # produce() -> a bare consumer read the record
+    floor_p99_ms: float
+    over_floor_p50_ms: float  # per record: completion lag less the bare consumer's
+    over_floor_p99_ms: float
+    tries_per_advance: float  # operations tried per high-watermark advance served by the index
+    checks: int  # check_and_complete calls (changes other than an advance, unindexed purgatories)
     requests_per_s: float
     requests_per_poll: float
     polls_per_s: float
@@ -139,17 +153,63 @@ class _Workload:
         return sorted(lags)
 
 
-def _wait_until_tailed(feed: ChangeFeed, keys: list[TopicPartitionKey]) -> None:
-    """In push mode, until the tail follows every partition (bounded): before, the poll answers."""
+class _FloorTail:
+    """A bare consumer tailing the bench topic (assign at the end, no group, the tail's fetch
+    settings): when each record reached a client that does nothing else (module doc)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        from ._tail import FETCH_WAIT_MS
+
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-floor-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "latest",
+                "fetch.wait.max.ms": FETCH_WAIT_MS,
+                "fetch.min.bytes": 1,
+                "socket.nagle.disable": True,
+                "log_level": 0,
+            }
+        )
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in range(partitions)])
+        self.read_ns: dict[tuple[int, int], int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-floor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        read_ns = self.read_ns
+        while not self._stop.is_set():
+            first = self.consumer.poll(FLOOR_ROUND_S)
+            if first is None:
+                continue
+            now = time.monotonic_ns()
+            for message in (first, *self.consumer.consume(1000, 0)):
+                if message.error() is None:
+                    read_ns[message.partition() or 0, message.offset() or 0] = now
+
+    def following(self) -> bool:
+        """True once every assigned partition has a position (records from now on are read)."""
+        return all(tp.offset >= 0 for tp in self.consumer.position(self.consumer.assignment()))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.consumer.close()
+
+
+def _wait_until_tailed(feed: ChangeFeed, keys: list[TopicPartitionKey], floor: _FloorTail) -> None:
+    """Until the tail follows every partition in push mode (before, the poll answers) and the
+    bare consumer has its positions (bounded)."""
     tail = feed.tail
-    if tail is None:
-        return
     deadline = time.monotonic() + FOLLOW_TIMEOUT_S
-    while not all(tail.following(key) for key in keys):
+    while not (floor.following() and (tail is None or all(tail.following(key) for key in keys))):
         if time.monotonic() > deadline:
+            following = len(tail.stats.following) if tail is not None else len(keys)
             raise RuntimeError(
-                f"the tail follows {len(tail.stats.following)} of {len(keys)} partitions "
-                f"after {FOLLOW_TIMEOUT_S:.0f} s"
+                f"the tail follows {following} of {len(keys)} partitions (bare consumer: "
+                f"{'ready' if floor.following() else 'no positions'}) after {FOLLOW_TIMEOUT_S:.0f} s"
             )
         time.sleep(FOLLOW_POLL_S)
 
@@ -206,6 +266,7 @@ def run_once(
         workload = _Workload(kp, topic, partitions, pending)
         for i in range(workload.per_partition * partitions):
             workload.submit(i % partitions)
+        floor = _FloorTail(bootstrap, topic, partitions)
         producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
@@ -228,15 +289,17 @@ def run_once(
         gc.callbacks.append(gc_clock)
         try:
             feed: ChangeFeed = kp.feed
-            _wait_until_tailed(feed, workload.keys)
+            _wait_until_tailed(feed, workload.keys, floor)
             time.sleep(WARMUP_S)  # the benchmark's own clock: warm-up, then a fixed window
             workload.measuring = True
             polls0, req0, t0 = feed.stats.polls, kp.view.requests_sent, time.monotonic()
+            wakes0, tries0, checks0 = feed.stats.indexed_wakes, feed.stats.indexed_tries, feed.stats.checks
             window_start = time.monotonic_ns()
             poll_ms0 = len(feed.stats.poll_ms)
             time.sleep(duration_s)
             window_end = time.monotonic_ns()
             polls1, req1, t1 = feed.stats.polls, kp.view.requests_sent, time.monotonic()
+            wakes1, tries1, checks1 = feed.stats.indexed_wakes, feed.stats.indexed_tries, feed.stats.checks
             # Records sent near the end complete after it: a grace period, so none is counted
             # as missing or biases the tail of the distribution towards the fast ones.
             time.sleep(GRACE_S)
@@ -247,6 +310,7 @@ def run_once(
             gc.unfreeze()
             stop.set()
             thread.join(30)
+            floor.close()
         pending_at_end = sum(p.num_delayed() for p in kp.purgatories.values())
     for future in admin.delete_topics([topic], request_timeout=30).values():
         future.result(timeout=30)
@@ -255,6 +319,12 @@ def run_once(
     window = (window_start, window_end)
     lags = workload.lags_ms(workload.sent_ns, window)
     from_ack = workload.lags_ms(workload.acked_ns, window)
+    floor_lags = sorted(
+        (read - workload.sent_ns[where]) / 1e6
+        for where, read in floor.read_ns.items()
+        if where in workload.sent_ns and window_start <= workload.sent_ns[where] < window_end
+    )
+    over_floor = workload.lags_ms(floor.read_ns, window)  # completion - the bare consumer's read
     elapsed = t1 - t0
     polls = max(polls1 - polls0, 1)
     return BenchResult(
@@ -266,6 +336,12 @@ def run_once(
         lag_max_ms=lags[-1] if lags else float("nan"),
         ack_lag_p50_ms=_pct(from_ack, 0.50),
         ack_lag_p99_ms=_pct(from_ack, 0.99),
+        floor_p50_ms=_pct(floor_lags, 0.50),
+        floor_p99_ms=_pct(floor_lags, 0.99),
+        over_floor_p50_ms=_pct(over_floor, 0.50),
+        over_floor_p99_ms=_pct(over_floor, 0.99),
+        tries_per_advance=(tries1 - tries0) / max(wakes1 - wakes0, 1),
+        checks=checks1 - checks0,
         requests_per_s=(req1 - req0) / elapsed,
         requests_per_poll=(req1 - req0) / polls,
         polls_per_s=polls / elapsed,
@@ -323,6 +399,14 @@ def kafka(
             f"lag from the broker's acknowledgement (delivery report) at {main.pending} pending: "
             f"p50 {main.ack_lag_p50_ms:.1f} ms, p99 {main.ack_lag_p99_ms:.1f} ms"
         )
+        for result in (main, other):
+            typer.echo(
+                f"{result.pending} pending: a bare consumer read the records p50 {result.floor_p50_ms:.1f} / "
+                f"p99 {result.floor_p99_ms:.1f} ms (same run: the floor); completion over it, per record: "
+                f"p50 {result.over_floor_p50_ms:.1f} / p99 {result.over_floor_p99_ms:.1f} ms; "
+                f"{result.tries_per_advance:.2f} operations tried per high-watermark advance, "
+                f"{result.checks} check_and_complete calls"
+            )
         target = "met" if main.lag_p99_ms <= TARGET_LAG_P99_MS else "NOT met"
         typer.echo(
             f"p99 completion lag {main.lag_p99_ms:.1f} ms at {main.pending} pending: "
