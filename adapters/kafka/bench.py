@@ -39,7 +39,15 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import typer
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from purgatory.settings import KafkaSettings, load_settings
 
@@ -172,9 +180,11 @@ class _FloorTail:
                 "log_level": 0,
             }
         )
+        self.partitions = [TopicPartition(topic, p) for p in range(partitions)]
         self.consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in range(partitions)])
         self.read_ns: dict[tuple[int, int], int] = {}
         self._stop = threading.Event()
+        self.ready = threading.Event()  # every partition has a high watermark: records are read
         self._thread = threading.Thread(target=self._run, name="bench-floor", daemon=True)
         self._thread.start()
 
@@ -182,6 +192,8 @@ class _FloorTail:
         read_ns = self.read_ns
         while not self._stop.is_set():
             first = self.consumer.poll(FLOOR_ROUND_S)
+            if not self.ready.is_set() and self._has_high_watermarks():
+                self.ready.set()
             if first is None:
                 continue
             now = time.monotonic_ns()
@@ -189,9 +201,22 @@ class _FloorTail:
                 if message.error() is None:
                     read_ns[message.partition() or 0, message.offset() or 0] = now
 
+    def _has_high_watermarks(self) -> bool:
+        """True once a fetch response gave every partition's high watermark (as the tail's
+        ``following``): it reads from a fixed position, so every record from now on reaches it.
+        Asked on the consumer's own thread: called from another while this one was inside
+        ``poll``, the consumer's calls blocked for good."""
+        for tp in self.partitions:
+            try:
+                _low, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            except KafkaException:
+                return False
+            if high < 0:
+                return False
+        return True
+
     def following(self) -> bool:
-        """True once every assigned partition has a position (records from now on are read)."""
-        return all(tp.offset >= 0 for tp in self.consumer.position(self.consumer.assignment()))
+        return self.ready.is_set()
 
     def close(self) -> None:
         self._stop.set()
