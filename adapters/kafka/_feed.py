@@ -29,14 +29,18 @@ The poll (one thread, ``kafka-feed-<name>``), every interval:
 3. Publish the new facts as an immutable snapshot (copy-on-write dict swapped in one store:
    operations read it lock-free in ``try_complete``).
 4. For each key whose facts changed (including "first seen"), call ``check_and_complete(key)``
-   on each purgatory watching it.
+   on each purgatory watching it — except when only a partition's high watermark moved and
+   every operation of that purgatory on it is indexed by the high watermark it needs
+   (``KafkaOperation.indexed_by_high_watermark``: ``DelayedProduce``): then only the ones it
+   reached are tried (:class:`OffsetIndex`), so a key event costs what it completes, not every
+   waiter on the key. The tail's pushes go the same way.
 
 Worked example: 10,000 ``DelayedProduce`` on 100 partitions → 100 watched keys → 1.2 requests
 per interval (ListOffsets latest for the 100 partitions every poll, DescribeTopics for the one
 topic every 5th; earliest is polled only for partitions watched by operations with
 ``needs_log_start``, e.g. DelayedFetch);
-a record landing on ``orders-7`` changes that key's high watermark, so only the ~100 operations
-watched on ``orders-7`` are checked.
+a record landing on ``orders-7`` changes that key's high watermark, so of the ~100 operations
+watched on ``orders-7`` only the one waiting for that record is tried.
 
 Outages: a request that fails as unavailable is logged and counted, the snapshot keeps its last
 facts and records ``unavailable`` (operations quote it when they expire), and polling backs off
@@ -318,7 +322,9 @@ class ChangeFeed:
                     if at is not None:
                         entries.append((key, self.index.add(purgatory, key, at, op)))
         with self._lock:
-            self._op_keys[id(op)] = _Registration(purgatory, kafka_keys, needs, entries, indexed is not None)
+            self._op_keys[id(op)] = _Registration(
+                purgatory, kafka_keys, needs, tuple(entries) if entries else (), indexed is not None
+            )
             if indexed is not None:
                 for key in kafka_keys:
                     if isinstance(key, TopicPartitionKey):
@@ -683,12 +689,13 @@ class _IndexedOp(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _Registration:
-    """What the feed must undo when an operation finishes or is released."""
+    """What the feed must undo when an operation finishes or is released (one per waiter: slotted,
+    and ``entries`` the shared empty tuple for unindexed operations — the service's long polls)."""
 
     purgatory: str
     keys: tuple[KafkaKey, ...]
     needs_log_start: bool
-    entries: list[tuple[TopicPartitionKey, Entry]]
+    entries: tuple[tuple[TopicPartitionKey, Entry], ...]
     indexed: bool
 
 
