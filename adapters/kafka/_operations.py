@@ -133,7 +133,9 @@ class KafkaOperation(DelayedOperation):
         The promise, for types that set ``indexed_by_high_watermark``: while ``key``'s leader,
         leader epoch, ISR, min ISR and error stay as they are, ``try_complete`` cannot finish
         the operation or change its state before the high watermark reaches this value. Any
-        other change of ``key``'s facts still tries it (``check_and_complete``).
+        other change of ``key``'s facts still tries it (``check_and_complete``). The log start
+        offset may move along with an advance unseen, so an indexed type must not read it
+        (``DelayedFetch`` does — out of range — and is not indexed).
         """
         return None
 
