@@ -73,7 +73,7 @@ from ._clients import FetchedRecord
 from ._errors import KafkaUnavailableError
 from ._facts import NO_LEADER, GroupFacts, PartitionFacts, TopicFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
-from ._offset_index import OP, Entry, OffsetIndex
+from ._offset_index import AT, OP, Entry, OffsetIndex
 from ._tail import PartitionTail, TailedPosition
 from ._view import ClusterView
 
@@ -533,14 +533,18 @@ class ChangeFeed:
                 if op is None:
                     continue  # finished or released since the pop
                 self.stats.indexed_tries += 1
+                at: int | None = entry[AT]
                 try:
                     op.safe_try_complete()
-                except Exception as exc:
-                    _user_code_failed(purgatory, op, exc)
-                if not op.is_completed():
+                    if op.is_completed():
+                        continue
                     at = op.high_watermark_needed(key)
-                    if at is not None:
-                        self.index.again(name, key, entry, at)
+                except Exception as exc:
+                    # Stays watched, timed and indexed where it was: tried again on every later
+                    # advance, as check_and_complete would (and the other due ops still are).
+                    _user_code_failed(purgatory, op, exc)
+                if at is not None:
+                    self.index.again(name, key, entry, at)
             facts = self._snapshot.partitions.get(key)
             latest = None if facts is None else facts.high_watermark
             if latest is None or latest <= handled:

@@ -213,6 +213,38 @@ def test_a_read_back_that_brought_nothing_is_tried_again_on_the_next_advance(rig
     assert op.is_completed() and op.statuses == {KEY: ErrorCode.NONE}
 
 
+class FlakyProduce(DelayedProduce):
+    """Raises on its first attempt after submission (user code failing inside a key event)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.raise_next = False
+
+    def try_complete(self) -> bool:
+        if self.raise_next:
+            self.raise_next = False
+            raise RuntimeError("boom")
+        return super().try_complete()
+
+
+def test_an_operation_raising_in_an_indexed_wake_is_counted_and_tried_again(rig: Any) -> None:
+    view, feed, purgatory, _ = rig
+    ops = [FlakyProduce(feed, Appended({KEY: o}, {KEY: EPOCH}), delay_ms=60_000) for o in range(3)]
+    for op in ops:
+        purgatory.try_complete_else_watch(op, op.watch_keys())
+    view.partitions[KEY] = _facts(0)
+    feed.poll_once()
+    ops[0].raise_next = True
+    errors = purgatory.stats.user_code_errors
+    view.partitions[KEY] = _facts(2)
+    feed.poll_once()
+    assert not ops[0].is_completed() and ops[1].is_completed(), "one op's failure does not starve the others"
+    assert purgatory.stats.user_code_errors == errors + 1, "the failure is counted by the purgatory"
+    view.partitions[KEY] = _facts(3)
+    feed.poll_once()
+    assert ops[0].is_completed() and ops[2].is_completed(), "the failed op stayed indexed and is tried again"
+
+
 def test_index_pops_in_offset_order_and_skips_dead_entries() -> None:
     index = OffsetIndex()
     entries = {at: index.add("p", KEY, at, f"op{at}") for at in (9, 3, 7, 12)}
