@@ -120,6 +120,46 @@ def test_purgatory_performance_port_finishes_every_request_once(side: str) -> No
     assert result["actual_rate"] > 0 and result["target_rate"] == math.inf
 
 
+class _Due:
+    """What the completion queue needs of a request: its due time and force_complete."""
+
+    def __init__(self, completes_at: int, log: list[_Due], done: threading.Event, total: int) -> None:
+        self.completes_at = completes_at
+        self.completed = 0
+        self._log, self._done, self._total = log, done, total
+
+    def force_complete(self) -> bool:
+        self.completed += 1
+        self._log.append(self)
+        if len(self._log) == self._total:
+            self._done.set()
+        return True
+
+
+def test_completion_queue_completes_each_request_once_in_due_order() -> None:
+    # Entries are ints (due << 32 | seq) with the request in a list slot: due order, ties in
+    # arrival order, each request handed out once, however the adds interleave with the thread.
+    now = purgatory_perf._clock_ms()
+    log: list[_Due] = []
+    done = threading.Event()
+    offsets = [30, 5, 5, 0, 17, 30, 2, 9, 0, 12]
+    ops = [_Due(now + off, log, done, len(offsets)) for off in offsets]
+    queue = purgatory_perf.CompletionQueue(len(ops))
+    try:
+        for op in ops:
+            queue.add(op)
+        assert done.wait(10), f"{len(log)} of {len(ops)} completed"
+    finally:
+        queue.shutdown()
+    assert [op.completed for op in ops] == [1] * len(ops)
+    assert log == sorted(ops, key=lambda op: (op.completes_at, ops.index(op)))
+
+
+def test_completion_queue_refuses_a_capacity_it_cannot_index() -> None:
+    with pytest.raises(ValueError, match=r"capacity must be 1\.\.4294967296 requests, got 0"):
+        purgatory_perf.CompletionQueue(0)
+
+
 @pytest.mark.parametrize("side", purgatory_perf.SIDES)
 def test_purgatory_memory_run_measures_bytes_per_pending_operation(side: str) -> None:
     result = purgatory_perf.run_memory_side(side, {"pending": 2000, "keys": 3, "key_space_size": 100}, seed=5)

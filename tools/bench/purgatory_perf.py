@@ -189,19 +189,26 @@ class CompletionQueue:
     every request due by now in one hold of its lock and completes them outside it.
 
     The queue is a binary heap with one entry per request, as Kafka's DelayQueue, but an entry
-    is an int, ``(completes_at << SEQ_BITS) | seq``, with the operation in a dict under it,
-    not a ``(completes_at, seq, op)`` tuple: a tuple holding the op is a GC-tracked object
+    is an int, ``(completes_at << SEQ_BITS) | seq``, with the operation in slot ``seq`` of a
+    list sized for the run (allocated before the measured window), not a
+    ``(completes_at, seq, op)`` tuple: a tuple holding the op is a GC-tracked object
     that lives as long as the request, so it was half of the cyclic GC's young generation and
     of what each collection traversed (7.3k of 16k sampled young objects; GC is ~1 µs of each
     request's CPU unpaced), and heapq compared tuples element by element. Ints are not
-    tracked and compare in C. Identical for every side (docs/performance.md, issue 15).
+    tracked and compare in C; a list slot is a store and a load, where a dict under the entry
+    (tried first) hashed, inserted and popped (~2% of a run's profile). Identical for every side
+    (docs/performance.md, issue 15).
     """
 
     SEQ_BITS = 32  # a run has fewer than 2**32 requests: the low bits order ties by arrival
+    SEQ_MASK = (1 << SEQ_BITS) - 1
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int) -> None:
+        if not 0 < capacity <= self.SEQ_MASK + 1:
+            raise ValueError(f"capacity must be 1..{self.SEQ_MASK + 1} requests, got {capacity}")
         self._heap: list[int] = []
-        self._ops: dict[int, _Fake] = {}
+        # Slot ``seq`` holds the ``seq``-th request added until it is due (then None again).
+        self._ops: list[_Fake | None] = [None] * capacity
         # Held with ``with self._mutex`` (a C-level __enter__/__exit__), not ``with self._cond``:
         # Condition's __enter__ and __exit__ are Python methods, two frames per add.
         self._mutex = threading.Lock()
@@ -212,9 +219,10 @@ class CompletionQueue:
         self._thread.start()
 
     def add(self, op: _Fake) -> None:
-        entry = (op.completes_at << self.SEQ_BITS) | next(self._seq)
+        seq = next(self._seq)
+        entry = (op.completes_at << self.SEQ_BITS) | seq
         with self._mutex:
-            self._ops[entry] = op
+            self._ops[seq] = op
             heapq.heappush(self._heap, entry)
             if self._heap[0] == entry:
                 self._cond.notify()
@@ -229,6 +237,7 @@ class CompletionQueue:
         heap = self._heap
         ops = self._ops
         shift = self.SEQ_BITS
+        mask = self.SEQ_MASK
         due: list[_Fake] = []
         while True:
             with self._mutex:
@@ -239,7 +248,11 @@ class CompletionQueue:
                     # Entries below this are due at or before ``now`` (whole milliseconds).
                     limit = (now + 1) << shift
                     while heap and heap[0] < limit:
-                        due.append(ops.pop(heapq.heappop(heap)))
+                        seq = heapq.heappop(heap) & mask
+                        op = ops[seq]
+                        ops[seq] = None
+                        assert op is not None, "each slot is taken once and emptied once"
+                        due.append(op)
                     if due:
                         break
                     self._cond.wait(((heap[0] >> shift) - now) / 1000.0 if heap else 0.1)
@@ -285,7 +298,7 @@ def run_side(side: str, raw_params: dict[str, Any], seed: int) -> dict[str, Any]
     params.validate()
     latencies, intervals, keys = workload(params, seed)
     sink = _Sink(params.num)
-    queue = CompletionQueue()
+    queue = CompletionQueue(params.num)
     if side == "purgatory":
         purgatory: Any = DelayedOperationPurgatory[FakeOperation]("fake purgatory")
         op_type: Any = FakeOperation
