@@ -3,6 +3,7 @@ results. Tiny sizes only — the figures themselves are checked by running ``pur
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import threading
@@ -20,6 +21,7 @@ from purgatory.tools.bench.baselines import (
 from typer.testing import CliRunner
 
 from purgatory.cli import app
+from purgatory.settings import AdmissionSettings
 
 _Task = timer.HeapTask  # a task with a payload and a run counter, no timer machinery
 
@@ -186,6 +188,21 @@ def test_purgatory_bench_has_a_point_per_rate_and_a_memory_figure() -> None:
 def test_purgatory_params_refuse_nonsense_naming_the_option() -> None:
     with pytest.raises(ValueError, match="--pct75"):
         purgatory_perf.PurgatoryParams(pct50=50, pct75=20).validate()
+    with pytest.raises(ValueError, match="--gc must be one of interpreter, service"):
+        purgatory_perf.PurgatoryParams(gc="off").validate()
+
+
+@pytest.mark.parametrize("side", purgatory_perf.SIDES)
+def test_the_service_gc_policy_holds_for_the_timed_run_only(side: str) -> None:
+    # --gc service: every Python side's timed run under the service's thresholds (what
+    # `purgatory serve` sets), the interpreter's restored afterwards; the case says which.
+    before = gc.get_threshold()
+    params = purgatory_perf.PurgatoryParams(num=500, timeout=50, pct50=5, pct75=20, gc="service")
+    result = purgatory_perf.run_side(side, params.as_dict(), seed=5)
+    assert tuple(result["gc_thresholds"]) == AdmissionSettings().gc_thresholds != before
+    assert gc.get_threshold() == before
+    [cpu, *_] = purgatory_perf.comparisons(params, seed=1, rates=[0])
+    assert cpu.case == "500 requests, rate max, service GC"
 
 
 @pytest.mark.parametrize("side", expiry.SIDES)

@@ -154,6 +154,14 @@ def purgatory_bench(
     pending: Annotated[
         int, typer.Option("--pending", help="Pending operations of the bytes-per-operation case.")
     ] = 100_000,
+    gc_policy: Annotated[
+        str,
+        typer.Option(
+            "--gc",
+            help="Cyclic-GC policy of the Python sides' timed runs: interpreter (CPython's default "
+            "thresholds) or service (admission.gc_thresholds, what `purgatory serve` runs with).",
+        ),
+    ] = "interpreter",
     keys: Annotated[int, typer.Option("--keys", help="Keys each request watches.")] = 3,
     key_space_size: Annotated[int, typer.Option("--key-space-size", help="Number of possible keys.")] = 100,
     timeout: Annotated[int, typer.Option("--timeout", help="Request timeout (ms).")] = 200,
@@ -171,7 +179,9 @@ def purgatory_bench(
     from . import purgatory_perf
 
     rates = list(rate) if rate else list(purgatory_perf.DEFAULT_RATES)
-    params = purgatory_perf.PurgatoryParams(num, rates[0], keys, key_space_size, timeout, pct50, pct75)
+    params = purgatory_perf.PurgatoryParams(
+        num, rates[0], keys, key_space_size, timeout, pct50, pct75, gc_policy
+    )
     try:
         params.validate()
         comparisons = purgatory_perf.comparisons(params, seed, rates, jvm, pending)

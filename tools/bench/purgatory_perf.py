@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from rich.console import Console
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, _accel
+from purgatory.settings import AdmissionSettings
 
 from ._measure import GcMeter, percentile
 from ._runner import Comparison, Target, side_specs
@@ -55,6 +56,10 @@ class PurgatoryParams:
     timeout: int = 200
     pct50: float = 20.0
     pct75: float = 50.0
+    # The cyclic GC's thresholds the Python sides run under (the JVM side has its own GC):
+    # "interpreter" (CPython's defaults) or "service" (what `purgatory serve` sets while it
+    # serves: admission.gc_thresholds). Every Python side of a run gets the same policy.
+    gc: str = "interpreter"
 
     def validate(self) -> None:
         checks = [
@@ -65,6 +70,7 @@ class PurgatoryParams:
             (self.timeout > 0, "--timeout must be > 0 ms"),
             (self.pct50 > 0, "--pct50 must be > 0 ms"),
             (self.pct75 >= self.pct50, "--pct75 must be >= --pct50"),
+            (self.gc in GC_POLICIES, f"--gc must be one of {', '.join(GC_POLICIES)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -72,6 +78,18 @@ class PurgatoryParams:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def gc_thresholds(self) -> tuple[int, int, int] | None:
+        """The thresholds the measured run sets, None: leave the interpreter's."""
+        if self.gc == "service":
+            thresholds = AdmissionSettings().gc_thresholds
+            assert thresholds is not None  # the service's default policy sets them
+            return thresholds
+        return None
+
+
+# --gc: whose cyclic-GC policy the Python sides run under (PurgatoryParams.gc).
+GC_POLICIES = ("interpreter", "service")
 
 
 # The clocks the per-request code reads, bound once: the generator, the operation's constructor
@@ -340,15 +358,22 @@ def run_side(side: str, raw_params: dict[str, Any], seed: int) -> dict[str, Any]
             raise
 
     gc.collect()
-    with GcMeter() as meter:
-        cpu0 = time.process_time()
-        start = _now_ms()
-        generator = threading.Thread(target=generate_or_fail, name="generator")
-        generator.start()
-        generator.join()
-        finished = sink.done.wait(FINISH_TIMEOUT_S)
-        done = _now_ms()
-        cpu_ms = (time.process_time() - cpu0) * 1000.0
+    thresholds_before = gc.get_threshold()
+    thresholds = params.gc_thresholds()
+    if thresholds is not None:
+        gc.set_threshold(*thresholds)
+    try:
+        with GcMeter() as meter:
+            cpu0 = time.process_time()
+            start = _now_ms()
+            generator = threading.Thread(target=generate_or_fail, name="generator")
+            generator.start()
+            generator.join()
+            finished = sink.done.wait(FINISH_TIMEOUT_S)
+            done = _now_ms()
+            cpu_ms = (time.process_time() - cpu0) * 1000.0
+    finally:
+        gc.set_threshold(*thresholds_before)
     queue.shutdown()
     purgatory.shutdown()
     if failure:
@@ -379,6 +404,7 @@ def run_side(side: str, raw_params: dict[str, Any], seed: int) -> dict[str, Any]
         "expiry_lateness_p50_ms": percentile(lateness, 0.5),
         "expiry_lateness_p99_ms": percentile(lateness, 0.99),
         "variant": _accel.status() if side == "purgatory" else "pure Python",
+        "gc_thresholds": list(thresholds or thresholds_before),
         **meter.as_dict(),
     }
 
@@ -403,6 +429,8 @@ def comparisons(
         point.validate()
         specs = side_specs("purgatory", sides, point.as_dict(), seed)
         case = f"{point.num:,} requests, rate {'max' if rate <= 0 else f'{rate:g}/s'}"
+        if point.gc != "interpreter":
+            case += f", {point.gc} GC"
         cpu_targets = (
             [Target(">= 1.3x less CPU/request than naive at 100k/s", baseline="naive", min_ratio=1.3)]
             if rate == 100_000
