@@ -497,6 +497,17 @@ def own_release(op: OperationCore) -> None:
         _guard_release()
 
 
+def _claim(op: OperationCore, outcome: Outcome) -> bool:
+    """The claim's test-and-set and the owner's count: native steps only (see :func:`finish`)."""
+    if op.outcome is not None:
+        return False
+    op.outcome = outcome
+    owner = op._owner
+    if owner is not None:
+        owner.stats.count(outcome)
+    return True
+
+
 def finish(op: OperationCore, outcome: Outcome) -> bool:
     """Claim ``op`` for ``outcome`` and, if this call won the claim, run its callbacks."""
     # The claim: test-and-set of ``outcome``; interpreted, under one process-wide lock. A Lock per
@@ -519,23 +530,16 @@ def finish(op: OperationCore, outcome: Outcome) -> bool:
         # rely on the same). The lock's acquire and release were two calls of a method that
         # parses its arguments (``lock.acquire``: PyArg_ParseTupleAndKeywords) per finish.
         # (tests/core/test_concurrency.py: finishes racing on many threads, each claimed once.)
-        if op.outcome is not None:
+        if not _claim(op, outcome):
             return False
-        op.outcome = outcome
-        owner = op._owner
-        if owner is not None:
-            owner.stats.count(outcome)
     else:
         _claim_acquire()
         try:
-            if op.outcome is not None:
+            if not _claim(op, outcome):
                 return False
-            op.outcome = outcome
-            owner = op._owner
-            if owner is not None:
-                owner.stats.count(outcome)
         finally:
             _claim_release()
+    owner = op._owner
     # The winner removes the timer entry so the wheel frees it now rather than at expiry.
     cancel_task(op)
     try:
