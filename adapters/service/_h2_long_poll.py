@@ -63,25 +63,19 @@ import h2.settings
 import h11
 import hpack
 import structlog
-from pydantic import ValidationError
-from starlette.datastructures import QueryParams
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Match
 
 from ..kafka import DelayedFetch
 from ._app import (
     LongPollRoute,
     RenderedFetches,
-    checked_partition,
-    checked_topic,
     error_response,
-    fetch_params,
     fetch_response,
 )
 from ._errors import RequestError
 from ._gateway import Gateway
-from ._guards import UNEXPECTED_ERROR_BODY, header_fields_problem
-from ._long_poll import _MAX_WRAPPERS, _NOT_OURS, _long_poll_route
+from ._guards import UNEXPECTED_ERROR_BODY
+from ._long_poll import _MAX_WRAPPERS, _checked_poll, _long_poll_route, _plain_get_headers
 
 __all__ = ["H2_PREFACE", "H2PriorKnowledge", "H2Session", "http2_capable"]
 
@@ -380,33 +374,20 @@ class H2Session:
         """Park the stream if it is a long poll the fast path serves (as ``LongPollH11Protocol._take``)."""
         route = self.route
         assert route is not None
-        for name, value in headers:
-            if name in _NOT_OURS:
-                return False
-            if name == b"content-length" and value.strip() != b"0":
-                return False
-        service = route.settings.service
-        if header_fields_problem(headers, service.max_header_count, service.max_header_bytes) is not None:
+        if not _plain_get_headers(route, headers):
             return False
         scope = self._scope(pseudo, headers)
-        if scope is None or not route.authenticator.admits(scope):
+        if scope is None:
             return False
-        match, child = route.route.matches(scope)
-        if match is not Match.FULL:
+        poll = _checked_poll(route, scope)
+        if poll is None:
             return False
-        state = route.app.state
-        gateway: Gateway | None = getattr(state, "gateway", None)
-        if gateway is None or not gateway.serving:
-            return False
+        gateway, topic, partition, params = poll
+        waiter = _H2Waiter(self, stream_id, gateway, topic, partition, params.offset)
         try:
-            path_params = child["path_params"]
-            topic = checked_topic(str(path_params["topic"]), state.topic_policy)
-            partition = checked_partition(str(path_params["partition"]))
-            params = fetch_params(QueryParams(scope["query_string"]))
-            waiter = _H2Waiter(self, stream_id, gateway, topic, partition, params.offset)
             op = gateway.fetch_then_call(topic, partition, params, waiter)
-        except (RequestError, ValidationError):
-            return False  # the ASGI path answers it, with the same checks
+        except RequestError:
+            return False  # admission's 429 or a 503: the ASGI path answers it, with the same checks
         if op is None:
             return False  # nothing was submitted: fetch() awaits what is not cached
         waiter.op = op

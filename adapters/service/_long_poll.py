@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 from urllib.parse import unquote
 
 import h11
@@ -72,6 +72,7 @@ from ._errors import RequestError
 from ._gateway import Gateway
 from ._guards import UNEXPECTED_ERROR_BODY, header_fields_problem
 from ._head_timeout import HeadTimeoutH11Protocol
+from ._requests import FetchParams
 
 __all__ = ["LongPollH11Protocol", "http11_response", "long_poll_protocol"]
 
@@ -295,15 +296,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         if event.method != b"GET" or event.http_version != b"1.1":
             return False
         headers = [(name.lower(), value) for name, value in event.headers]
-        for name, value in headers:
-            if name in _NOT_OURS:
-                return False
-            if name == b"connection" and b"close" in value.lower():
-                return False
-            if name == b"content-length" and value.strip() != b"0":
-                return False
-        service = route.settings.service
-        if header_fields_problem(headers, service.max_header_count, service.max_header_bytes) is not None:
+        if not _plain_get_headers(route, headers):
             return False
         raw_path, _, query_string = event.target.partition(b"?")
         try:
@@ -319,23 +312,14 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             "headers": headers,
             "scheme": self.scheme,
         }
-        if not route.authenticator.admits(scope):
+        poll = _checked_poll(route, scope)
+        if poll is None:
             return False
-        match, child = route.route.matches(scope)
-        if match is not Match.FULL:
-            return False
-        state = route.app.state
-        gateway: Gateway | None = getattr(state, "gateway", None)
-        if gateway is None or not gateway.serving:
-            return False
+        gateway, topic, partition, params = poll
         try:
-            path_params = child["path_params"]
-            topic = checked_topic(str(path_params["topic"]), state.topic_policy)
-            partition = checked_partition(str(path_params["partition"]))
-            params = fetch_params(QueryParams(query_string))
             op = gateway.fetch_then_call(topic, partition, params, self._finished)
-        except (RequestError, ValidationError):
-            return False  # the ASGI path answers it, with the same checks
+        except RequestError:
+            return False  # admission's 429 or a 503: the ASGI path answers it, with the same checks
         if op is None:
             return False  # nothing was submitted: fetch() awaits what is not cached
         logged = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
@@ -510,6 +494,59 @@ def _long_poll_route(app: Any) -> LongPollRoute | None:
         if app is None:
             return None
     return None
+
+
+def _plain_get_headers(route: LongPollRoute, headers: list[tuple[bytes, bytes]]) -> bool:
+    """The request's (lowercased) header fields leave it to the fast path: no body or its framing,
+    no wish to close or upgrade, no 100-continue or proxy header (``_NOT_OURS``), and within the
+    header limits the ASGI path's guard checks. HTTP/1.1's and HTTP/2's fast paths both ask this
+    (an HTTP/2 request never has ``connection``: RFC 9113 §8.2.2, h2 rejects it as a protocol error).
+    """
+    for name, value in headers:
+        if name in _NOT_OURS:
+            return False
+        if name == b"connection" and b"close" in value.lower():
+            return False
+        if name == b"content-length" and value.strip() != b"0":
+            return False
+    service = route.settings.service
+    return header_fields_problem(headers, service.max_header_count, service.max_header_bytes) is None
+
+
+class _CheckedPoll(NamedTuple):
+    """A long poll that passed the route's checks, ready for :meth:`Gateway.fetch_then_call`."""
+
+    gateway: Gateway
+    topic: str
+    partition: int
+    params: FetchParams
+
+
+def _checked_poll(route: LongPollRoute, scope: dict[str, Any]) -> _CheckedPoll | None:
+    """``scope``'s long poll checked as the ASGI path checks it, before admission; None: the ASGI
+    path's (it gives a refusal its answer).
+
+    The checks: authentication, the very route's match, the gateway serving, the topic policy,
+    the partition, the query. Shared by the HTTP/1.1 and HTTP/2 fast paths; each
+    then submits with its own callback (admission's 429 is :meth:`Gateway.fetch_then_call`'s).
+    """
+    if not route.authenticator.admits(scope):
+        return None
+    match, child = route.route.matches(scope)
+    if match is not Match.FULL:
+        return None
+    state = route.app.state
+    gateway: Gateway | None = getattr(state, "gateway", None)
+    if gateway is None or not gateway.serving:
+        return None
+    try:
+        path_params = child["path_params"]
+        topic = checked_topic(str(path_params["topic"]), state.topic_policy)
+        partition = checked_partition(str(path_params["partition"]))
+        params = fetch_params(QueryParams(scope["query_string"]))
+    except (RequestError, ValidationError):
+        return None  # the ASGI path answers it, with the same checks
+    return _CheckedPoll(gateway, topic, partition, params)
 
 
 def long_poll_protocol(head_timeout_s: float) -> type[LongPollH11Protocol]:
