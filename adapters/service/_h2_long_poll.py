@@ -415,21 +415,26 @@ class H2Session:
                 task.add_done_callback(self.protocol.tasks.discard)
                 return
             response = self._fetch_response(waiter, op)
-        except RequestError as exc:
-            response = error_response(exc)
-        except Exception:
-            response = self._unexpected()
+        except Exception as exc:
+            response = self._failure_response(exc)
         self._respond_with(waiter.stream_id, response)
 
     async def _answer_after_offset_check(self, waiter: _H2Waiter, op: DelayedFetch) -> None:
         try:
             await waiter.gateway.check_fetch_offset(op)
             response = self._fetch_response(waiter, op)
-        except RequestError as exc:
-            response = error_response(exc)
-        except Exception:
-            response = self._unexpected()
+        except Exception as exc:
+            response = self._failure_response(exc)
         self._respond_with(waiter.stream_id, response)
+
+    def _failure_response(self, exc: Exception) -> Response:
+        """The answer when rendering one failed: a refusal's own, else (a bug) as :meth:`_unexpected`.
+
+        Called inside the ``except`` block, so the bug's log line carries its traceback.
+        """
+        if isinstance(exc, RequestError):
+            return error_response(exc)
+        return self._unexpected()
 
     def _fetch_response(self, waiter: _H2Waiter, op: DelayedFetch) -> Response:
         assert self.route is not None
