@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
 import pytest
 from purgatory.adapters.service import Gateway, create_app
+from purgatory.adapters.service._app import LongPollRoute
 from purgatory.adapters.service._server import BackgroundServer
 from starlette.applications import Starlette
 
@@ -39,6 +41,45 @@ def service(kafka_settings: KafkaSettings) -> Iterator[Service]:
     app = create_app(settings)
     with BackgroundServer(app) as server:
         yield Service(server.url, app, settings)
+
+
+@dataclass
+class Served:
+    """A service of a test's own settings on its own server, read as the fast-path tests read it."""
+
+    server: BackgroundServer
+    app: Starlette
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def port(self) -> int:
+        return int(self.server.port)
+
+    @property
+    def long_poll(self) -> LongPollRoute | None:
+        route: LongPollRoute | None = self.app.state.long_poll
+        return route
+
+    @property
+    def pending(self) -> int:
+        """Long polls waiting in the fetch purgatory."""
+        return int(self.app.state.gateway.fetch_purgatory.num_delayed())
+
+    @property
+    def taken(self) -> int:
+        """Long polls the protocol-level fast path parked (not a task in the app)."""
+        return int(self.app.state.gateway.task_free_fetches)
+
+
+@contextmanager
+def serving(settings: Settings) -> Iterator[Served]:
+    """``create_app(settings)`` on a background server (127.0.0.1), stopped gracefully (1 s) after."""
+    app = create_app(settings)
+    with BackgroundServer(app, graceful_shutdown_s=1) as server:
+        yield Served(server, app)
 
 
 async def until(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:

@@ -20,16 +20,14 @@ import h2.events
 import hpack
 import httpx
 import pytest
-from purgatory.adapters.service import create_app
 from purgatory.adapters.service._h2_bench_client import open_h2_long_polls
 from purgatory.adapters.service._h2_long_poll import H2PriorKnowledge, _SharedHeaderEncoder
-from purgatory.adapters.service._server import BackgroundServer, uvicorn_options
-from starlette.applications import Starlette
+from purgatory.adapters.service._server import uvicorn_options
 
 from purgatory.settings import AdmissionSettings, KafkaSettings, ServiceSettings, Settings
 from tests.kafka.kafka_fixtures import TopicFactory
 
-from .conftest import WAIT_S, until
+from .conftest import WAIT_S, Served, serving, until
 
 pytestmark = pytest.mark.kafka
 
@@ -38,59 +36,49 @@ RAW_STREAMS = 1_000  # ... and on one connection of the h2 library, past httpcor
 MAX_WAITERS = 3  # the small service's process limit
 
 
-class H2Served:
-    def __init__(self, server: BackgroundServer, app: Starlette) -> None:
-        self.server = server
-        self.app = app
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    @property
-    def pending(self) -> int:
-        return int(self.app.state.gateway.fetch_purgatory.num_delayed())
-
-    @property
-    def taken(self) -> int:
-        return int(self.app.state.gateway.task_free_fetches)
-
-    def h2_client(self, **limits: int) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.url,
-            http1=False,
-            http2=True,
-            timeout=WAIT_S,
-            limits=httpx.Limits(max_connections=limits.get("max_connections", 1)),
-        )
-
-
 @contextmanager
-def _served(kafka: KafkaSettings, admission: AdmissionSettings | None = None) -> Iterator[H2Served]:
-    settings = Settings(kafka=kafka, admission=admission or AdmissionSettings())
-    app = create_app(settings)
-    with BackgroundServer(app, graceful_shutdown_s=1) as server:
-        yield H2Served(server, app)
+def _served(kafka: KafkaSettings, admission: AdmissionSettings | None = None) -> Iterator[Served]:
+    with serving(Settings(kafka=kafka, admission=admission or AdmissionSettings())) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
-def served(kafka_settings: KafkaSettings) -> Iterator[H2Served]:
+def served(kafka_settings: KafkaSettings) -> Iterator[Served]:
     with _served(kafka_settings) as served:
         yield served
+
+
+@pytest.fixture
+async def topic(served: Served, kafka_topic_factory: TopicFactory) -> str:
+    """A fresh one-partition topic, warmed up on ``served``: its next long poll can be parked."""
+    topic = kafka_topic_factory(1)
+    await _warm(served, topic)
+    return topic
+
+
+def _h2_client(served: Served) -> httpx.AsyncClient:
+    """httpx over h2c with prior knowledge: every request a stream of one connection."""
+    return httpx.AsyncClient(
+        base_url=served.url,
+        http1=False,
+        http2=True,
+        timeout=WAIT_S,
+        limits=httpx.Limits(max_connections=1),
+    )
 
 
 def _records(topic: str) -> str:
     return f"/topics/{topic}/partitions/0/records"
 
 
-async def _warm(served: H2Served, topic: str) -> None:
+async def _warm(served: Served, topic: str) -> None:
     """Over HTTP/1.1: metadata cached and the partition followed (the next poll can be parked)."""
     async with httpx.AsyncClient(base_url=served.url, timeout=WAIT_S) as client:
         warm = await client.get(_records(topic), params={"offset": 0, "max_wait_ms": 0})
         assert warm.status_code == 200 and warm.http_version == "HTTP/1.1", warm.text
 
 
-async def _produce(served: H2Served, topic: str, *values: str) -> None:
+async def _produce(served: Served, topic: str, *values: str) -> None:
     async with httpx.AsyncClient(base_url=served.url, timeout=WAIT_S) as client:
         answer = await client.post(
             f"/topics/{topic}/records", json={"records": [{"value": v} for v in values]}
@@ -99,12 +87,10 @@ async def _produce(served: H2Served, topic: str, *values: str) -> None:
 
 
 async def test_a_waiting_h2_long_poll_is_answered_on_a_record_with_the_http11_body(
-    served: H2Served, kafka_topic_factory: TopicFactory
+    served: Served, topic: str
 ) -> None:
-    topic = kafka_topic_factory(1)
-    await _warm(served, topic)
     before = served.taken
-    async with served.h2_client() as client:
+    async with _h2_client(served) as client:
         waiting = asyncio.create_task(
             client.get(_records(topic), params={"offset": 0, "max_wait_ms": 30_000})
         )
@@ -121,14 +107,10 @@ async def test_a_waiting_h2_long_poll_is_answered_on_a_record_with_the_http11_bo
     assert int(answer.headers["content-length"]) == len(answer.content)
 
 
-async def test_many_streams_on_one_connection_are_each_answered_once(
-    served: H2Served, kafka_topic_factory: TopicFactory
-) -> None:
-    topic = kafka_topic_factory(1)
-    await _warm(served, topic)
+async def test_many_streams_on_one_connection_are_each_answered_once(served: Served, topic: str) -> None:
     connections = served.server.server.server_state.connections
     before = served.taken
-    async with served.h2_client() as client:
+    async with _h2_client(served) as client:
         polls = [
             asyncio.create_task(client.get(_records(topic), params={"offset": 0, "max_wait_ms": 30_000}))
             for _ in range(STREAMS)
@@ -148,10 +130,8 @@ async def test_many_streams_on_one_connection_are_each_answered_once(
 
 
 async def test_a_thousand_streams_on_one_connection_are_each_answered_once(
-    served: H2Served, kafka_topic_factory: TopicFactory
+    served: Served, topic: str
 ) -> None:
-    topic = kafka_topic_factory(1)
-    await _warm(served, topic)
     client = await RawH2.open(served.url)
     try:
         streams = [client.get(f"{_records(topic)}?offset=0&max_wait_ms=30000") for _ in range(RAW_STREAMS)]
@@ -167,7 +147,7 @@ async def test_a_thousand_streams_on_one_connection_are_each_answered_once(
 
 
 async def test_a_full_service_answers_429_with_retry_after_over_h2(
-    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory, served: H2Served
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory, served: Served
 ) -> None:
     # The h2 library, not httpx: httpcore reads a connection under one lock that a stream still
     # waiting for its answer holds, so an answer arriving first on another stream (this 429)
@@ -256,11 +236,7 @@ class RawH2:
         await self.writer.wait_closed()
 
 
-async def test_a_client_reset_stream_releases_its_operation_at_once(
-    served: H2Served, kafka_topic_factory: TopicFactory
-) -> None:
-    topic = kafka_topic_factory(1)
-    await _warm(served, topic)
+async def test_a_client_reset_stream_releases_its_operation_at_once(served: Served, topic: str) -> None:
     purgatory = served.app.state.gateway.fetch_purgatory
     cancelled, before = purgatory.stats.cancelled, served.taken
     client = await RawH2.open(served.url)
@@ -281,11 +257,7 @@ async def test_a_client_reset_stream_releases_its_operation_at_once(
     assert served.taken == before + 2
 
 
-async def test_a_connection_going_away_releases_all_its_streams(
-    served: H2Served, kafka_topic_factory: TopicFactory
-) -> None:
-    topic = kafka_topic_factory(1)
-    await _warm(served, topic)
+async def test_a_connection_going_away_releases_all_its_streams(served: Served, topic: str) -> None:
     client = await RawH2.open(served.url)
     for _ in range(5):
         client.get(f"{_records(topic)}?offset=0&max_wait_ms=60000")
@@ -295,10 +267,10 @@ async def test_a_connection_going_away_releases_all_its_streams(
 
 
 async def test_other_routes_are_bridged_to_the_asgi_app(
-    served: H2Served, kafka_topic_factory: TopicFactory
+    served: Served, kafka_topic_factory: TopicFactory
 ) -> None:
     topic = kafka_topic_factory(1)
-    async with served.h2_client() as client:
+    async with _h2_client(served) as client:
         health = await client.get("/healthz")
         produced = await client.post(f"/topics/{topic}/records", json={"records": [{"value": "via-bridge"}]})
         # The first poll of a topic (metadata not cached) goes through the app, too.
@@ -359,7 +331,7 @@ async def test_shutdown_answers_waiting_streams_then_says_goaway(
 
 
 async def test_the_bench_client_holds_its_long_polls_on_few_connections(
-    served: H2Served, kafka_topic_factory: TopicFactory
+    served: Served, kafka_topic_factory: TopicFactory
 ) -> None:
     """``purgatory bench fanout --http2``'s client: 300 polls on 3 connections, each answered once."""
     topic = kafka_topic_factory(1)

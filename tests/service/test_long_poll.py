@@ -14,51 +14,26 @@ import ssl
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import httpx
 import pytest
-from purgatory.adapters.service import create_app
-from purgatory.adapters.service._app import LongPollRoute
 from purgatory.adapters.service._head_timeout import HeadTimeoutH11Protocol
 from purgatory.adapters.service._long_poll import LongPollH11Protocol
-from purgatory.adapters.service._server import BackgroundServer, uvicorn_options
-from starlette.applications import Starlette
+from purgatory.adapters.service._server import uvicorn_options
 
 from purgatory.settings import KafkaSettings, ServiceSettings, Settings
 
-from .conftest import WAIT_S, until
+from .conftest import WAIT_S, Served, serving, until
 from .test_auth import Pki, pki  # noqa: F401  (the mutual TLS material, made per module)
 
 TOKEN = "token-fast-path-1d9e"
 _DATE = re.compile(rb"\r\ndate: [^\r]*\r\n")
 
 
-@dataclass
-class Served:
-    server: BackgroundServer
-    app: Starlette
-
-    @property
-    def port(self) -> int:
-        return int(self.server.port)
-
-    @property
-    def long_poll(self) -> LongPollRoute | None:
-        route: LongPollRoute | None = self.app.state.long_poll
-        return route
-
-    @property
-    def pending(self) -> int:
-        return int(self.app.state.gateway.fetch_purgatory.num_delayed())
-
-
 @contextmanager
 def _served(kafka: KafkaSettings, **service: object) -> Iterator[Served]:
-    settings = Settings(kafka=kafka, service=ServiceSettings.model_validate(service))
-    app = create_app(settings)
-    with BackgroundServer(app, graceful_shutdown_s=1) as server:
-        yield Served(server, app)
+    with serving(Settings(kafka=kafka, service=ServiceSettings.model_validate(service))) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +101,6 @@ def _warm(port: int, topic: str, *headers: str) -> None:
     asyncio.run(_ask(port, _get(f"/topics/{topic}/partitions/0/records?offset=0&max_wait_ms=0", *headers)))
 
 
-def _taken(served: Served) -> int:
-    return int(served.app.state.gateway.task_free_fetches)
-
-
 # -- same answers ---------------------------------------------------------------------------------
 
 
@@ -151,12 +122,12 @@ def test_answers_from_the_fast_path_are_the_asgi_paths_bytes(
         _get("/topics/_internal/partitions/0/records?offset=0"),  # 403: the topic policy
         _get(f"/topics/{topic}/partitions/0/records?offset=0&max_wait_ms=1&bogus=1"),  # 400: unknown name
     ]
-    before = _taken(fast)
+    before = fast.taken
     for request in requests:
         expected = asyncio.run(_ask(slow.port, request))
         assert asyncio.run(_ask(fast.port, request)) == expected, request
     # The first three waited (or were answered) on the fast path; the refusals went through ASGI.
-    assert _taken(fast) - before == 3
+    assert fast.taken - before == 3
     assert slow.long_poll is None
 
 
@@ -178,9 +149,9 @@ def test_a_waiting_long_poll_is_answered_with_the_asgi_paths_bytes(
             await conn.close()
         return answers
 
-    before = _taken(fast)
+    before = fast.taken
     from_fast, from_slow = asyncio.run(wait_both())
-    assert _taken(fast) == before + 1
+    assert fast.taken == before + 1
     assert b'"outcome":"COMPLETED"' in from_fast
     assert from_fast == from_slow
 
@@ -208,9 +179,9 @@ def test_a_client_leaving_while_waiting_releases_its_operation(
         await until(lambda: ours not in connections, "the connection forgotten", timeout_s=5.0)
         assert getattr(ours, "_parked", None) is None
 
-    before, cancelled = _taken(fast), purgatory.stats.cancelled
+    before, cancelled = fast.taken, purgatory.stats.cancelled
     asyncio.run(leave())
-    assert _taken(fast) == before + 1
+    assert fast.taken == before + 1
     assert purgatory.stats.cancelled == cancelled + 1  # finished CANCELLED, as the ASGI path does
 
 
@@ -237,13 +208,13 @@ def test_a_kept_alive_connection_serves_long_polls_and_pipelined_requests_in_ord
         finally:
             await conn.close()
 
-    before = _taken(fast)
+    before = fast.taken
     first, second, third = asyncio.run(keep_alive())
     assert b'"value":"x"' in first and b'"value":"y"' in first
     assert b'"value":"z"' in second and b'"next_offset":3' in second
     assert b'"fetch_offset":1' in third  # answered after the one before it, on the same connection
     # All three on the fast path: the pipelined one waited in h11's buffer for the answer before it.
-    assert _taken(fast) - before == 3
+    assert fast.taken - before == 3
 
 
 def test_an_answered_connection_holds_no_h11_state_and_closes_at_the_keep_alive_timeout(
@@ -297,7 +268,7 @@ def test_authentication_is_asked_the_same_way(
         assert wrong == refused
         assert answered.startswith(b"HTTP/1.1 200 OK\r\n")
         # The authenticated one on the fast path; the refusals went through ASGI.
-        assert _taken(served) == (1 if fast_long_poll else 0)
+        assert served.taken == (1 if fast_long_poll else 0)
         assert (served.long_poll is None) is not fast_long_poll
 
 
@@ -329,7 +300,7 @@ async def _park_then_stop(served: Served, topic: str) -> tuple[bytes, bytes]:
     conn = await RawConnection.open(served.port)
     conn.send(_get(f"/topics/{topic}/partitions/0/records?offset=0&max_wait_ms=60000"))
     await until(lambda: served.pending == 1, "the long poll waiting")
-    assert _taken(served) == 1
+    assert served.taken == 1
     await asyncio.to_thread(served.server.stop)  # graceful (1 s), then the drain answers it
     answer = await conn.response()
     rest = await asyncio.wait_for(conn.reader.read(), WAIT_S)  # then the connection closes
@@ -358,7 +329,7 @@ def test_a_long_poll_over_mutual_tls_takes_the_fast_path(
             assert produced.status_code == 200, produced.text
             path = f"/topics/{topic}/partitions/0/records"
             client.get(path, params={"offset": 0, "max_wait_ms": 0})  # metadata cached
-            before = _taken(served)
+            before = served.taken
             answer = client.get(path, params={"offset": 0, "max_wait_ms": 5000})
         assert answer.status_code == 200 and answer.json()["records"][0]["value"] == "tls"
-        assert _taken(served) == before + 1
+        assert served.taken == before + 1
