@@ -65,6 +65,8 @@ import hpack
 import structlog
 from starlette.responses import JSONResponse, Response
 
+from purgatory.settings import Settings
+
 from ..kafka import DelayedFetch
 from ._app import (
     LongPollRoute,
@@ -75,7 +77,7 @@ from ._app import (
 from ._errors import RequestError
 from ._gateway import Gateway
 from ._guards import UNEXPECTED_ERROR_BODY
-from ._long_poll import _MAX_WRAPPERS, _checked_poll, _long_poll_route, _plain_get_headers
+from ._long_poll import _app_state, _checked_poll, _long_poll_route, _plain_get_headers
 
 __all__ = ["H2_PREFACE", "H2PriorKnowledge", "H2Session", "http2_capable"]
 
@@ -221,18 +223,6 @@ class _Bridged:
                 self.session.bridged_done(self)
 
 
-def _app_settings(app: Any) -> Any:
-    """The app's :class:`Settings`, looked up through uvicorn's wrappers (None: not our app)."""
-    for _ in range(_MAX_WRAPPERS):
-        settings = getattr(getattr(app, "state", None), "settings", None)
-        if settings is not None:
-            return settings
-        app = getattr(app, "app", None)
-        if app is None:
-            return None
-    return None
-
-
 class H2Session:
     """One HTTP/2 connection: ``h2``'s state machine, its waiting streams and its bridged ones.
 
@@ -246,7 +236,8 @@ class H2Session:
         self.transport: asyncio.Transport = protocol.transport
         self.loop: asyncio.AbstractEventLoop = protocol.loop
         self.route: LongPollRoute | None = _long_poll_route(protocol.app)
-        settings = _app_settings(protocol.app)
+        # The app's settings, the very object its gateway admits by (None: not our app).
+        settings = _app_state(protocol.app, "settings", Settings)
         config = h2.config.H2Configuration(
             client_side=False,
             header_encoding=None,

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 from urllib.parse import unquote
 
 import h11
@@ -86,6 +86,7 @@ _NOT_OURS = frozenset(
 )
 # How deep the app may sit inside uvicorn's wrappers (proxy headers, message logger).
 _MAX_WRAPPERS = 8
+_T = TypeVar("_T")
 
 
 def http11_response(response: Response, default_headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -484,16 +485,21 @@ def _cache_route(app: Any) -> LongPollRoute | None:
     return route
 
 
-def _long_poll_route(app: Any) -> LongPollRoute | None:
-    """The app's :class:`LongPollRoute`, looked up through uvicorn's wrappers (None: serve all by ASGI)."""
+def _app_state(app: Any, name: str, kind: type[_T]) -> _T | None:
+    """The app's ``state.<name>`` if it is a ``kind``, looked up through uvicorn's wrappers."""
     for _ in range(_MAX_WRAPPERS):
-        route = getattr(getattr(app, "state", None), "long_poll", None)
-        if isinstance(route, LongPollRoute):
-            return route
+        value = getattr(getattr(app, "state", None), name, None)
+        if isinstance(value, kind):
+            return value
         app = getattr(app, "app", None)
         if app is None:
             return None
     return None
+
+
+def _long_poll_route(app: Any) -> LongPollRoute | None:
+    """The app's :class:`LongPollRoute`, looked up through uvicorn's wrappers (None: serve all by ASGI)."""
+    return _app_state(app, "long_poll", LongPollRoute)
 
 
 def _plain_get_headers(route: LongPollRoute, headers: list[tuple[bytes, bytes]]) -> bool:
