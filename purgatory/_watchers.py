@@ -119,7 +119,7 @@ class WatcherList:
         self.lock = threading.Lock()
         self.watchers_by_key: dict[Hashable, Watchers] = {}
 
-    # Below, every iteration runs over a snapshot taken by one C call (``ops[:]``, ``dict.copy()``,
+    # Below, every iteration runs over a snapshot taken by one C call (``_copy``, ``dict.copy()``,
     # ``list(d.values())``): watchers append lock-free, and a copy that allocates per item
     # (``list(d.items())``) can start a GC, whose Python code (gc.callbacks, weakref callbacks,
     # __del__) may hand the GIL to a watcher mid-copy — "dictionary changed size during
@@ -162,7 +162,8 @@ def _live_ops(watchers: Watchers) -> list[OperationCore]:
     """The operations of the entries ``watchers`` holds, in order, read as the invariant above
     asks: compiled, in one native sweep of the live list (``out`` is allocated first, so a
     collection it starts runs before any entry is read; appending to it allocates no object);
-    interpreted, from a copy taken by one C call (no recycling there; watchers append meanwhile)."""
+    interpreted, from a copy taken by one C call (:func:`_copy`; no recycling there; watchers
+    append meanwhile)."""
     out: list[OperationCore] = []
     if _RECYCLE:
         for entry in watchers.ops:
@@ -170,11 +171,27 @@ def _live_ops(watchers: Watchers) -> list[OperationCore]:
             if op is not None:
                 out.append(op)
         return out
-    for entry in watchers.ops[:]:
+    for entry in _copy(watchers.ops):
         op = entry.op
         if op is not None:
             out.append(op)
     return out
+
+
+def _copy(ops: list[Watch]) -> list[Watch]:
+    """A copy of a live list that may shrink meanwhile, taken as ``list(ops)``, never ``ops[:]``.
+
+    CPython's slice (``list_slice``; ``ops.copy()`` too) takes the length, *then* allocates the
+    copy, then copies that many items from the list's current array. The allocation can start a
+    GC, the GC run Python code (gc.callbacks, weakref callbacks, ``__del__``), and that code hand
+    the GIL to a compaction of the same list (``ops[:n] = kept``), which shrinks it and may
+    reallocate its array: the slice then copies — and increfs — past the end, freed memory (a
+    segfault in ``_live_ops``, once in a CI run of tests/core/test_concurrency.py, pure Python;
+    tests/core/test_watchers_snapshot.py::test_a_copy_survives_a_compaction_a_gc_runs_inside_it).
+    ``list(ops)`` allocates the new list first and reads the length after, and growing it
+    (``PyMem_Realloc``) starts no GC: nothing runs between the length read and the copy.
+    """
+    return list(ops)
 
 
 def _compact_locked(shard: WatcherList, watchers: Watchers) -> int:
@@ -183,6 +200,8 @@ def _compact_locked(shard: WatcherList, watchers: Watchers) -> int:
     # Only the prefix examined is rewritten, in one C-level slice assignment: entries appended
     # by lock-free watchers meanwhile sit after it and stay.
     ops = watchers.ops
+    # A slice is safe here (see _copy): under the shard lock no one else shrinks the list, and
+    # what watchers append meanwhile only grows it past the length the slice read.
     examined = ops[:]
     kept: list[Watch] = []
     freed: list[Watch] = []
@@ -316,7 +335,7 @@ def keys_not_holding(shards: list[WatcherList], keys: Sequence[Hashable], entry:
     missing: list[Hashable] = []
     for key in keys:
         watchers = shards[shard_index(key)].watchers_by_key.get(key)
-        if watchers is None or entry not in watchers.ops[:]:
+        if watchers is None or entry not in _copy(watchers.ops):
             missing.append(key)
     return missing
 

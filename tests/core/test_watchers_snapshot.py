@@ -11,14 +11,18 @@ callback does the mutation itself, on the same thread, so the interleaving is ce
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from purgatory import _accel
 from purgatory._operation_core import Watch
-from purgatory._watchers import WatcherList, Watchers
+from purgatory._watchers import SHARDS, WatcherList, Watchers, keys_not_holding
 
 from .ops import MockDelayedOperation
 
@@ -83,3 +87,94 @@ def test_purge_keeps_entries_appended_by_code_a_gc_runs() -> None:
     assert purged == len(finished)
     # Every op appended during the purge is still watched under the key (none was dropped).
     assert set(shard.snapshot("key")) == set(inserted)
+
+
+# The copy races with a compaction: long enough that the shrink reallocates the list's array.
+FINISHED_ENTRIES = 20_000
+LIVE_ENTRIES = 10
+
+
+def copy_while_a_gc_compacts() -> None:
+    """Take each lock-free copy of a watch list (a snapshot; ``keys_not_holding``'s scan) while a
+    GC that the copy's own allocation starts compacts that list — what a compaction on another
+    thread does when the GC's Python code hands it the GIL. Run in a child process (a crash must
+    fail the test, not end the run); see _watchers._copy."""
+    _copy_while_a_gc_compacts(scan=False)
+    _copy_while_a_gc_compacts(scan=True)
+
+
+def _copy_while_a_gc_compacts(scan: bool) -> None:
+    shard = WatcherList()
+    watchers = Watchers("key")
+    shard.watchers_by_key["key"] = watchers
+    finished = [finished_op() for _ in range(FINISHED_ENTRIES)]
+    live = [MockDelayedOperation(1000) for _ in range(LIVE_ENTRIES)]
+    for op in [*finished, *live]:
+        entry = Watch(op, ["key"])
+        entry.slots += 1
+        watchers.ops.append(entry)  # the list's only reference: a compaction frees what it drops
+    first = watchers.ops[0]
+    shards, keys = [shard] * SHARDS, ["key"]
+    compacted = False
+
+    def compact_during_gc(phase: str, info: dict[str, int]) -> None:
+        nonlocal compacted
+        if phase == "start" and not compacted:
+            compacted = True
+            shard.compact(watchers)  # drops the finished: the list shrinks to LIVE_ENTRIES
+
+    with first_list_allocation_collects(compact_during_gc):
+        # The function's first list comes from the free list; its second, the copy, collects.
+        if scan:
+            missing = keys_not_holding(shards, keys, first)  # compares with every copied entry
+        else:
+            seen = shard.snapshot("key")
+    if not scan and _accel.compiled():
+        # Compiled, a snapshot copies nothing (one native sweep, see _live_ops): no GC inside.
+        assert not compacted and seen == [*finished, *live]
+        return
+    assert compacted, "no GC started inside the copy: the test interleaved nothing"
+    if scan:
+        assert missing == ["key"], "compacted before the copy read the list: the entry is gone"
+    else:
+        assert seen == live, "compacted before the copy read the list: the live ops, in order"
+
+
+@contextmanager
+def first_list_allocation_collects(callback: Callable[[str, dict[str, int]], None]) -> Iterator[None]:
+    """Within: one list from the lists' free list, then the next list allocated starts a GC that
+    runs ``callback``; no GC before that."""
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    gc.disable()  # setting up: counted, not collected (a collection would refill the free list)
+    try:
+        spare = [[] for _ in range(100)]  # the free list (80 at most) emptied; gen0's count past 1
+        del spare[0]  # ... and one list back on it
+        gc.set_threshold(1)
+        gc.callbacks.append(callback)
+        gc.enable()
+        yield
+    finally:
+        gc.disable()
+        gc.callbacks.remove(callback)
+        gc.set_threshold(*threshold)
+        if enabled:
+            gc.enable()
+
+
+@pytest.mark.parametrize("pure", [True, False], ids=["pure", "as-built"])
+def test_a_copy_survives_a_compaction_a_gc_runs_inside_it(pure: bool) -> None:
+    """A regression: ``ops[:]`` read the list's length before allocating the copy, so a GC started
+    by that allocation could shrink the list first; the copy then read freed memory (a segfault
+    in the pure-Python run of tests/core/test_concurrency.py). With the debug allocator filling
+    freed memory, the pure snapshot on the old slice crashed every time."""
+    env = {**os.environ, "PYTHONMALLOC": "debug", "PYTHONFAULTHANDLER": "1"}
+    if pure:
+        env[_accel.PURE_ENV] = "1"
+    else:
+        env.pop(_accel.PURE_ENV, None)
+    code = "from tests.core.test_watchers_snapshot import copy_while_a_gc_compacts as f; f()"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"a copy crashed or failed (exit {done.returncode}):\n{done.stderr[-3000:]}"
