@@ -65,6 +65,9 @@ FORMAT_TIMEOUT_S = 60.0  # one JVM start plus a few file writes
 START_TIMEOUT_S = 90.0  # 3 JVMs starting on 2 busy cores take ~10-20 s; leave room
 STOP_TIMEOUT_S = 20.0  # controlled shutdown of a broker normally takes 1-3 s
 METADATA_POLL_S = 0.25
+# wait_ready's last check: a validate-only CreateTopics of this (never created) topic.
+READY_PROBE_TOPIC = "purgatory-ready-probe"
+READY_PROBE_TIMEOUT_S = 3.0
 LOG_TAIL_LINES = 40
 DEFAULT_HEAP_MB = 384  # plenty for test traffic; keeps 4 JVMs well inside a laptop's memory
 
@@ -464,9 +467,10 @@ class LocalKafkaCluster:
             raise KafkaLauncherError("formatting Kafka storage failed:\n" + "\n".join(failures))
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S, brokers: int | None = None) -> None:
-        """Wait (bounded) until metadata lists ``brokers`` live brokers (default: all running)
-        and names the active controller."""
+        """Wait (bounded) until metadata lists ``brokers`` live brokers (default: all running),
+        names the active controller, and the controller answers an admin call."""
         from confluent_kafka.admin import AdminClient
+        from confluent_kafka.cimpl import NewTopic
 
         expected = brokers if brokers is not None else sum(1 for n in self.nodes.values() if n.is_running())
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
@@ -485,6 +489,16 @@ class LocalKafkaCluster:
                 # Brokers listed is not enough after a pause or restart: admin requests (create
                 # topic) fail with "waiting for controller" until metadata names one again.
                 if seen >= expected and metadata.controller_id >= 0:
+                    # Listed brokers and a named controller are still not enough right after a
+                    # SIGSTOP/SIGCONT: the next CreateTopics once went unanswered for its whole
+                    # 30 s (CI, test_answer_bounds[SIGSTOP-push] behind [SIGSTOP-poll]). So the
+                    # controller must answer one: a validate-only create (nothing is created;
+                    # a fenced broker makes it fail, and the loop waits on).
+                    probe = NewTopic(READY_PROBE_TOPIC, 1, 1)
+                    for future in admin.create_topics(
+                        [probe], validate_only=True, request_timeout=READY_PROBE_TIMEOUT_S
+                    ).values():
+                        future.result(timeout=READY_PROBE_TIMEOUT_S + 1.0)
                     return
             except Exception:  # not up yet: librdkafka raises KafkaException on timeout
                 pass
