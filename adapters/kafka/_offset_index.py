@@ -75,10 +75,7 @@ class OffsetIndex:
         """Index ``op`` on ``key`` until the high watermark reaches ``at``; the entry, to kill later."""
         entry: Entry = [at, next(self._seq), op]
         with self._lock:
-            heap = self._heaps.get((purgatory, key))
-            if heap is None:
-                heap = self._heaps[purgatory, key] = _Heap()
-            heapq.heappush(heap.entries, entry)
+            self._push_locked(purgatory, key, entry)
         return entry
 
     def due(self, purgatory: str, key: Hashable, high_watermark: int) -> list[Entry]:
@@ -105,10 +102,13 @@ class OffsetIndex:
             if entry[OP] is None:
                 return
             entry[AT] = at
-            heap = self._heaps.get((purgatory, key))
-            if heap is None:
-                heap = self._heaps[purgatory, key] = _Heap()
-            heapq.heappush(heap.entries, entry)
+            self._push_locked(purgatory, key, entry)
+
+    def _push_locked(self, purgatory: str, key: Hashable, entry: Entry) -> None:
+        heap = self._heaps.get((purgatory, key))
+        if heap is None:
+            heap = self._heaps[purgatory, key] = _Heap()
+        heapq.heappush(heap.entries, entry)
 
     def kill(self, purgatory: str, key: Hashable, entry: Entry) -> None:
         """``entry``'s op finished or was released: skip it from now on, compact if half dead."""
