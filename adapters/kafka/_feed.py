@@ -492,18 +492,17 @@ class ChangeFeed:
         """Wake ``key`` in every purgatory watching it. ``advanced_to``: only its high watermark
         moved, to this: purgatories whose every watcher of ``key`` is indexed try just the due
         ones (OffsetIndex); the others, and every other change, ``check_and_complete(key)``."""
+        advance = advanced_to is not None and isinstance(key, TopicPartitionKey)
         with self._lock:
-            names = list(self._refs.get(key, ()))
-            purgatories = [self._purgatories[n] for n in names if n in self._purgatories]
-            if advanced_to is not None and isinstance(key, TopicPartitionKey):
-                refs = self._refs.get(key, {})
-                covered = {
-                    p.name for p in purgatories if self._indexed.get((p.name, key), 0) >= refs.get(p.name, 0)
-                }
-            else:
-                covered = set()
-        for purgatory in purgatories:
-            if purgatory.name in covered:
+            # (purgatory, whether every one of its watchers of key is indexed), one read of both
+            # counts under the lock that updates them together.
+            woken = [
+                (self._purgatories[name], advance and self._indexed.get((name, key), 0) >= count)  # type: ignore[arg-type]
+                for name, count in self._refs.get(key, {}).items()
+                if name in self._purgatories
+            ]
+        for purgatory, covered in woken:
+            if covered:
                 assert isinstance(key, TopicPartitionKey) and advanced_to is not None, "covered: an advance"
                 self._wake_indexed(purgatory, key, advanced_to)
                 continue
