@@ -313,7 +313,10 @@ class RecordSender:
         Held records are released by the reports this serves (librdkafka's flush serves
         delivery reports on the calling thread), so the loop flushes until none is left.
         """
-        producer = self._get()
+        return self._drain(self._get(), timeout_s)
+
+    def _drain(self, producer: Producer, timeout_s: float) -> int:
+        """Flush ``producer`` until nothing is queued or held (or ``timeout_s``); how many remain."""
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = int(producer.flush(max(0.0, deadline - time.monotonic())))
@@ -335,11 +338,9 @@ class RecordSender:
             thread, self._thread = self._thread, None
         if producer is None:
             return
-        # Reports served by the flush release held records into the producer, which the same
-        # flush then waits for; what is still held at the end was never handed to Kafka.
-        remaining = producer.flush(timeout_s)
-        with self._window_lock:
-            remaining += self._window.held()
+        # Reports served by the flush release held records into the producer, which the drain
+        # then waits for; what is still held at the end was never handed to Kafka.
+        remaining = self._drain(producer, timeout_s)
         if remaining:
             _log.warning("kafka_sender_unflushed", sender=self.name, records=remaining)
         self._stopping.set()
