@@ -333,19 +333,34 @@ async def test_shutdown_answers_waiting_streams_then_says_goaway(
 async def test_the_bench_client_holds_its_long_polls_on_few_connections(
     served: Served, kafka_topic_factory: TopicFactory
 ) -> None:
-    """``purgatory bench fanout --http2``'s client: 300 polls on 3 connections, each answered once."""
+    """``purgatory bench fanout --http2``'s client: 300 polls on 3 connections, each answered once,
+    with the statuses and bodies the ``h2`` library's client reads for the same polls."""
     topic = kafka_topic_factory(1)
     await _warm(served, topic)
     connections = served.server.server.server_state.connections
     polls = await open_h2_long_polls(served.server.port, topic, 300, 1, 30_000, 100)
+    reference = await RawH2.open(served.url)
     try:
-        await until(lambda: served.pending == 300, "300 bench long polls waiting")
-        assert len([c for c in connections if getattr(c, "_h2", None) is not None]) == 3
+        streams = [reference.get(f"{_records(topic)}?offset=0&max_wait_ms=30000") for _ in range(10)]
+        await until(lambda: served.pending == 310, "300 bench long polls and 10 of h2's waiting")
+        assert len([c for c in connections if getattr(c, "_h2", None) is not None]) == 4
         await _produce(served, topic, "bench")
         await until(lambda: all(p.answered_ns for p in polls), "every bench long poll answered")
+        expected = {await reference.answer(stream_id) for stream_id in streams}
+        # A refusal, bridged to the app (a topic that does not exist): read alike by both clients.
+        missing = f"{topic}-missing"
+        (refused,) = await open_h2_long_polls(served.server.port, missing, 1, 1, 30_000, 100)
+        await until(lambda: refused.answered_ns != 0, "the bridged refusal answered")
+        refused.close()
+        refused_expected = await reference.answer(
+            reference.get(f"{_records(missing)}?offset=0&max_wait_ms=30000")
+        )
     finally:
         for poll in polls:
-            if poll.transport is not None:
-                poll.transport.close()
-    assert {p.status for p in polls} == {200}
+            poll.close()
+        await reference.close()
+    assert len(expected) == 1, "one answer, shared"
+    assert {(p.status, p.body) for p in polls} == expected, "the same status and body as h2's client"
     assert {json.loads(p.body)["records"][0]["value"] for p in polls} == {"bench"}
+    assert refused_expected[0] >= 400
+    assert (refused.status, refused.body) == refused_expected
