@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote
@@ -61,7 +60,6 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import h11
-import hpack
 import structlog
 from starlette.responses import JSONResponse, Response
 
@@ -77,6 +75,8 @@ from ._app import (
 from ._errors import RequestError
 from ._gateway import Gateway
 from ._guards import UNEXPECTED_ERROR_BODY
+from ._h2_answers import SharedH2Answer, record_plain_answer
+from ._h2_answers import SharedHeaderEncoder as _SharedHeaderEncoder  # its old name (tests)
 from ._long_poll import _app_state, _checked_poll, _long_poll_route, _plain_get_headers
 
 __all__ = ["H2_PREFACE", "H2PriorKnowledge", "H2Session", "http2_capable"]
@@ -93,52 +93,12 @@ MAX_BRIDGED_BODY_BYTES = 2 * 1024 * 1024
 # filled the budget can still open streams and hear 429 + Retry-After (and reach /healthz),
 # instead of queueing unseen in its own connection pool.
 STREAM_HEADROOM = 100
-# Distinct header lists kept encoded: a 200 differs from the next by its Date (one a second) and
-# its Content-Length; a few dozen cover every answer of a burst many times over.
-SHARED_HEADER_BLOCKS = 64
 # HTTP/1.1 connection-specific fields HTTP/2 forbids (RFC 9113 §8.2.2): dropped from ASGI answers.
 _CONNECTION_FIELDS = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
 )
 _STATUS = {status: str(status).encode() for status in range(100, 600)}
-
-
-class _SharedHeaderEncoder(hpack.Encoder):
-    """HPACK without the dynamic table: equal header lists give equal bytes, encoded once.
-
-    The table's size is 0 from the start (the first header block of the connection carries the
-    size update, so it is encoded afresh); a peer's SETTINGS_HEADER_TABLE_SIZE is an upper bound
-    an encoder may stay below (RFC 7541 §4.2), so it is kept at 0 for the connection's life. With
-    nothing indexed, a block depends only on the headers: the process-wide cache holds the bytes.
-    """
-
-    blocks: OrderedDict[tuple[tuple[bytes, bytes], ...], bytes] = OrderedDict()  # every connection's
-
-    def __init__(self) -> None:
-        super().__init__()
-        # The base class's setter records the change, emitted at the start of the next block.
-        hpack.Encoder.header_table_size.fset(self, 0)  # type: ignore[attr-defined]
-
-    @property
-    def header_table_size(self) -> int:
-        return 0
-
-    @header_table_size.setter
-    def header_table_size(self, value: int) -> None:
-        pass  # the peer's maximum: the table stays at 0 (class docstring)
-
-    def encode(self, headers: Any, huffman: bool = True) -> bytes:
-        if self.header_table.resized:  # the connection's first block: size update + headers
-            return super().encode(headers, huffman)
-        key = tuple(headers)
-        blocks = self.blocks
-        block = blocks.get(key)
-        if block is None:
-            block = super().encode(key, huffman)
-            blocks[key] = block
-            if len(blocks) > SHARED_HEADER_BLOCKS:
-                blocks.popitem(last=False)
-        return block
+_SHARED_ANSWER = SharedH2Answer()  # the last 200's frames: one loop thread per process
 
 
 class _H2Waiter:
@@ -260,6 +220,8 @@ class H2Session:
         self.bridged: dict[int, _Bridged] = {}
         self.blocked: dict[int, memoryview] = {}
         self.closing = False  # graceful shutdown: new streams refused, GOAWAY once the last is answered
+        # Bytes to write with the next flush: h2's, then the shared answers' frames, in order.
+        self.out = bytearray()
         self._flush_scheduled = False
         self.conn.initiate_connection()
         self.flush()
@@ -405,10 +367,35 @@ class H2Session:
                 self.protocol.tasks.add(task)
                 task.add_done_callback(self.protocol.tasks.discard)
                 return
+            if self._answered_alike(waiter, op):
+                return
             response = self._fetch_response(waiter, op)
         except Exception as exc:
             response = self._failure_response(exc)
         self._respond_with(waiter.stream_id, response)
+
+    def _answered_alike(self, waiter: _H2Waiter, op: DelayedFetch) -> bool:
+        """The 200 written as the shared frames of every stream answered alike (:mod:`._h2_answers`).
+
+        False (nothing written, nothing changed) when the stream's answer must go through ``h2``:
+        the connection's first header block (it carries HPACK's table-size update), a window too
+        small for the body, a stream or connection not in the state a plain answer is sent in.
+        """
+        assert self.route is not None
+        rendered: RenderedFetches = self.route.app.state.rendered_fetches
+        key = op.parts[0].key
+        body = rendered.body(key.topic, key.partition, op)
+        frames = _SHARED_ANSWER.frames_for(body, self.protocol.server_state.default_headers)
+        conn = self.conn
+        if not record_plain_answer(conn, waiter.stream_id, frames):
+            return False
+        # h2's own bytes first (a SETTINGS ack, an answer sent through it): frames keep their order.
+        pending = conn.data_to_send()
+        if pending:
+            self.out += pending
+        frames.write_to(self.out, waiter.stream_id)
+        self._schedule_flush()
+        return True
 
     async def _answer_after_offset_check(self, waiter: _H2Waiter, op: DelayedFetch) -> None:
         try:
@@ -496,9 +483,12 @@ class H2Session:
         self._close_if_done()
 
     def flush(self) -> None:
-        data = self.conn.data_to_send()
-        if data and not self.transport.is_closing():
-            self.transport.write(data)
+        out = self.out
+        out += self.conn.data_to_send()
+        if out:
+            self.out = bytearray()
+            if not self.transport.is_closing():
+                self.transport.write(out)
 
     # -- the ASGI bridge -----------------------------------------------------------------------
 
