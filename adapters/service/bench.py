@@ -90,6 +90,10 @@ class FanoutResult:
     task_free: int = 0  # of the registered, how many the protocol-level path holds (no task)
     http2_streams: int = 0  # long polls per h2c connection (0: HTTP/1.1, one connection each)
     client_cpu_us: float = 0.0  # this (client) process's CPU from the produce to the last answer, / answers
+    # Of answer_cpu_us, the service's event-loop (main) thread's: the answers' writes; the rest is
+    # the other threads' (the feed's tail completing the operations, Kafka clients).
+    answer_loop_cpu_us: float = 0.0
+    answer_first_ms: float = 0.0  # produce -> the first answer: Kafka's and the feed's part of every answer
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -117,10 +121,12 @@ def _rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def _cpu_s(pid: int) -> float:
+def _cpu_s(pid: int, tid: int | None = None) -> float:
+    """The process's user+system CPU seconds (or one thread's: ``tid``, the main thread = ``pid``)."""
     # Fields after the command name (which may hold spaces, so split after its ')'): utime, stime
     # are the 12th and 13th.
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -320,6 +326,7 @@ async def _measure_case(
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 0, "log_level": 0})
     produced_ns: dict[int, int] = {}
     cpu_before_produce = _cpu_s(service.pid)
+    loop_cpu_before_produce = _cpu_s(service.pid, service.pid)
     client_cpu_before = time.process_time()
     for partition in range(partitions):
         produced_ns[partition] = time.monotonic_ns()
@@ -333,6 +340,7 @@ async def _measure_case(
     # The service's CPU per answer from the produce to the last answer: unlike the answer times,
     # it hardly depends on what else the (shared) machine runs.
     answer_cpu_s = _cpu_s(service.pid) - cpu_before_produce
+    answer_loop_cpu_s = _cpu_s(service.pid, service.pid) - loop_cpu_before_produce
     # ... and the client's: reading 50,000 answers shares the same two cores.
     client_cpu_s = time.process_time() - client_cpu_before
     lags: list[float] = []
@@ -367,6 +375,8 @@ async def _measure_case(
         task_free=task_free,
         http2_streams=http2_streams,
         client_cpu_us=1e6 * client_cpu_s / max(completed, 1),
+        answer_loop_cpu_us=1e6 * answer_loop_cpu_s / max(completed, 1),
+        answer_first_ms=lags[0] if lags else float("nan"),
     )
 
 
@@ -423,6 +433,8 @@ def _median(runs: list[FanoutResult]) -> FanoutResult:
         task_free=min(r.task_free for r in runs),
         http2_streams=runs[0].http2_streams,
         client_cpu_us=statistics.median(r.client_cpu_us for r in runs),
+        answer_loop_cpu_us=statistics.median(r.answer_loop_cpu_us for r in runs),
+        answer_first_ms=statistics.median(r.answer_first_ms for r in runs),
     )
 
 
@@ -430,8 +442,8 @@ def _row(result: FanoutResult) -> str:
     return (
         f"{result.waiters:>8} {result.partitions:>5} {result.register_per_s:>8.0f} "
         f"{result.rss_per_waiter_bytes:>8.0f} {result.idle_cpu_pct:>7.1f}% "
-        f"{result.answer_p50_ms:>6.1f}ms {result.answer_p99_ms:>6.1f}ms "
-        f"{result.answer_max_ms:>6.1f}ms {result.answer_cpu_us:>6.0f}µs "
+        f"{result.answer_first_ms:>6.1f}ms {result.answer_p50_ms:>6.1f}ms {result.answer_p99_ms:>6.1f}ms "
+        f"{result.answer_max_ms:>6.1f}ms {result.answer_cpu_us:>6.0f}µs {result.answer_loop_cpu_us:>6.1f}µs "
         f"{result.completed:>7} {result.expired:>7} {result.errors:>6} {result.task_free:>7} "
         f"{result.client_cpu_us:>6.0f}µs  " + " ".join(f"{x:.2f}" for x in result.load_average)
     )
@@ -525,7 +537,8 @@ def fanout(
         )
         typer.echo(
             f"{'':9}{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} "
-            f"{'p50':>8} {'p99':>8} {'max':>8} {'CPU/ans':>8} {'done':>7} {'expired':>7} {'errors':>6} "
+            f"{'first':>8} {'p50':>8} {'p99':>8} {'max':>8} {'CPU/ans':>8} {'loop/ans':>8} "
+            f"{'done':>7} {'expired':>7} {'errors':>6} "
             f"{'no-task':>7} {'cli/ans':>8}  load"
         )
         for count in counts:
