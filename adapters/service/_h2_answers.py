@@ -135,9 +135,10 @@ class SharedH2Answer:
     same body object, and uvicorn replaces its default headers (a new list) when the date changes.
     """
 
-    __slots__ = ("body", "default_headers", "encoder", "frames")
+    __slots__ = ("answers", "body", "default_headers", "encoder", "frames")
 
     def __init__(self) -> None:
+        self.answers = 0  # streams answered with these shared frames (tests read it)
         self.body: bytes | None = None
         self.default_headers: list[tuple[bytes, bytes]] | None = None
         self.frames: SharedAnswerFrames | None = None

@@ -3,8 +3,12 @@
 Set-up per case (N waiters on P partitions): a real local Kafka (the project's launcher, or the
 cluster named by ``PURGATORY_KAFKA_BOOTSTRAP``), a fresh topic of P partitions, and the example
 service under uvicorn **in its own process** on 127.0.0.1 (started fresh for each case, so its
-RSS growth is the waiters'). The client is this process: asyncio, one raw HTTP/1.1 connection per
-long poll (``GET .../records?offset=0&max_wait_ms=W``, waiter ``i`` on partition ``i % P``).
+RSS growth is the waiters'). The client is this process: one raw HTTP/1.1 connection per long
+poll (``GET .../records?offset=0&max_wait_ms=W``, waiter ``i`` on partition ``i % P``), its answers
+read by one epoll thread (:mod:`._h1_bench_client`); or, with ``--http2``, h2c connections of
+``--streams-per-connection`` streams each, read by a minimal HTTP/2 frame reader on asyncio
+(:mod:`._h2_bench_client`: ~2-3 µs of client CPU per answer, where the ``h2`` library's client
+took ~61-67 µs and so set the p99 itself).
 
 Figures:
 
@@ -13,8 +17,11 @@ Figures:
 * idle CPU: the service's user+system CPU over ``--idle-s`` seconds with N waiting, in % of a core;
 * produce → answer: one record appended to each partition (``acks=1``), then the time from that
   partition's produce call to each of its long polls' answers (p50 / p99 / max);
+* produce → first answer: Kafka's and the change feed's part, which every answer pays once;
 * CPU per answer: the service's CPU from the produce to the last answer, / answers (on a shared
-  machine the answer times move with the load, this figure much less);
+  machine the answer times move with the load, this figure much less), and of it the event-loop
+  thread's (``loop/ans``: rendering and writing the answers; the rest is the feed's thread
+  completing the operations, and the Kafka clients');
 * completed vs expired: every answer's ``outcome``; an EXPIRED one is an unexpected expiry
   (``max_wait_ms`` is far longer than the case), a non-200 one an error.
 

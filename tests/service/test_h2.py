@@ -20,6 +20,7 @@ import h2.events
 import hpack
 import httpx
 import pytest
+from purgatory.adapters.service import _h2_long_poll
 from purgatory.adapters.service._h2_bench_client import open_h2_long_polls
 from purgatory.adapters.service._h2_long_poll import H2PriorKnowledge, _SharedHeaderEncoder
 from purgatory.adapters.service._server import uvicorn_options
@@ -340,6 +341,7 @@ async def test_the_bench_client_holds_its_long_polls_on_few_connections(
     connections = served.server.server.server_state.connections
     polls = await open_h2_long_polls(served.server.port, topic, 300, 1, 30_000, 100)
     reference = await RawH2.open(served.url)
+    shared_before = _h2_long_poll._SHARED_ANSWER.answers
     try:
         streams = [reference.get(f"{_records(topic)}?offset=0&max_wait_ms=30000") for _ in range(10)]
         await until(lambda: served.pending == 310, "300 bench long polls and 10 of h2's waiting")
@@ -347,6 +349,9 @@ async def test_the_bench_client_holds_its_long_polls_on_few_connections(
         await _produce(served, topic, "bench")
         await until(lambda: all(p.answered_ns for p in polls), "every bench long poll answered")
         expected = {await reference.answer(stream_id) for stream_id in streams}
+        # All but each connection's first answer (it carries HPACK's table-size update) and those
+        # the h2 client's 64 KiB windows hold back: the shared frames, not h2's per-stream calls.
+        assert _h2_long_poll._SHARED_ANSWER.answers - shared_before >= 300 - 3
         # A refusal, bridged to the app (a topic that does not exist): read alike by both clients.
         missing = f"{topic}-missing"
         (refused,) = await open_h2_long_polls(served.server.port, missing, 1, 1, 30_000, 100)

@@ -31,9 +31,13 @@ class _Pair:
     """A client and a server connection of the ``h2`` library, ``streams`` GETs sent and received."""
 
     def __init__(self, streams: int) -> None:
-        self.client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.client = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
         self.server = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=False, header_encoding=None, validate_outbound_headers=False)
+            h2.config.H2Configuration(
+                client_side=False, header_encoding=None, validate_outbound_headers=False
+            )
         )
         self.server.encoder = SharedHeaderEncoder()
         self.client.initiate_connection()
@@ -116,7 +120,9 @@ def test_an_answer_past_a_send_window_goes_through_h2() -> None:
     _through_h2(pair, first, BODY)
     pair.server.outbound_flow_control_window = len(BODY) - 1  # as after other answers, no WINDOW_UPDATE yet
     assert not _shared(pair, answer, second, BODY), "would overrun the connection's window"
-    assert pair.server.streams[second].state_machine.state is StreamState.HALF_CLOSED_REMOTE, "nothing recorded"
+    assert pair.server.streams[second].state_machine.state is StreamState.HALF_CLOSED_REMOTE, (
+        "nothing recorded"
+    )
     assert pair.server.outbound_flow_control_window == len(BODY) - 1
 
 
