@@ -33,9 +33,10 @@ bridged to the ASGI app (``http_version`` "2" in its scope) with its body read i
 answers are the same status, headers and bytes as over HTTP/1.1 (tests/service/test_h2.py).
 
 Header blocks: HPACK is per connection and stateful, so equal headers normally encode to
-different bytes on each stream. :class:`._h2_answers.SharedHeaderEncoder` encodes without the dynamic table
-(static table and literals only: always allowed, RFC 7541 §4.2), so equal header lists encode to
-equal bytes, encoded once per process and reused on every stream of every connection.
+different bytes on each stream. :class:`._h2_answers.SharedHeaderEncoder` encodes without the
+dynamic table (static table and literals only: always allowed, RFC 7541 §4.2), so equal header
+lists encode to equal bytes, encoded once per process and reused on every stream of every
+connection.
 
 Limits: SETTINGS_MAX_CONCURRENT_STREAMS is ``admission.max_waiters`` + :data:`STREAM_HEADROOM` (one
 connection may hold what the whole process admits, and past it still hears the 429 + Retry-After
@@ -79,8 +80,7 @@ from ._app import (
 from ._errors import RequestError
 from ._gateway import Gateway
 from ._guards import UNEXPECTED_ERROR_BODY
-from ._h2_answers import SharedH2Answer, record_plain_answer
-from ._h2_answers import SharedHeaderEncoder as _SharedHeaderEncoder  # its old name (tests)
+from ._h2_answers import SharedH2Answer, SharedHeaderEncoder, record_plain_answer
 from ._long_poll import _app_state, _checked_poll, _long_poll_route, _plain_get_headers
 
 __all__ = ["H2_PREFACE", "H2PriorKnowledge", "H2ServerConnection", "H2Session", "http2_capable"]
@@ -242,7 +242,7 @@ class H2Session:
             validate_outbound_headers=False,
         )
         self.conn = H2ServerConnection(config)
-        self.conn.encoder = _SharedHeaderEncoder()
+        self.conn.encoder = SharedHeaderEncoder()
         initial: dict[h2.settings.SettingCodes, int] = {}
         if settings is not None:
             initial[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = (

@@ -21,8 +21,9 @@ import hpack
 import httpx
 import pytest
 from purgatory.adapters.service import _h2_long_poll
+from purgatory.adapters.service._h2_answers import SharedHeaderEncoder
 from purgatory.adapters.service._h2_bench_client import open_h2_long_polls
-from purgatory.adapters.service._h2_long_poll import H2PriorKnowledge, _SharedHeaderEncoder
+from purgatory.adapters.service._h2_long_poll import H2PriorKnowledge
 from purgatory.adapters.service._server import uvicorn_options
 
 from purgatory.settings import AdmissionSettings, KafkaSettings, ServiceSettings, Settings
@@ -295,7 +296,7 @@ def test_http2_is_a_setting_and_http11_stays_beside_it() -> None:
 
 def test_equal_header_lists_are_encoded_once_and_decode_on_any_connection() -> None:
     headers = [(b":status", b"200"), (b"content-length", b"120"), (b"content-type", b"application/json")]
-    first, second = _SharedHeaderEncoder(), _SharedHeaderEncoder()
+    first, second = SharedHeaderEncoder(), SharedHeaderEncoder()
     opening = first.encode(headers)  # a connection's first block: the table-size update (0), then headers
     block = first.encode(headers)
     assert second.encode(headers) == opening
