@@ -36,6 +36,15 @@ def compose() -> dict[str, Any]:
     return document
 
 
+@pytest.fixture
+def no_purgatory_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``PURGATORY_*`` variable of the user's (an exported ``PURGATORY_KAFKA_BOOTSTRAP``
+    beats a TOML file) while a test loads the files' settings as a container would."""
+    for name in list(os.environ):
+        if name.upper().startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
+
+
 def _services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     services = compose["services"]
     assert isinstance(services, dict)
@@ -257,13 +266,13 @@ def test_field_mapping_refuses_a_misspelt_variable() -> None:
 
 @pytest.mark.parametrize("service_name", [SERVICE, "pipeline"])
 def test_service_environment_loads_as_settings(
-    compose: dict[str, Any], service_name: str, monkeypatch: pytest.MonkeyPatch
+    compose: dict[str, Any],
+    service_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    no_purgatory_environment: None,
 ) -> None:
     """The container's environment plus its mounted TOML file load, and the variables win."""
     service = _services(compose)[service_name]
-    for name in list(os.environ):
-        if name.startswith(ENV_PREFIX):
-            monkeypatch.delenv(name)
     mounts = dict(str(v).split(":")[:2][::-1] for v in service["volumes"])
     env = _env(service)
     for name, value in env.items():
@@ -279,7 +288,7 @@ def test_service_environment_loads_as_settings(
     assert internal == {int(advertised[kafka_env["KAFKA_INTER_BROKER_LISTENER_NAME"]].split(":")[1])}
 
 
-def test_docker_toml_points_at_the_compose_brokers() -> None:
+def test_docker_toml_points_at_the_compose_brokers(no_purgatory_environment: None) -> None:
     settings = load_settings(ROOT / "config" / "docker.toml")
     assert settings.kafka.bootstrap_servers == ",".join(f"{node}:19092" for node in KAFKA_NODES)
 

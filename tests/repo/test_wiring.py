@@ -110,3 +110,54 @@ def test_only_the_provider_reads_the_bootstrap_variable() -> None:
         "name the cluster through configured_bootstrap() (adapters/kafka/_provider.py), "
         f"the one place of the provider order: {sorted(map(str, readers))}"
     )
+
+
+# Fixtures and classes that start a cluster of a test's own: a service built next to one must be
+# told that cluster explicitly, because the bootstrap order above puts PURGATORY_KAFKA_BOOTSTRAP
+# (the user's exported cluster) above settings — it would silently serve the user's cluster
+# while the test stops brokers of its own.
+OWN_CLUSTER_NAMES = {"LocalKafkaCluster", "kafka_cluster1", "kafka_cluster3", "fault_cluster"}
+SERVICE_BUILDERS = {"create_app", "Gateway"}
+
+
+def _services_built_without_a_cluster(source: str, where: str) -> list[str]:
+    """``create_app(...)``/``Gateway(...)`` calls without ``bootstrap_servers`` in a module that
+    starts a cluster of its own (names one of OWN_CLUSTER_NAMES)."""
+    tree = ast.parse(source, where)
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | {
+        node.arg for node in ast.walk(tree) if isinstance(node, ast.arg)
+    }
+    if not names & OWN_CLUSTER_NAMES:
+        return []
+    return [
+        f"{where}:{node.lineno} {name}(...)"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (name := _called_name(node)) in SERVICE_BUILDERS
+        and not any(keyword.arg == "bootstrap_servers" for keyword in node.keywords)
+        and len(node.args) < 2  # create_app(settings, servers) / Gateway(settings, servers)
+    ]
+
+
+def test_a_service_next_to_a_tests_own_cluster_is_told_that_cluster() -> None:
+    unnamed = [
+        found
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
+        for found in _services_built_without_a_cluster(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert unnamed == [], (
+        "pass bootstrap_servers=<the test's cluster>: PURGATORY_KAFKA_BOOTSTRAP would win over "
+        f"settings and the service would talk to the user's cluster: {unnamed}"
+    )
+
+
+def test_the_own_cluster_check_catches_a_service_built_from_settings_alone() -> None:
+    old = (
+        "def test_x(kafka_cluster1: LocalKafkaCluster) -> None:\n"
+        "    kafka = KafkaSettings(bootstrap_servers=kafka_cluster1.bootstrap_servers)\n"
+        "    app = create_app(Settings(kafka=kafka))\n"
+        "    ok = create_app(Settings(kafka=kafka), bootstrap_servers=kafka.bootstrap_servers)\n"
+    )
+    assert _services_built_without_a_cluster(old, "old") == ["old:3 create_app(...)"]
+    shared = "def test_y(kafka_settings):\n    create_app(Settings(kafka=kafka_settings))\n"
+    assert _services_built_without_a_cluster(shared, "shared") == [], "the session cluster is the user's own"

@@ -97,7 +97,10 @@ def _exercise(cluster: LocalKafkaCluster, node: int, topic: str, fault: str, fee
         append_timeout_ms=APPEND_TIMEOUT_MS,
         feed_mode=feed_mode,
     )
-    with BackgroundServer(create_app(Settings(kafka=kafka))) as server:
+    # The cluster named explicitly: the service's bootstrap order puts PURGATORY_KAFKA_BOOTSTRAP
+    # (the user's cluster, when exported) above settings, and the faults hit this one.
+    app = create_app(Settings(kafka=kafka), bootstrap_servers=cluster.bootstrap_servers)
+    with BackgroundServer(app) as server:
         warm = httpx.post(
             f"{server.url}/topics/{topic}/records",
             json={"records": [{"value": "w", "partition": 0}]},

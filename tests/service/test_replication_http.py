@@ -38,7 +38,10 @@ def topic3(kafka_cluster3: LocalKafkaCluster) -> Iterator[tuple[str, str, KafkaS
     """(service URL, RF-3 topic led by node 1, settings); every broker running again afterwards."""
     kafka, key = replicated_topic(kafka_cluster3, "http-rep")
     try:
-        with BackgroundServer(create_app(Settings(kafka=kafka))) as server:
+        # Named explicitly: PURGATORY_KAFKA_BOOTSTRAP (the user's cluster) beats settings in the
+        # service's bootstrap order, and this test stops brokers of its own cluster.
+        app = create_app(Settings(kafka=kafka), bootstrap_servers=kafka.bootstrap_servers)
+        with BackgroundServer(app) as server:
             yield server.url, key.topic, kafka
     finally:
         restore_followers(kafka_cluster3, kafka, key)
@@ -89,7 +92,7 @@ def test_a_produce_whose_record_a_leader_change_discarded_is_503_not_leader_neve
     cluster = kafka_cluster3
     kafka, key = stranding_topic(cluster, "http-lost")
     topic = key.topic
-    app = create_app(Settings(kafka=kafka))
+    app = create_app(Settings(kafka=kafka), bootstrap_servers=kafka.bootstrap_servers)  # not the user's
     stranded: StrandedRecord | None = None
     try:
         with BackgroundServer(app) as server, ThreadPoolExecutor(1) as pool:
