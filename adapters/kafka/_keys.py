@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["GroupPartitionKey", "KafkaKey", "TopicKey", "TopicPartitionKey"]
 
@@ -17,17 +17,27 @@ def _check_partition(partition: object) -> None:
         raise ValueError(f"partition must be an int >= 0, got {partition!r}")
 
 
+class _HashSlot:
+    """The slot a key caches its hash in, kept outside the dataclass's fields.
+
+    A field (even ``field(init=False, repr=False, compare=False)``) shows in ``fields()``,
+    ``asdict()``, ``astuple()`` and the pickled state; users treat a key as its plain values.
+    """
+
+    __slots__ = ("_hash",)
+    _hash: int  # set once in the key's __post_init__
+
+
 @dataclass(frozen=True, slots=True)
-class TopicPartitionKey:
+class TopicPartitionKey(_HashSlot):
     """One partition of a topic: high watermark, log start offset, leader and ISR are its facts."""
 
     topic: str
     partition: int
-    # The hash, computed once: a key event hashes its key ~10 times per operation it completes
-    # (watch lists, facts, the record cache, the feed's bookkeeping), and the dataclass's own
-    # __hash__ builds and hashes a tuple in Python each time (~1/8 of the feed thread's time
-    # completing 10,000 long polls, cProfile). Same value as the generated one.
-    _hash: int = field(init=False, repr=False, compare=False)
+    # _hash (the slot of _HashSlot): the hash, computed once. A key event hashes its key ~10 times
+    # per operation it completes (watch lists, facts, the record cache, the feed's bookkeeping),
+    # and the dataclass's own __hash__ builds and hashes a tuple in Python each time (~1/8 of the
+    # feed thread's time completing 10,000 long polls, cProfile). Same value as the generated one.
 
     def __post_init__(self) -> None:
         _check_topic(self.topic)
@@ -36,6 +46,12 @@ class TopicPartitionKey:
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __reduce__(self) -> tuple[type[TopicPartitionKey], tuple[str, int]]:
+        # Rebuilt from its values, never its stored hash: str hashes are salted per process
+        # (PYTHONHASHSEED), so a hash pickled elsewhere would not find equal keys here.
+        # Pinned by test_a_key_pickled_in_another_process_finds_equal_keys.
+        return TopicPartitionKey, (self.topic, self.partition)
 
     @property
     def label(self) -> str:

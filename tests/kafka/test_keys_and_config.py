@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
 import pickle
 import re
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -48,8 +52,42 @@ def test_a_partition_key_hashes_once_and_as_its_fields_do() -> None:
     moved = dataclasses.replace(key, partition=4)
     assert hash(moved) == hash(("orders", 4)) and moved != key
     assert repr(key) == "TopicPartitionKey(topic='orders', partition=3)", "the cache is not in the repr"
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    # FrozenInstanceError on 3.12+; 3.11's frozen+slots __setattr__ raises TypeError for a name
+    # that is not a field (its super() names the class before slots were added).
+    with pytest.raises((dataclasses.FrozenInstanceError, TypeError)):
         key._hash = 0  # type: ignore[misc]
+    assert hash(key) == hash(("orders", 3)), "the cache cannot be overwritten"
+
+
+def test_a_partition_key_is_its_two_values_to_dataclass_helpers() -> None:
+    """Users treat a key as a plain (topic, partition) value: the hash cache is not a field."""
+    key = TopicPartitionKey("orders", 3)
+    assert [f.name for f in dataclasses.fields(key)] == ["topic", "partition"]
+    assert dataclasses.asdict(key) == {"topic": "orders", "partition": 3}
+    assert dataclasses.astuple(key) == ("orders", 3)
+    assert TopicPartitionKey(**dataclasses.asdict(key)) == key, "asdict round-trips through the constructor"
+    for copied in (copy.copy(key), copy.deepcopy(key)):
+        assert copied == key and hash(copied) == hash(key) and {key: 1}[copied] == 1
+
+
+def test_a_key_pickled_in_another_process_finds_equal_keys() -> None:
+    """str hashes are salted per process: a key unpickled here must hash with this process's salt,
+    not carry the hash computed where it was pickled (a dict lookup by an equal key would miss)."""
+    script = (
+        "import pickle, sys\n"
+        "from purgatory.adapters.kafka import TopicPartitionKey\n"
+        "sys.stdout.buffer.write(pickle.dumps(TopicPartitionKey('orders', 3)))\n"
+    )
+    foreign = {**os.environ, "PYTHONHASHSEED": "1"}
+    if os.environ.get("PYTHONHASHSEED") == "1":
+        foreign["PYTHONHASHSEED"] = "2"
+    pickled = subprocess.run(
+        [sys.executable, "-c", script], env=foreign, capture_output=True, check=True, timeout=60
+    ).stdout
+    key = pickle.loads(pickled)
+    assert key == TopicPartitionKey("orders", 3)
+    assert hash(key) == hash(("orders", 3)), "hashed with this process's salt"
+    assert {TopicPartitionKey("orders", 3): 1}.get(key) == 1, "an equal key made here finds it"
 
 
 @pytest.mark.parametrize(
