@@ -7,10 +7,16 @@ moves time itself and runs the loop timers it chooses.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable
 from typing import Any, cast
 
-from purgatory.adapters.service._coalesced_timers import GRANULARITY_S, CoalescedTimers
+from purgatory.adapters.service._coalesced_timers import (
+    COMPACT_MIN_CANCELLED,
+    GRANULARITY_S,
+    CoalescedTimeout,
+    CoalescedTimers,
+)
 
 DELAY_S = 5.0
 
@@ -101,3 +107,46 @@ def test_a_new_burst_after_a_bucket_fired_gets_a_timer_of_its_own() -> None:
     assert len(loop.timers) == 1, "the fired bucket is not joined again"
     loop.run_due(loop.now + DELAY_S + GRANULARITY_S)
     assert fired == [1, 2]
+
+
+def _alive_timeouts() -> int:
+    gc.collect()  # what is still reachable, not what a cycle keeps until the collector runs
+    return sum(type(o) is CoalescedTimeout for o in gc.get_objects())
+
+
+CHURN = 100_000
+
+
+def test_a_churn_of_cancelled_timeouts_keeps_only_a_bounded_number_alive() -> None:
+    """Keep-alive connections re-arm and cancel within one delay: 100,000 cancelled timeouts in one
+    bucket must not stay alive until the bucket fires; every live one still fires, once."""
+    loop = _FakeLoop()
+    timers = _timers(loop)
+    fired: list[int] = []
+    before = _alive_timeouts()
+    kept = []
+    for i in range(CHURN):
+        timeout = timers.call_later(lambda i=i: fired.append(i))  # type: ignore[misc]
+        if i % 1000 == 0:
+            kept.append(timeout)
+        else:
+            timeout.cancel()
+        del timeout
+    alive = _alive_timeouts() - before
+    assert alive <= 2 * len(kept) + COMPACT_MIN_CANCELLED, (
+        f"{alive} timeouts alive after {CHURN} cancelled and {len(kept)} kept"
+    )
+    loop.run_due(loop.now + DELAY_S + GRANULARITY_S)
+    assert fired == list(range(0, CHURN, 1000)), "the kept ones fire, once, in start order"
+
+
+def test_cancelling_another_timeout_of_the_firing_bucket_from_a_callback_skips_it() -> None:
+    loop = _FakeLoop()
+    timers = _timers(loop)
+    fired: list[str] = []
+    later: list[CoalescedTimeout] = []
+    timers.call_later(lambda: (fired.append("first"), [t.cancel() for t in later]))
+    later.extend(timers.call_later(lambda: fired.append("later")) for _ in range(2 * COMPACT_MIN_CANCELLED))
+    timers.call_later(lambda: fired.append("last"))
+    loop.run_due(loop.now + DELAY_S + GRANULARITY_S)
+    assert fired == ["first", "last"], "cancelled from inside the bucket: never run, the rest still runs"
