@@ -220,6 +220,10 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
 
     _parked: _Parked | None = None
     _closing = False  # shutdown asked while parked: close after the answer (set on the instance)
+    # The (app, route) looked up last, set on the connection's class: long_poll_protocol() makes a
+    # class per server, so two servers of two apps in one process neither share nor evict each
+    # other's entry, and the app is held as long as its server's class, not by the module for ever.
+    _route_cache: tuple[Any, LongPollRoute | None] = (None, None)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -230,9 +234,10 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
     @property
     def _route(self) -> LongPollRoute | None:
         # Looked up once per app, not per answer (walking uvicorn's wrappers was ~2 µs of each).
-        app, route = _route_cache
+        app, route = self._route_cache
         if app is not self.app:
-            route = _cache_route(self.app)
+            route = _long_poll_route(self.app)
+            type(self)._route_cache = (self.app, route)
         return route
 
     # -- h11 events ----------------------------------------------------------------------------
@@ -473,16 +478,6 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
 
 
 _SHARED_ANSWER = _SharedAnswer()
-# The last app whose long-poll route was looked up, and the route (one server per process; a
-# test serving several apps in turn looks up again when the app changes).
-_route_cache: tuple[Any, LongPollRoute | None] = (None, None)
-
-
-def _cache_route(app: Any) -> LongPollRoute | None:
-    global _route_cache
-    route = _long_poll_route(app)
-    _route_cache = (app, route)
-    return route
 
 
 def _app_state(app: Any, name: str, kind: type[_T]) -> _T | None:
