@@ -268,6 +268,11 @@ class RecordSender:
             ) from None
         except KafkaException as exc:
             raise KafkaAdapterError(f"topic {topic!r}: record refused ({exc.args[0].str()})") from None
+        except (TypeError, ValueError) as exc:
+            # confluent_kafka checks the value's and headers' types only here: for a held record
+            # that is at its release, on the sender thread, where only a typed refusal is reported.
+            # Pinned by test_a_held_record_the_client_refuses_as_malformed_is_reported_typed_...
+            raise KafkaAdapterError(f"topic {topic!r}: record refused ({exc})") from None
 
     def _released(self, producer: Producer, topic: str, partition: int | None) -> None:
         """A record of lane (topic, partition) was reported: produce what the window now lets go.
@@ -295,7 +300,12 @@ class RecordSender:
                     continue
                 self.stats.sent += 1
         for record, error in failed:  # outside the lock: a callback may send again
-            record.report(error, None)
+            try:
+                record.report(error, None)
+            except Exception:
+                # One caller's raising callback must not keep the other failures, nor the
+                # delivered record that released them, from being reported.
+                _log.exception("kafka_sender_report_failed", sender=self.name, topic=topic)
 
     def in_flight(self) -> int:
         """Records held, queued or sent and not yet acknowledged (or reported failed)."""
