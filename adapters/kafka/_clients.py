@@ -36,6 +36,7 @@ from ._keys import TopicPartitionKey
 
 __all__ = [
     "DIGEST_BYTES",
+    "LOG_END",
     "READ_TIMEOUT_S",
     "FetchedRecord",
     "ProducerRecord",
@@ -53,6 +54,7 @@ READ_BATCH = 500  # messages per consume() call: amortises the call without hold
 # ~1 ms (debug=fetch; `purgatory bench produce`: the produce read-back was 4.6x a produce).
 READ_WAIT_MS = "0"
 READ_TIMEOUT_S = 2.0  # one read of a range known to exist; part of a long poll's answer bound
+LOG_END = 2**63 - 1  # a read's end past any log: read up to what the partition holds now
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,14 +399,32 @@ class RecordReader:
             consumer.close()
 
 
+def _high_watermark_below(consumer: Consumer, key: TopicPartitionKey, end: int) -> bool:
+    """True if the high watermark of the last fetch response (librdkafka's cache) is below ``end``."""
+    _, high = consumer.get_watermark_offsets(TopicPartition(key.topic, key.partition), cached=True)
+    return 0 <= high < end  # negative: not known, nothing to say it lags
+
+
 def _consume_range(
     consumer: Consumer, key: TopicPartitionKey, start: int, end: int, max_bytes: int, timeout_s: float
 ) -> tuple[list[FetchedRecord], bool]:
     """Records of ``[start, end)`` from the assigned ``consumer`` within ``timeout_s``, and whether
-    the read ended on its own terms (range, ``max_bytes`` or end of log) rather than by the deadline."""
+    the read ended on its own terms (range, ``max_bytes`` or end of log) rather than by the deadline.
+
+    An end of log reported by a broker whose high watermark is *below* ``end`` does not end a read
+    of a range known to exist (``end`` a high watermark the caller saw): right after a leader
+    change the new leader's high watermark can lag the one the old leader reported (it advances
+    on its followers' next fetches), and its "end of log" would answer a long poll empty while
+    its records exist. The read goes on fetching until the records come or its deadline. An end
+    of log with the broker's high watermark at ``end`` (the rest is transaction markers or an
+    open transaction, invisible to this read_committed consumer) and a read to :data:`LOG_END`
+    end there. Either way the broker answered, so the read is not a stalled one.
+    Pinned by test_an_end_of_log_below_the_known_high_watermark_does_not_end_the_read.
+    """
     out: list[FetchedRecord] = []
     size = 0
     deadline = time.monotonic() + timeout_s
+    answered_short = False  # an end of log below ``end`` was seen: the broker answers
     while time.monotonic() < deadline:
         # consume() returns after num_messages or the timeout: ask for no more than remain.
         expected = (out[-1].offset + 1) if out else start
@@ -414,7 +434,10 @@ def _consume_range(
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    return out, True
+                    if end >= LOG_END or not _high_watermark_below(consumer, key, end):
+                        return out, True  # the range's end (what is short of it is not for consumers)
+                    answered_short = True
+                    continue
                 raise _typed(error, key.label)
             offset = message.offset() or 0
             if offset >= end:
@@ -426,4 +449,4 @@ def _consume_range(
             size += record.size
             if offset >= end - 1:
                 return out, True
-    return out, False
+    return out, answered_short

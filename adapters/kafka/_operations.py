@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from purgatory import DelayedOperation, Outcome
 
 from ._append import Appended, RecordReading
-from ._clients import FetchedRecord, RecordIdentity, RecordReader
+from ._clients import LOG_END, FetchedRecord, RecordIdentity, RecordReader
 from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError
 from ._facts import FactSource, PartitionFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
@@ -409,7 +409,7 @@ class DelayedProduce(KafkaOperation):
         return ProduceResult(outcome, dict(self.appended), statuses, self.error)
 
 
-_LOG_END = 2**63 - 1  # an end offset past any log: read up to what the partition holds
+_LOG_END = LOG_END  # an end offset past any log: read up to what the partition holds
 
 
 def _epoch_of(facts: PartitionFacts | None) -> int | None:
