@@ -23,6 +23,7 @@ from purgatory._watchers import SHARDS
 from purgatory.testing import MockTimer
 
 JOIN_TIMEOUT_S = 30.0  # far beyond the work's length on 2 cores: reaching it means a hang
+PROGRESS_CHECK_S = 0.5  # how often a bounded join looks whether the work still advances
 OPS_PER_THREAD_3994 = 100  # lock hand-offs between 8 threads on 2 cores cost GIL switches: keep it short
 LONG_DELAY_MS = 120_000  # an op that must complete by key event: its expiry would be a miss
 
@@ -56,8 +57,16 @@ class Op(DelayedOperation):
         self.expirations += 1
 
 
-def _run_threads(targets: list[Callable[[], None]], what: str) -> None:
-    """Start one thread per target; fail (not hang) if any is still running after the bound."""
+def _run_threads(
+    targets: list[Callable[[], None]], what: str, progress: Callable[[], int] | None = None
+) -> None:
+    """Start one thread per target; fail (not hang) if any is still running after the bound.
+
+    With ``progress`` (a count that grows while the work advances) the bound is on a *stall*:
+    the threads fail only after ``JOIN_TIMEOUT_S`` without the count moving. A deadlock stops
+    the count; a machine shared with other test runs only slows it (KAFKA-3994's eight threads
+    took 7-16 s at load 12-17 on 2 cores, pure mode, so a bound on the whole run was a flake).
+    """
     errors: list[BaseException] = []
 
     def guarded(target: Callable[[], None]) -> Callable[[], None]:
@@ -76,10 +85,17 @@ def _run_threads(targets: list[Callable[[], None]], what: str) -> None:
     for t in threads:
         t.start()
     deadline = time.monotonic() + JOIN_TIMEOUT_S  # one bound for all, not one per thread
+    seen = progress() if progress is not None else 0
     for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
+        while True:
+            t.join(max(0.0, min(deadline, time.monotonic() + PROGRESS_CHECK_S) - time.monotonic()))
+            if not t.is_alive() or time.monotonic() >= deadline:
+                break
+            if progress is not None and (now := progress()) != seen:
+                seen, deadline = now, time.monotonic() + JOIN_TIMEOUT_S  # advancing: not a hang
     stuck = [t.name for t in threads if t.is_alive()]
-    assert not stuck, f"{what}: threads still running after {JOIN_TIMEOUT_S} s (deadlock?): {stuck}"
+    bound = "without progress" if progress is not None else "in all"
+    assert not stuck, f"{what}: threads still running after {JOIN_TIMEOUT_S} s {bound} (deadlock?): {stuck}"
     assert not errors, f"{what}: a worker failed: {errors[0]!r}"
 
 
@@ -426,7 +442,12 @@ def test_kafka_3994_user_code_reentering_on_the_same_key_from_many_threads_does_
         return run
 
     try:
-        _run_threads([worker(s) for s in range(8)], "KAFKA-3994 re-entry")
+
+        def finished() -> int:
+            with everything_lock:
+                return sum(op.completions for op in everything)
+
+        _run_threads([worker(s) for s in range(8)], "KAFKA-3994 re-entry", progress=finished)
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         while time.monotonic() < deadline:
             with everything_lock:
@@ -443,3 +464,36 @@ def test_kafka_3994_user_code_reentering_on_the_same_key_from_many_threads_does_
         assert len(everything) > 8 * OPS_PER_THREAD_3994, "the callbacks re-entered and submitted follow-ups"
     finally:
         _shutdown_bounded(purgatory)
+
+
+# -- the bound itself ----------------------------------------------------------------------------
+
+
+def test_the_stall_bound_fails_a_hang_and_lets_slow_progress_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound on the KAFKA-3994 threads fails work that stops (a deadlock) and lets work that
+    goes on longer than the bound, but keeps advancing (a loaded machine), finish. The slow
+    worker takes a step per look at its progress, so it outlasts the bound whatever the load."""
+    monkeypatch.setattr(sys.modules[__name__], "JOIN_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(sys.modules[__name__], "PROGRESS_CHECK_S", 0.02)
+    looks = threading.Semaphore(0)
+    steps = [0]
+    total = 150  # >= 150 looks, 0.02 s apart: at least 3 s, longer than the 2 s bound
+
+    def progress() -> int:
+        looks.release()
+        return steps[0]
+
+    def slow() -> None:
+        for _ in range(total):
+            assert looks.acquire(timeout=60), "the join stopped looking"
+            steps[0] += 1
+
+    started = time.monotonic()
+    _run_threads([slow], "slow", progress=progress)
+    assert steps[0] == total and time.monotonic() - started > 2.0, "it outlasted the bound and finished"
+    release = threading.Event()
+    try:
+        with pytest.raises(AssertionError, match="without progress"):
+            _run_threads([lambda: release.wait(60)], "hung", progress=lambda: steps[0])
+    finally:
+        release.set()
