@@ -11,7 +11,8 @@ This protocol starts a timer whenever it waits for a request head: when the conn
 and when a response completed on a kept-alive connection. The timer is cancelled when h11 has
 the whole head (the request moved past ``IDLE``); if it fires first, the client gets a JSON 408
 naming ``headers`` (only if it sent part of a head: a connection that sent nothing is simply
-closed, as uvicorn's keep-alive timeout does) and the connection is closed.
+closed, as uvicorn's keep-alive timeout does) and the connection is closed — in stages after a
+408 (:data:`LINGER_S`), so the answer is not lost to a reset.
 
 Concurrency contract: as uvicorn's protocols, everything runs on the event loop's thread.
 """
@@ -27,13 +28,22 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ._coalesced_timers import CoalescedTimeout, coalesced_timers
 
-__all__ = ["HeadTimeoutH11Protocol", "head_timeout_protocol"]
+__all__ = ["LINGER_S", "HeadTimeoutH11Protocol", "head_timeout_protocol"]
+
+# After a 408 the connection is half-closed (FIN after the answer) and what the client still
+# sends is read and dropped until it closes, at most this long: closing a socket with unread
+# input sends a reset instead of a FIN, and a reset can erase the client's unread input — the
+# 408 — before it reads it (RFC 9112 §9.6, "tear-down"; a trickling client always has a line in
+# flight). Short: the client was already too slow once.
+LINGER_S = 2.0
 
 
 class HeadTimeoutH11Protocol(H11Protocol):
     """:class:`H11Protocol` answering 408 to a request head not received within ``head_timeout_s``."""
 
     head_timeout_s: float = 10.0  # set per server by head_timeout_protocol()
+    # True on an instance once its 408 went out (class default: no per-connection attribute).
+    _lingering = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -61,6 +71,8 @@ class HeadTimeoutH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # after the 408: read (so closing sends no reset) and dropped
         if self._head_timer is not None:
             self._head_bytes += len(data)
         super().data_received(data)
@@ -88,6 +100,14 @@ class HeadTimeoutH11Protocol(H11Protocol):
                 b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body) + body
             )
             self.logger.warning("request head not received within %.1f s: closed", self.head_timeout_s)
+            if self.transport.can_write_eof():
+                # Lingering close (LINGER_S): the client reads the 408 and a FIN, then closes,
+                # and asyncio closes this side on that EOF (eof_received returns None).
+                # Pinned by test_a_client_still_sending_after_its_408_gets_no_reset.
+                self._lingering = True
+                self.transport.write_eof()
+                self.loop.call_later(LINGER_S, self.transport.close)
+                return
         self.transport.close()
 
 

@@ -200,11 +200,13 @@ def test_a_request_head_trickled_slowly_gets_408_within_the_head_timeout(
     """Slowloris: header lines trickled in for ever. uvicorn's keep-alive timer is reset by every
     byte and a fresh connection has none: the head was never bounded in time."""
     with _served(kafka_settings, head_read_timeout_ms=HEAD_READ_TIMEOUT_MS) as server:
+        # Before the connection: the server arms the timer when the connection is made (or the
+        # first answer is complete), which can precede anything the client does after connecting.
+        started = time.monotonic()
         with _Connection(server.url) as conn:
             if connection != "fresh":
                 status, _, _ = conn.exchange(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
                 assert status == 200
-            started = time.monotonic()
             answer, lines = _trickle_head(conn.sock, started + HEAD_READ_TIMEOUT_MS / 1000 + ANSWER_BOUND_S)
             elapsed = time.monotonic() - started
         head, _, payload = answer.partition(b"\r\n\r\n")
@@ -273,3 +275,31 @@ def test_an_unexpected_exception_is_a_json_500_on_a_connection_that_stays_usable
         status, _, body = connection.exchange(b"GET /fine HTTP/1.1\r\nHost: t\r\n\r\n")
         assert (status, json.loads(body)) == (200, {"ok": True}), "uvicorn did not close the connection"
     assert errors.count == 1
+
+
+AFTER_408_LINES = 20  # lines sent after the 408 and its FIN, 10 ms apart (well within LINGER_S)
+
+
+def test_a_client_still_sending_after_its_408_gets_no_reset(kafka_settings: KafkaSettings) -> None:
+    """Lingering close (RFC 9112 §9.6): a trickling client always has a line in flight when its
+    head times out. Closing with that input unread sends a reset, which can erase the client's
+    unread 408 (the flake of the trickle test: ConnectionResetError on the read after the 408).
+    The server half-closes after the 408 and reads what still comes: no reset while it lingers."""
+    with _served(kafka_settings, head_read_timeout_ms=HEAD_READ_TIMEOUT_MS) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=ANSWER_BOUND_S) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):  # the 408, then the server's FIN
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+            sent = 0
+            for sent in range(1, AFTER_408_LINES + 1):
+                try:
+                    sock.sendall(b"x-late-%d: v\r\n" % sent)
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    raise AssertionError(
+                        f"reset after {sent} late lines: the server closed unread input"
+                    ) from exc
+                time.sleep(0.01)  # the attack's pacing, not a wait for the server
+            assert sent == AFTER_408_LINES
