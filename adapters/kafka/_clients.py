@@ -55,6 +55,10 @@ READ_BATCH = 500  # messages per consume() call: amortises the call without hold
 READ_WAIT_MS = "0"
 READ_TIMEOUT_S = 2.0  # one read of a range known to exist; part of a long poll's answer bound
 LOG_END = 2**63 - 1  # a read's end past any log: read up to what the partition holds now
+# consume(n, timeout) returns after n events or the timeout, and an end of log is one event: a
+# read asking for more records than the log holds (to LOG_END: 500) waited its whole timeout
+# (2 s) with the end of log in hand. Each consume waits at most this long, then the loop looks.
+CONSUME_SLICE_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,7 +433,9 @@ def _consume_range(
         # consume() returns after num_messages or the timeout: ask for no more than remain.
         expected = (out[-1].offset + 1) if out else start
         wanted = min(READ_BATCH, max(1, end - expected))
-        messages = consumer.consume(wanted, timeout=max(0.0, deadline - time.monotonic()))
+        messages = consumer.consume(
+            wanted, timeout=max(0.0, min(CONSUME_SLICE_S, deadline - time.monotonic()))
+        )
         for message in messages:
             error = message.error()
             if error is not None:

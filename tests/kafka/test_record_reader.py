@@ -6,17 +6,21 @@ the last fetch response (``get_watermark_offsets(cached=True)``).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError
-from purgatory.adapters.kafka import RecordReader, TopicPartitionKey
+from purgatory.adapters.kafka import ProducerRecord, RecordProducer, RecordReader, TopicPartitionKey
 from purgatory.adapters.kafka._clients import LOG_END
 
 from purgatory.settings import KafkaSettings
+from tests.kafka.kafka_fixtures import WAIT_S, TopicFactory
 
 KEY = TopicPartitionKey("t", 0)
 SHORT_S = 0.05  # a read that must end by its deadline: short, the fake answers at once
+LONG_READ_S = 20.0  # a deadline far past any read of a few records: ending at it is the bug
 
 
 class _Message:
@@ -115,3 +119,28 @@ def test_a_read_to_the_log_end_ends_at_the_end_of_log() -> None:
     reader = _reader(consumer)
     assert [r.offset for r in reader.read(KEY, 0, LOG_END, max_bytes=1 << 20)] == [0]
     assert consumer.consumes == 1
+
+
+@pytest.mark.kafka
+def test_a_read_to_the_log_end_of_a_real_partition_ends_at_its_end_not_its_deadline(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
+) -> None:
+    """An expiring long poll that knows no high watermark reads to LOG_END (DelayedFetch
+    ._read_unreported) on the finishing thread: librdkafka's consume() waits for as many events as
+    asked (500), so the read used to end at its deadline, the end of log in hand."""
+    topic = kafka_topic_factory(1, prefix="log-end")
+    key = TopicPartitionKey(topic, 0)
+    producer = RecordProducer(kafka_settings)
+    reader = RecordReader(kafka_settings)
+    try:
+        producer.produce([ProducerRecord(topic, b"v%d" % i, None, 0) for i in range(3)], WAIT_S)
+        assert [r.offset for r in reader.read(key, 0, 3, max_bytes=1 << 20)] == [0, 1, 2]  # connected
+        started = time.monotonic()
+        records = reader.read(key, 1, LOG_END, max_bytes=1 << 20, timeout_s=LONG_READ_S)
+        elapsed = time.monotonic() - started
+        assert [r.offset for r in records] == [1, 2]
+        assert elapsed < LONG_READ_S / 2, f"ended by its deadline ({elapsed:.1f} s), not at the end of log"
+        assert reader.stalled_reads == 0
+    finally:
+        reader.close()
+        producer.close()
