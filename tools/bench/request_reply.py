@@ -92,6 +92,10 @@ class RunResult:
     brokers_cpu_us_per_request: float
     gc_ms: float  # the requester's cyclic-GC pauses during the run (they stall every thread)
     gc_full: int  # ... of which full (generation 2) collections
+    # The brokers' JVM GC pauses during the paced requests (jstat; all nodes summed): each one
+    # stops a broker that every round trip passes through (leader or follower).
+    broker_gc_pauses: int = 0
+    broker_gc_ms: float = 0.0
     # The machine during the run: how late a process sleeping 10 ms woke (its p99 and max). Every
     # round trip is ~10 process wake-ups (requester, brokers, followers, responder): with a run
     # queue this deep, no requester meets a 20 ms p99. Measured by a child process (_WakeProbe).
@@ -216,6 +220,7 @@ class _Cpu:
     requester: float
     responder: float
     brokers: float
+    broker_gc: tuple[int, float] = (0, 0.0)  # the brokers' GC pauses (count, seconds), all nodes
 
 
 def _drive(
@@ -240,11 +245,14 @@ def _drive(
         await start()
         _freeze_start_up()
         gc_meter.reset()  # the freeze's own full collection is start-up, not the run
+        gc0 = _broker_gc(others[1])  # jstat is a process of its own: outside the CPU counted
         responder0, brokers0 = _cpu_s(others[0]), _cpu_s(others[1])
         cpu0 = time.process_time()
         figures = await _paced(request, rate, warmup_s, duration_s)
-        cpu = _Cpu(time.process_time() - cpu0, _cpu_s(others[0]) - responder0, _cpu_s(others[1]) - brokers0)
-        return (*figures, cpu)
+        requester = time.process_time() - cpu0
+        responder, brokers = _cpu_s(others[0]) - responder0, _cpu_s(others[1]) - brokers0
+        gc1 = _broker_gc(others[1])
+        return (*figures, _Cpu(requester, responder, brokers, (gc1[0] - gc0[0], gc1[1] - gc0[1])))
 
     with gc_meter:
         return asyncio.run(drive())
@@ -409,6 +417,23 @@ def _cpu_s(pids: list[int]) -> float:
     return total
 
 
+def _broker_gc(pids: list[int]) -> tuple[int, float]:
+    """GC pauses of the broker JVMs so far, summed: (collections, seconds) from the JDK's jstat
+    (young and full); (0, 0.0) where jstat is missing or a JVM is gone."""
+    count, seconds = 0, 0.0
+    for pid in pids:
+        try:
+            out = subprocess.run(
+                ["jstat", "-gc", str(pid)], capture_output=True, text=True, timeout=STOP_S
+            ).stdout.split("\n")
+            row = dict(zip(out[0].split(), out[1].split(), strict=False))
+            count += int(float(row["YGC"])) + int(float(row["FGC"]))
+            seconds += float(row["YGCT"]) + float(row["FGCT"])
+        except (OSError, subprocess.TimeoutExpired, IndexError, KeyError, ValueError):
+            continue
+    return count, seconds
+
+
 def run_once(
     side: str,
     bootstrap: str,
@@ -493,6 +518,8 @@ def run_once(
         brokers_cpu_us_per_request=cpu.brokers / requests * 1e6,
         gc_ms=gc_meter.seconds * 1000.0,
         gc_full=gc_meter.counts[2],
+        broker_gc_pauses=cpu.broker_gc[0],
+        broker_gc_ms=cpu.broker_gc[1] * 1000.0,
         wake_p99_ms=wake_p99,
         wake_max_ms=wake_max,
     )
@@ -602,6 +629,7 @@ def request_reply(
                             f"responder {result.responder_cpu_us_per_request:4.0f} "
                             f"brokers {result.brokers_cpu_us_per_request:4.0f}  "
                             f"GC {result.gc_ms:.0f} ms ({result.gc_full} full)  "
+                            f"broker GC {result.broker_gc_pauses} taking {result.broker_gc_ms:.0f} ms  "
                             f"load {os.getloadavg()[0]:.1f}  "
                             f"10 ms sleep woke late p99 {result.wake_p99_ms:.1f} ms "
                             f"max {result.wake_max_ms:.0f} ms"
