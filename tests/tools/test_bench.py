@@ -283,3 +283,37 @@ def test_figures_of_the_same_runs_are_measured_once(tmp_path: Path) -> None:
     comparisons = json.loads(path.read_text())["comparisons"]
     assert [c["metric"] for c in comparisons] == ["lateness_p99_ms", "lateness_p50_ms", "lateness_max_ms"]
     assert {side: len(runs) for side, runs in comparisons[0]["runs"].items()} == {"wheel": 1, "heap_tuple": 1}
+
+
+def test_request_reply_bench_counts_cpu_over_the_paced_requests_only() -> None:
+    """A side's set-up (topic, tail, consumer) differs between the sides: its CPU is not the run's."""
+    import asyncio
+    import os
+    import time
+
+    from purgatory.tools.bench import request_reply
+    from purgatory.tools.bench._measure import GcMeter
+
+    async def costly_start() -> None:
+        spent = time.process_time() + 0.3
+        while time.process_time() < spent:  # 300 ms of set-up CPU
+            pass
+
+    async def request() -> None:
+        await asyncio.sleep(0)
+
+    latencies, timeouts, sent, _, cpu = request_reply._drive(
+        GcMeter(), costly_start, request, 100.0, 0.0, 0.2, ([os.getpid()], [])
+    )
+    request_reply._thaw()
+    assert (len(latencies), timeouts, sent) == (20, 0, 20)
+    assert cpu.requester < 0.15, cpu  # 20 paced requests, not the 300 ms start
+    assert cpu.broker_gc == (0, 0.0), "no broker named: no pauses counted"
+
+
+def test_request_reply_bench_counts_no_broker_gc_for_a_process_that_is_not_a_jvm() -> None:
+    import os
+
+    from purgatory.tools.bench import request_reply
+
+    assert request_reply._broker_gc([os.getpid()]) == (0, 0.0)

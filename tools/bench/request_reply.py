@@ -54,7 +54,7 @@ from purgatory.adapters.kafka import (
     header,
     headers_of,
 )
-from purgatory.adapters.kafka.local import DEFAULT_HEAP_MB, FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
+from purgatory.adapters.kafka.local import FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
 
 from purgatory.settings import KafkaSettings
 
@@ -434,6 +434,23 @@ def _broker_gc(pids: list[int]) -> tuple[int, float]:
     return count, seconds
 
 
+def _collect_broker_heaps(pids: list[int]) -> None:
+    """A full GC in each broker JVM (``jcmd <pid> GC.run``), unmeasured, before the first run.
+
+    What the JIT warm-up and start-up left in the young generation (with the bench's 768 MB young
+    generation, ~150 MB still reachable per broker) is otherwise copied by the first young
+    collection, whichever run it falls in: 277-844 ms per broker at load 18-25 (jstat), where the
+    later young collections only copy what the traffic since the previous one left alive.
+    """
+    for pid in pids:
+        try:
+            subprocess.run(
+                ["jcmd", str(pid), "GC.run"], capture_output=True, timeout=TOPIC_TIMEOUT_S, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+
+
 def run_once(
     side: str,
     bootstrap: str,
@@ -546,12 +563,17 @@ def _median(runs: list[RunResult], field: str) -> float:
 # default for tests). Both requesters share the cluster, so the same-run ratio stays fair.
 JVM_PROFILES: dict[str, tuple[str, ...]] = {"full": STEADY_STATE_JVM_OPTIONS, "c1": FAST_START_JVM_OPTIONS}
 # The broker heap fixed at its maximum from the start (-Xms = -Xmx), as Kafka's own
-# kafka-server-start.sh runs a broker (-Xms1G -Xmx1G): with the launcher's -Xms64m the young
-# generation stays ~20 MB and each broker paused for a young collection every 4-12 s of this load
-# (1-3 per broker per 12 s run, 15-240 ms each on the shared machine); fixed at 384 MB, 0-1 per
-# run. Every round trip passes through all three brokers (leaders and followers), so with 3
-# brokers each pause is in three times as many round trips' way.
-FIXED_HEAP = (f"-Xms{DEFAULT_HEAP_MB}m",)
+# kafka-server-start.sh runs a broker (-Xms1G -Xmx1G), with most of it young: with the launcher's
+# -Xms64m the young generation stayed ~20 MB (1-3 pauses per broker per 12 s run); fixed at
+# 384 MB it was ~120 MB and each broker still paused for a young collection every 20-45 s of this
+# load (-Xlog:gc, 3 brokers, 1,000 round trips/s: ~100 MB of young garbage per broker per 20 s),
+# 21-346 ms per pause on the shared machine (load 15-25) — about one pause per run somewhere in
+# the cluster, and every round trip passes through all three brokers. A 768 MB young generation
+# makes that one pause per broker every ~2.5 min; the first one, though, copies what start-up
+# left (``_collect_broker_heaps`` clears that before the first run). Same heap profile as
+# ``purgatory bench kafka``'s broker. The bench prints the brokers' pauses per run.
+BENCH_HEAP_MB = 1024
+FIXED_HEAP = (f"-Xms{BENCH_HEAP_MB}m", "-Xmn768m")
 
 
 def _warm_up(bootstrap: str, topic: str, brokers: int, rate: float, seconds: float, linger_ms: int) -> None:
@@ -594,14 +616,14 @@ def request_reply(
     for count in brokers or [1, 3]:
         started = time.monotonic()
         jvm_options = (*JVM_PROFILES[jit], *FIXED_HEAP)
-        with LocalKafkaCluster(brokers=count, jvm_options=jvm_options, heap_mb=DEFAULT_HEAP_MB) as cluster:
+        with LocalKafkaCluster(brokers=count, jvm_options=jvm_options, heap_mb=BENCH_HEAP_MB) as cluster:
             start_s = time.monotonic() - started
             bootstrap = cluster.bootstrap_servers
             topic = f"bench-requests-{uuid.uuid4().hex[:8]}"
             _create(bootstrap, topic, 1, count)
             responder = _ResponderProcess(topic, f"bench-echo-{uuid.uuid4().hex[:6]}", bootstrap, linger_ms)
             typer.echo(
-                f"{count} broker(s) at {bootstrap} (JIT {jit}, heap fixed at {DEFAULT_HEAP_MB} MB, "
+                f"{count} broker(s) at {bootstrap} (JIT {jit}, heap fixed at {BENCH_HEAP_MB} MB, "
                 f"started in {start_s:.1f} s, "
                 f"load {os.getloadavg()[0]:.1f}): {rate:.0f} requests/s for {duration:.0f} s "
                 f"(+{warmup:.0f} s warm-up) x {repeats}, linger.ms {linger_ms}, "
@@ -609,6 +631,8 @@ def request_reply(
             )
             try:
                 _warm_up(bootstrap, topic, count, rate, jit_warmup, linger_ms)
+                broker_pids = tuple(n.pid for n in cluster.nodes.values() if n.pid is not None)
+                _collect_broker_heaps(list(broker_pids))
                 runs: list[RunResult] = []
                 for i in range(repeats):
                     order = ("purgatory", "hand-rolled") if i % 2 == 0 else ("hand-rolled", "purgatory")
@@ -617,7 +641,7 @@ def request_reply(
                             side, bootstrap, topic, count,
                             rate=rate, warmup_s=warmup, duration_s=duration, timeout_ms=timeout_ms,
                             linger_ms=linger_ms, responder_pid=responder.process.pid,
-                            broker_pids=tuple(n.pid for n in cluster.nodes.values() if n.pid is not None),
+                            broker_pids=broker_pids,
                         )  # fmt: skip
                         runs.append(result)
                         typer.echo(
