@@ -124,14 +124,15 @@ class _Sink:
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self._finished = itertools.count(1)
+        # Finishes so far, counted by ``next`` (also inline in _FakeBehaviour.on_complete).
+        self.finishes = itertools.count(1)
         self._repeats = itertools.count(1)
         self.repeated = 0
         self.done = threading.Event()
         self.lateness_ms: list[float] = []
 
     def finished(self) -> None:
-        if next(self._finished) == self.total:
+        if next(self.finishes) == self.total:
             self.done.set()
 
     def finished_again(self) -> None:
@@ -139,7 +140,7 @@ class _Sink:
 
     def count(self) -> int:
         """Finishes so far (call once the run is over: it counts itself)."""
-        return next(self._finished) - 1
+        return next(self.finishes) - 1
 
 
 class _Fake(Protocol):
@@ -167,20 +168,34 @@ class _FakeBehaviour:
         return _monotonic_ns() // 1_000_000 >= self.completes_at and self.force_complete()
 
     def on_complete(self: _Fake) -> None:
+        # Kafka's onComplete is one latch.countDown(). The exactly-once check is ours: its count
+        # is taken here, inline (``_Sink.finished``'s body), not through a method call, so the
+        # check costs one Python frame less per request than it did (docs/performance.md,
+        # issue 15). Identical for every side.
         self.finishes += 1
+        sink = self.sink
         if self.finishes != 1:
-            self.sink.finished_again()
-        self.sink.finished()
+            sink.finished_again()
+        if next(sink.finishes) == sink.total:
+            sink.done.set()
 
     def on_expiration(self: _Fake) -> None:
         self.sink.lateness_ms.append(_now_ms() - (self.created_at + self.delay_ms))
+
+
+# Each operation class's base constructor, called directly (Kafka's FakeOperation calls its
+# superclass's constructor; a JVM ``invokespecial``) rather than through ``super()``, which built a
+# super object and a bound method-wrapper per request: ~540 -> ~405 ns per construction of
+# FakeOperation (docs/performance.md, issue 15). Identical for every side.
+_operation_init = DelayedOperation.__init__
+_naive_operation_init = NaiveOperation.__init__
 
 
 class FakeOperation(_FakeBehaviour, DelayedOperation):
     __slots__ = ("completes_at", "created_at", "finishes", "latency_ms", "sink")
 
     def __init__(self, delay_ms: int, latency_ms: int, sink: _Sink) -> None:
-        super().__init__(delay_ms)
+        _operation_init(self, delay_ms)
         self.latency_ms = latency_ms
         self.created_at = created_at = _monotonic() * 1000.0
         self.completes_at = int(created_at) + latency_ms
@@ -192,7 +207,7 @@ class NaiveFakeOperation(_FakeBehaviour, NaiveOperation):
     __slots__ = ("completes_at", "created_at", "finishes", "latency_ms", "sink")
 
     def __init__(self, delay_ms: int, latency_ms: int, sink: _Sink) -> None:
-        super().__init__(delay_ms)
+        _naive_operation_init(self, delay_ms)
         self.latency_ms = latency_ms
         self.created_at = created_at = _monotonic() * 1000.0
         self.completes_at = int(created_at) + latency_ms
