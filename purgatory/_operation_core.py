@@ -275,14 +275,15 @@ class OperationCore(TimerTask):
         """Under ``op.lock``: ``try_complete()``; if False run ``action()`` and try once more."""
         given = self._lock
         if given is None or type(given) is OwnLock:
-            own_acquire(self, True, -1.0)
+            me = _thread_id()
+            own_acquire_as(self, me, True, -1.0)
             try:
                 if self.try_complete():
                     return True
                 action()
                 return self.try_complete()
             finally:
-                own_release(self)
+                own_release_as(self, me)
         with given:
             if self.try_complete():
                 return True
@@ -317,13 +318,14 @@ def safe_try_complete(op: OperationCore) -> bool:
     """Under ``op.lock``: False if already finished, else ``try_complete()``."""
     given = op._lock
     if given is None or type(given) is OwnLock:
-        own_acquire(op, True, -1.0)
+        me = _thread_id()
+        own_acquire_as(op, me, True, -1.0)
         try:
             if op.outcome is not None:
                 return False
             return op.try_complete()
         finally:
-            own_release(op)
+            own_release_as(op, me)
     with given:
         if op.outcome is not None:
             return False
@@ -404,7 +406,14 @@ class OwnLock:
 
 def own_acquire(op: OperationCore, blocking: bool, timeout: float) -> bool:
     """Take ``op``'s own lock (see OwnLock); False if not blocking, or timed out, and taken."""
-    me = _thread_id()
+    return own_acquire_as(op, _thread_id(), blocking, timeout)
+
+
+def own_acquire_as(op: OperationCore, me: int, blocking: bool, timeout: float) -> bool:
+    """:func:`own_acquire` for a caller that has this thread's ident ``me`` already.
+
+    The purgatory's own acquire/release pairs read the ident once for both: ``get_ident()``
+    returns a new int object on every call (pthread_self is above the small-int cache)."""
     if _NATIVE_STEPS:
         # No call between each read and its write: atomic under the GIL (see _NATIVE_STEPS).
         if _own_take(op, me):
@@ -461,7 +470,11 @@ def _own_acquire_contended(op: OperationCore, me: int, timeout: float) -> bool:
 
 def own_release(op: OperationCore) -> None:
     """Release ``op``'s own lock once; RuntimeError if this thread does not hold it."""
-    me = _thread_id()
+    own_release_as(op, _thread_id())
+
+
+def own_release_as(op: OperationCore, me: int) -> None:
+    """:func:`own_release` for a caller that has this thread's ident ``me`` (see own_acquire_as)."""
     if _NATIVE_STEPS:
         # Only the holder changes a held lock's state, and the store of 0 is one native step.
         # No wake-up is lost: a waiter counts itself in _WAITING before it reads the state, and

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from _thread import get_ident
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, cast
 
@@ -31,8 +32,8 @@ from ._operation_core import (
     extras_of,
     finish,
     is_finished,
-    own_acquire,
-    own_release,
+    own_acquire_as,
+    own_release_as,
     safe_try_complete,
 )
 from ._outcome import Outcome
@@ -66,6 +67,9 @@ T = TypeVar("T", bound="DelayedOperation")
 
 DEFAULT_PURGE_INTERVAL = 1000  # Kafka's default: purge once ~1000 completed ops linger in watch lists
 REAPER_POLL_MS = 200  # Kafka's reaper waits at most 200 ms per advance_clock call
+
+# Final: compiled, one vectorcall of the builtin, not a module-dict lookup (as _operation_core's).
+_thread_id: Final = get_ident
 
 
 class PurgatoryListener(Protocol):
@@ -255,11 +259,12 @@ class PurgatoryCore(Generic[T]):
             given = core._lock
             if given is None or type(given) is OwnLock:
                 # The op's own lock: two native steps, no lock object (see OwnLock).
-                own_acquire(core, True, -1.0)
+                me = _thread_id()  # once for the pair (see own_acquire_as)
+                own_acquire_as(core, me, True, -1.0)
                 try:
                     tried = _try_else_watch(self, core, watch_keys)
                 finally:
-                    own_release(core)
+                    own_release_as(core, me)
             else:
                 with given:
                     tried = _try_else_watch(self, core, watch_keys)
