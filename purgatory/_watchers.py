@@ -141,13 +141,19 @@ class WatcherList:
         """Drop the released and finished entries of ``watchers``; drop its key if none is left.
         Returns how many held a finished operation."""
         with self.lock:
-            return _compact_locked(self, watchers)
+            return _compact_locked(self, watchers, True)
+
+    def compact_released(self, watchers: Watchers) -> None:
+        """Drop the released entries of ``watchers`` (the compaction after a finish, see
+        :func:`compact_after_finish`); drop its key if none is left."""
+        with self.lock:
+            _compact_locked(self, watchers, False)
 
     def purge_completed(self) -> int:
         purged = 0
         with self.lock:
             for watchers in list(self.watchers_by_key.copy().values()):
-                purged += _compact_locked(self, watchers)
+                purged += _compact_locked(self, watchers, True)
         return purged
 
     def count_watched(self) -> int:
@@ -194,9 +200,17 @@ def _copy(ops: list[Watch]) -> list[Watch]:
     return list(ops)
 
 
-def _compact_locked(shard: WatcherList, watchers: Watchers) -> int:
-    """Drop released and finished entries; return how many held a finished operation (the
-    released ones are bookkeeping: their operation left at its finish). Caller holds the lock."""
+def _compact_locked(shard: WatcherList, watchers: Watchers, finished_too: bool) -> int:
+    """Drop released entries, and with ``finished_too`` the entries of finished operations not
+    yet released; return how many of those it dropped (the released ones are bookkeeping: their
+    operation left at its finish). Caller holds the lock.
+
+    Without ``finished_too`` (the compaction a finish starts) an entry still holding its op is
+    kept without reading the op: every finish releases its entry (``operation_finished``), so a
+    finished-but-held entry is one whose finisher is about to, and the next compaction or the
+    reaper's purge drops it. Reading ``op.outcome`` there touched every live operation of the
+    list (half its entries: tens of thousands of cold objects per pass on the three keys every
+    request of ``purgatory bench purgatory`` shares, issue 15), for entries almost never dropped."""
     # Only the prefix examined is rewritten, in one C-level slice assignment: entries appended
     # by lock-free watchers meanwhile sit after it and stay.
     ops = watchers.ops
@@ -208,7 +222,7 @@ def _compact_locked(shard: WatcherList, watchers: Watchers) -> int:
     lingering = 0
     for entry in examined:
         op = entry.op
-        if op is not None and not is_finished(op):
+        if op is not None and (not finished_too or not is_finished(op)):
             kept.append(entry)
             continue
         # Dropped here. Compiled, the read and the write of ``slots`` are one native step.
@@ -350,4 +364,4 @@ def compact_after_finish(shards: list[WatcherList], keys: Sequence[Hashable]) ->
             dead = watchers.dead + 1
             watchers.dead = dead
             if dead * COMPACT_DEAD_FRACTION >= len(watchers.ops):
-                shard.compact(watchers)
+                shard.compact_released(watchers)

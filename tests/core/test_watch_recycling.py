@@ -14,7 +14,7 @@ from collections.abc import Hashable
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, _accel
 from purgatory._operation_core import Watch
-from purgatory._watchers import release_watch
+from purgatory._watchers import WatcherList, Watchers, release_watch
 from purgatory.testing import MockTimer
 
 from .ops import MockDelayedOperation
@@ -278,3 +278,26 @@ def test_the_entries_kept_for_reuse_are_counted_where_a_leak_check_can_read_them
             assert pooled == 0, "the interpreted build recycles nothing"
     finally:
         purgatory.shutdown(drain=False)
+
+
+def test_a_finish_compaction_keeps_entries_still_holding_their_op_which_the_purge_drops() -> None:
+    """The compaction a finish starts drops released entries only; it reads no operation, so an
+    entry whose op finished but is not released yet (its finisher between the claim and
+    ``operation_finished``) stays until the reaper's purge, which checks each op and counts it."""
+    shard = WatcherList()
+    watchers = Watchers("key")
+    shard.watchers_by_key["key"] = watchers
+    released, held, live = (MockDelayedOperation(1000) for _ in range(3))
+    entries = [Watch(op, ["key"]) for op in (released, held, live)]
+    for entry in entries:
+        entry.slots += 1
+        watchers.ops.append(entry)
+    released.force_complete()  # no owner: nothing released the entries; do it by hand for one
+    entries[0].op = None
+    held.force_complete()  # finished, entry still holding it
+
+    shard.compact_released(watchers)
+    assert watchers.ops == entries[1:]
+
+    assert shard.purge_completed() == 1  # the held entry of a finished op, now dropped
+    assert watchers.ops == [entries[2]]
