@@ -23,19 +23,32 @@ Figures, per pending count (the second count shows the cost does not depend on i
   purgatory adds;
 * the feed's work per high-watermark advance: operations tried (the offset index tries only the
   due ones) and ``check_and_complete`` calls;
-* requests sent to Kafka per second and per poll, polls per second, poll duration.
+* requests sent to Kafka per second and per poll, polls per second, poll duration;
+* when the bench started the broker itself: the broker JVM's stop-the-world pauses in the window
+  (count, total, longest; ``_broker_pauses.py``) and how many of the slowest 1% of completions
+  had one while in flight.
+
+The broker: an existing cluster (``PURGATORY_KAFKA_BOOTSTRAP``) is used as it runs. A local one
+started by the bench runs the steady-state profile ``BENCH_JVM_OPTIONS`` / ``BENCH_BROKER_CONFIG``
+below, not the launcher's fast start for tests: with the fast start (C1 only, heap from 64 MB,
+Kafka's default purge interval) the broker, answering ~1,000 fetches of 100 partitions a second,
+allocated ~300 MB/s and stopped for a young collection every ~0.35 s (13-200 ms each, ~8% of the
+time), which was the whole p99 of every client (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import random
 import statistics
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -51,11 +64,13 @@ from confluent_kafka import (
 
 from purgatory.settings import KafkaSettings, load_settings
 
+from ._broker_pauses import PauseSummary, read_pauses, safepoint_log_option, summarize
 from ._feed import ChangeFeed
 from ._keys import TopicPartitionKey
 from ._operations import DelayedProduce, DelayedTopicReady, KafkaOperation
 from ._provider import provide_cluster
 from ._service import KafkaPurgatory
+from .local import STEADY_STATE_JVM_OPTIONS
 
 __all__ = ["BenchResult", "kafka", "run_once"]
 
@@ -66,6 +81,24 @@ FLOOR_ROUND_S = 0.1  # the bare consumer's poll timeout (as the tail's ROUND_S)
 GRACE_S = 1.0  # after the window: completions of records sent at its end are still counted
 OP_TIMEOUT_MS = 600_000  # nothing may expire during a run: every completion is a Kafka event
 TARGET_LAG_P99_MS = 5.0  # issue 12: Kafka-backed completion lag p99 at 10,000 pending
+SLOW_SHARE = 0.01  # the slowest 1% of completions: the records behind the p99
+
+# The bench's own broker (module doc; measured in docs/performance.md). Each choice cuts the
+# broker's young-collection pauses, which stall every client:
+BENCH_HEAP_MB = 1024  # Kafka's own kafka-server-start.sh heap (-Xmx1G -Xms1G)
+BENCH_JVM_OPTIONS: tuple[str, ...] = (
+    *STEADY_STATE_JVM_OPTIONS,  # C2 too: escape analysis allocates ~1/3 less per fetch than C1 code
+    f"-Xms{BENCH_HEAP_MB}m",  # fixed at its maximum: the young generation does not start at ~20 MB
+    "-Xmn768m",  # a large young generation: one collection every ~3 s instead of every ~0.35 s
+)
+BENCH_BROKER_CONFIG: dict[str, str] = {
+    # A consumer's fetch (no fetch sessions in librdkafka: all 100 partitions each time) waits on
+    # all its partitions' watcher lists; a record on one completes it, and the completed fetch
+    # stays referenced from the other 99 lists until they are purged, every 1,000 requests by
+    # default: ~25 MB of them survived each young collection, whose pause is the copy of the
+    # survivors. Purged every 10, ~8 MB survive.
+    "fetch.purgatory.purge.interval.requests": "10",
+}
 
 
 @dataclass(frozen=True)
@@ -91,6 +124,7 @@ class BenchResult:
     pending_at_end: int
     gc_collections: int
     gc_ms: float
+    broker_pauses: PauseSummary | None = None  # only for a broker the bench started (module doc)
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
@@ -159,6 +193,17 @@ class _Workload:
             if sent is not None and start <= self.sent_ns.get((partition, offset), -1) < end:
                 lags.append((completed - sent) / 1e6)
         return sorted(lags)
+
+    def slowest(self, window: tuple[int, int], share: float) -> list[tuple[int, int]]:
+        """``(sent_ns, completed_ns)`` of the slowest ``share`` of the window's completions."""
+        start, end = window
+        in_flight = []
+        for partition, offset, completed in self.done:
+            sent = self.sent_ns.get((partition, offset), -1)
+            if start <= sent < end:
+                in_flight.append((sent, completed))
+        in_flight.sort(key=lambda pair: pair[1] - pair[0])
+        return in_flight[len(in_flight) - max(1, int(len(in_flight) * share)) :] if in_flight else []
 
 
 class _FloorTail:
@@ -272,9 +317,16 @@ def _producer_loop(
 
 
 def run_once(
-    settings: KafkaSettings, *, pending: int, partitions: int, rate: float, duration_s: float
+    settings: KafkaSettings,
+    *,
+    pending: int,
+    partitions: int,
+    rate: float,
+    duration_s: float,
+    safepoint_log: Path | None = None,
 ) -> BenchResult:
-    """One measured run (see the module docstring)."""
+    """One measured run (see the module docstring). ``safepoint_log``: the broker JVM's
+    ``-Xlog:safepoint`` file, when the bench started the broker with it."""
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     bootstrap = settings.bootstrap_servers or ""
@@ -350,6 +402,10 @@ def run_once(
         if where in workload.sent_ns and window_start <= workload.sent_ns[where] < window_end
     )
     over_floor = workload.lags_ms(floor.read_ns, window)  # completion - the bare consumer's read
+    broker_pauses = None
+    if safepoint_log is not None:
+        slowest = workload.slowest(window, SLOW_SHARE)
+        broker_pauses = summarize(read_pauses(safepoint_log.read_text(errors="replace")), window, slowest)
     elapsed = t1 - t0
     polls = max(polls1 - polls0, 1)
     return BenchResult(
@@ -374,6 +430,7 @@ def run_once(
         pending_at_end=pending_at_end,
         gc_collections=gc_clock.collections,
         gc_ms=gc_clock.total_ms,
+        broker_pauses=broker_pauses,
     )
 
 
@@ -387,12 +444,28 @@ def kafka(
 ) -> None:
     """Completion lag (Kafka event → completion) and requests to Kafka, for two pending counts."""
     settings = load_settings().kafka
-    with provide_cluster(settings) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="purgatory-bench-kafka-") as scratch,
+        provide_cluster(
+            settings,
+            jvm_options=(*BENCH_JVM_OPTIONS, safepoint_log_option(Path(scratch) / "safepoints.log")),
+            heap_mb=BENCH_HEAP_MB,
+            broker_config=BENCH_BROKER_CONFIG,
+        ) as cluster,
+    ):
         kafka_settings = settings.model_copy(update={"bootstrap_servers": cluster.bootstrap_servers})
+        # Only a broker we started logs its safepoints to our file (an existing one runs as it is).
+        safepoint_log = Path(scratch) / "safepoints.log" if cluster.local is not None else None
+        broker = (
+            f"the bench's broker: {' '.join(BENCH_JVM_OPTIONS)}, -Xmx{BENCH_HEAP_MB}m, "
+            + ", ".join(f"{k}={v}" for k, v in BENCH_BROKER_CONFIG.items())
+            if cluster.local is not None
+            else "an existing broker, as it runs"
+        )
         typer.echo(
-            f"Kafka via {cluster.provider} at {cluster.bootstrap_servers}; feed interval "
+            f"Kafka via {cluster.provider} at {cluster.bootstrap_servers} ({broker}); feed interval "
             f"{settings.feed_interval_ms} ms; {partitions} partitions; {rate:.0f} events/s; "
-            f"{duration:.0f} s runs"
+            f"{duration:.0f} s runs; load {os.getloadavg()[0]:.1f}"
         )
         header = (
             f"{'pending':>8} {'done':>6} {'lag p50':>8} {'lag p99':>8} {'lag max':>8} "
@@ -402,7 +475,14 @@ def kafka(
         medians: dict[int, BenchResult] = {}
         for count in (pending, compare_pending):
             runs = [
-                run_once(kafka_settings, pending=count, partitions=partitions, rate=rate, duration_s=duration)
+                run_once(
+                    kafka_settings,
+                    pending=count,
+                    partitions=partitions,
+                    rate=rate,
+                    duration_s=duration,
+                    safepoint_log=safepoint_log,
+                )
                 for _ in range(repeats)
             ]
             result = sorted(runs, key=lambda r: r.lag_p99_ms)[len(runs) // 2]
@@ -432,6 +512,14 @@ def kafka(
                 f"{result.tries_per_advance:.2f} operations tried per high-watermark advance, "
                 f"{result.checks} check_and_complete calls"
             )
+        for result in (main, other):
+            pauses = result.broker_pauses
+            if pauses is not None:
+                typer.echo(
+                    f"{result.pending} pending: the broker stopped {pauses.count} times (>= 1 ms) in the "
+                    f"window, {pauses.total_ms:.0f} ms in all, longest {pauses.max_ms:.1f} ms; "
+                    f"{pauses.slow_hit} of the slowest {pauses.slow} completions had a pause in flight"
+                )
         target = "met" if main.lag_p99_ms <= TARGET_LAG_P99_MS else "NOT met"
         typer.echo(
             f"p99 completion lag {main.lag_p99_ms:.1f} ms at {main.pending} pending: "

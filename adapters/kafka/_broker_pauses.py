@@ -1,0 +1,85 @@
+"""When the benchmark's own broker stopped: its JVM's safepoints, read from the JVM's own log.
+
+Why this lives here: ``purgatory bench kafka`` found its completion-lag tail to be the local
+broker's stop-the-world pauses (docs/performance.md, "Change-feed completion lag"). A record
+produced while the broker is stopped is appended, acknowledged and fetched only after the pause,
+by every client alike; so the bench reports, next to the lags, how long the broker stood still in
+the measured window and how many of the slowest records had a pause while they were in flight.
+Only for a cluster the bench started: an existing cluster's JVM is not ours to log.
+
+The JVM writes one line per safepoint (``-Xlog:safepoint:file=<path>:timenanos``)::
+
+    [61088305047996ns] Safepoint "GenCollectForAllocation", Time since last: 400478632 ns,
+        Reaching safepoint: 174169 ns, Cleanup: 7482 ns, At safepoint: 9679018 ns, Total: 9860669 ns
+
+``timenanos`` is ``System.nanoTime()`` at the end of the safepoint: CLOCK_MONOTONIC on Linux, the
+clock of Python's ``time.monotonic_ns()``, so the pause ``[end - total, end]`` lines up with the
+bench's own timestamps without any offset.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BrokerPause", "PauseSummary", "read_pauses", "safepoint_log_option", "summarize"]
+
+_SAFEPOINT = re.compile(r'^\[(?P<end>\d+)ns\].*Safepoint "(?P<cause>[^"]+)".*Total: (?P<total>\d+) ns')
+
+
+def safepoint_log_option(path: Path) -> str:
+    """The JVM option that logs every safepoint with its end on the monotonic clock."""
+    return f"-Xlog:safepoint:file={path}:timenanos"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerPause:
+    start_ns: int
+    end_ns: int
+    cause: str  # the VM operation: GenCollectForAllocation (a young GC), G1CollectForAllocation, ...
+
+    @property
+    def ms(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e6
+
+
+def read_pauses(text: str) -> list[BrokerPause]:
+    """Every safepoint in a ``-Xlog:safepoint`` file's text, in order; other lines are skipped."""
+    pauses = []
+    for line in text.splitlines():
+        match = _SAFEPOINT.match(line)
+        if match is not None:
+            end = int(match["end"])
+            pauses.append(BrokerPause(end - int(match["total"]), end, match["cause"]))
+    return pauses
+
+
+@dataclass(frozen=True, slots=True)
+class PauseSummary:
+    count: int  # pauses of at least ``min_ms`` ending inside the window
+    total_ms: float
+    max_ms: float
+    slow_hit: int  # of the ``slow`` records, those in flight (produce() to completion) during a pause
+    slow: int
+
+
+def summarize(
+    pauses: list[BrokerPause],
+    window: tuple[int, int],
+    slow: list[tuple[int, int]],
+    min_ms: float = 1.0,
+) -> PauseSummary:
+    """The broker's pauses of ``min_ms`` or more in ``window`` (monotonic ns), and how many of the
+    ``slow`` records (``(sent_ns, completed_ns)``) had one while in flight: a record sent before
+    the pause but not yet appended, acknowledged or fetched when it began waits for its end."""
+    start, end = window
+    inside = [p for p in pauses if start <= p.end_ns and p.start_ns < end and p.ms >= min_ms]
+    hit = sum(1 for sent, done in slow if any(p.start_ns < done and sent < p.end_ns for p in inside))
+    return PauseSummary(
+        count=len(inside),
+        total_ms=sum(p.ms for p in inside),
+        max_ms=max((p.ms for p in inside), default=0.0),
+        slow_hit=hit,
+        slow=len(slow),
+    )
