@@ -29,8 +29,8 @@ Figures, per pending count (the second count shows the cost does not depend on i
   had one while in flight.
 
 The broker: an existing cluster (``PURGATORY_KAFKA_BOOTSTRAP``) is used as it runs. A local one
-started by the bench runs the steady-state profile ``BENCH_JVM_OPTIONS`` / ``BENCH_BROKER_CONFIG``
-below, not the launcher's fast start for tests: with the fast start (C1 only, heap from 64 MB,
+started by the bench runs the steady-state profile ``STEADY_STATE_PROFILE`` below, not the
+launcher's fast start for tests: with the fast start (C1 only, heap from 64 MB,
 Kafka's default purge interval) the broker, answering ~1,000 fetches of 100 partitions a second,
 allocated ~300 MB/s and stopped for a young collection every ~0.35 s (13-200 ms each, ~8% of the
 time), which was the whole p99 of every client (docs/performance.md).
@@ -70,7 +70,7 @@ from ._keys import TopicPartitionKey
 from ._operations import DelayedProduce, DelayedTopicReady, KafkaOperation
 from ._provider import provide_cluster
 from ._service import KafkaPurgatory
-from .local import STEADY_STATE_JVM_OPTIONS
+from .local import DEFAULT_HEAP_MB, FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
 
 __all__ = ["BenchResult", "kafka", "run_once"]
 
@@ -83,22 +83,42 @@ OP_TIMEOUT_MS = 600_000  # nothing may expire during a run: every completion is 
 TARGET_LAG_P99_MS = 5.0  # issue 12: Kafka-backed completion lag p99 at 10,000 pending
 SLOW_SHARE = 0.01  # the slowest 1% of completions: the records behind the p99
 
+
+@dataclass(frozen=True)
+class BrokerProfile:
+    """How the bench starts its own local broker (JVM options, heap, broker settings)."""
+
+    jvm_options: tuple[str, ...]
+    heap_mb: int
+    broker_config: dict[str, str]
+
+    def describe(self) -> str:
+        settings = "".join(f", {k}={v}" for k, v in self.broker_config.items())
+        return f"{' '.join(self.jvm_options)} -Xmx{self.heap_mb}m{settings}"
+
+
 # The bench's own broker (module doc; measured in docs/performance.md). Each choice cuts the
 # broker's young-collection pauses, which stall every client:
 BENCH_HEAP_MB = 1024  # Kafka's own kafka-server-start.sh heap (-Xmx1G -Xms1G)
-BENCH_JVM_OPTIONS: tuple[str, ...] = (
-    *STEADY_STATE_JVM_OPTIONS,  # C2 too: escape analysis allocates ~1/3 less per fetch than C1 code
-    f"-Xms{BENCH_HEAP_MB}m",  # fixed at its maximum: the young generation does not start at ~20 MB
-    "-Xmn768m",  # a large young generation: one collection every ~3 s instead of every ~0.35 s
+STEADY_STATE_PROFILE = BrokerProfile(
+    jvm_options=(
+        *STEADY_STATE_JVM_OPTIONS,  # C2 too: its escape analysis allocates ~1/3 less per fetch than C1
+        f"-Xms{BENCH_HEAP_MB}m",  # fixed at its maximum: the young generation does not start at ~20 MB
+        "-Xmn768m",  # a large young generation: one collection every ~3 s instead of every ~0.35 s
+    ),
+    heap_mb=BENCH_HEAP_MB,
+    broker_config={
+        # A consumer's fetch (librdkafka has no fetch sessions: all 100 partitions each time)
+        # waits on every partition's watcher list; a record on one completes it, and the done
+        # fetch stays referenced from the other 99 lists until the purge, every 1,000 requests
+        # by default: ~25 MB of them survived each young collection, whose pause is the copy of
+        # the survivors. Purged every 10 requests, ~8 MB survive.
+        "fetch.purgatory.purge.interval.requests": "10",
+    },
 )
-BENCH_BROKER_CONFIG: dict[str, str] = {
-    # A consumer's fetch (no fetch sessions in librdkafka: all 100 partitions each time) waits on
-    # all its partitions' watcher lists; a record on one completes it, and the completed fetch
-    # stays referenced from the other 99 lists until they are purged, every 1,000 requests by
-    # default: ~25 MB of them survived each young collection, whose pause is the copy of the
-    # survivors. Purged every 10, ~8 MB survive.
-    "fetch.purgatory.purge.interval.requests": "10",
-}
+# The launcher's fast start (what the tests run): kept selectable for same-period A/B runs.
+FAST_START_PROFILE = BrokerProfile(FAST_START_JVM_OPTIONS, DEFAULT_HEAP_MB, {})
+BROKER_PROFILES: dict[str, BrokerProfile] = {"steady": STEADY_STATE_PROFILE, "fast-start": FAST_START_PROFILE}
 
 
 @dataclass(frozen=True)
@@ -441,24 +461,31 @@ def kafka(
     rate: Annotated[float, typer.Option(help="Records appended per second (Kafka events).")] = 500.0,
     duration: Annotated[float, typer.Option(help="Measured seconds per run.")] = 10.0,
     repeats: Annotated[int, typer.Option(help="Runs per pending count; medians are reported.")] = 1,
+    broker_profile: Annotated[
+        str, typer.Option(help="The bench's own broker: 'steady' or 'fast-start' (the tests' profile).")
+    ] = "steady",
 ) -> None:
     """Completion lag (Kafka event → completion) and requests to Kafka, for two pending counts."""
+    if broker_profile not in BROKER_PROFILES:
+        raise typer.BadParameter(
+            f"--broker-profile must be one of {sorted(BROKER_PROFILES)}, got {broker_profile!r}"
+        )
+    profile = BROKER_PROFILES[broker_profile]
     settings = load_settings().kafka
     with (
         tempfile.TemporaryDirectory(prefix="purgatory-bench-kafka-") as scratch,
         provide_cluster(
             settings,
-            jvm_options=(*BENCH_JVM_OPTIONS, safepoint_log_option(Path(scratch) / "safepoints.log")),
-            heap_mb=BENCH_HEAP_MB,
-            broker_config=BENCH_BROKER_CONFIG,
+            jvm_options=(*profile.jvm_options, safepoint_log_option(Path(scratch) / "safepoints.log")),
+            heap_mb=profile.heap_mb,
+            broker_config=profile.broker_config,
         ) as cluster,
     ):
         kafka_settings = settings.model_copy(update={"bootstrap_servers": cluster.bootstrap_servers})
         # Only a broker we started logs its safepoints to our file (an existing one runs as it is).
         safepoint_log = Path(scratch) / "safepoints.log" if cluster.local is not None else None
         broker = (
-            f"the bench's broker: {' '.join(BENCH_JVM_OPTIONS)}, -Xmx{BENCH_HEAP_MB}m, "
-            + ", ".join(f"{k}={v}" for k, v in BENCH_BROKER_CONFIG.items())
+            f"the bench's broker, {broker_profile}: {profile.describe()}"
             if cluster.local is not None
             else "an existing broker, as it runs"
         )
@@ -494,6 +521,10 @@ def kafka(
                 f"{result.polls_per_s:>7.1f} {result.poll_p50_ms:>6.1f}ms "
                 f"{result.gc_collections:>5}/{result.gc_ms:<5.0f}"
             )
+            if repeats > 1:
+                typer.echo(
+                    f"{'':>8} lag p99 of each run: {' / '.join(f'{r.lag_p99_ms:.1f}' for r in runs)} ms"
+                )
         main, other = medians[pending], medians[compare_pending]
         typer.echo(
             f"requests per poll, {main.pending} vs {other.pending} pending: "
