@@ -30,10 +30,10 @@ Figures, per pending count (the second count shows the cost does not depend on i
 
 The broker: an existing cluster (``PURGATORY_KAFKA_BOOTSTRAP``) is used as it runs. A local one
 started by the bench runs the steady-state profile ``STEADY_STATE_PROFILE`` below, not the
-launcher's fast start for tests: with the fast start (C1 only, heap from 64 MB,
-Kafka's default purge interval) the broker, answering ~1,000 fetches of 100 partitions a second,
-allocated ~300 MB/s and stopped for a young collection every ~0.35 s (13-200 ms each, ~8% of the
-time), which was the whole p99 of every client (docs/performance.md).
+launcher's fast start for tests: with the fast start (C1 only, heap from 64 MB, Kafka's
+default purge interval) the broker, answering ~1,000 fetches of 100 partitions a second,
+allocated ~250-300 MB/s and stopped for a young collection every ~0.35 s (13-200 ms each, ~8%
+of the time), which was the p99 of every client (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class BrokerProfile:
 BENCH_HEAP_MB = 1024  # Kafka's own kafka-server-start.sh heap (-Xmx1G -Xms1G)
 STEADY_STATE_PROFILE = BrokerProfile(
     jvm_options=(
-        *STEADY_STATE_JVM_OPTIONS,  # C2 too: its escape analysis allocates ~1/3 less per fetch than C1
+        *STEADY_STATE_JVM_OPTIONS,  # C1 then C2, the steady-state code a production broker runs
         f"-Xms{BENCH_HEAP_MB}m",  # fixed at its maximum: the young generation does not start at ~20 MB
         "-Xmn768m",  # a large young generation: one collection every ~3 s instead of every ~0.35 s
     ),
