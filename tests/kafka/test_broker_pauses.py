@@ -1,6 +1,8 @@
 """``purgatory bench kafka``'s account of its broker's stop-the-world pauses (``_broker_pauses.py``):
 the JVM's safepoint log is parsed into pauses on the monotonic clock, and a slow record counts as
-hit when a pause fell while it was in flight. No Kafka: log lines as the JVM writes them."""
+hit when a pause fell while it was in flight; the bench's broker profiles pass the launcher's
+option check and a bad ``--broker-profile`` is refused by name. No Kafka: log lines as the JVM
+writes them."""
 
 from __future__ import annotations
 
@@ -65,3 +67,27 @@ def test_safepoint_log_option_names_the_file_and_the_monotonic_decoration(tmp_pa
     option = safepoint_log_option(tmp_path / "safepoints.log")
     assert option == f"-Xlog:safepoint:file={tmp_path / 'safepoints.log'}:timenanos"
     assert " " not in option, "one JVM option word (the launcher rejects anything else)"
+
+
+def test_bench_broker_profiles_are_valid_launcher_options() -> None:
+    from purgatory.adapters.kafka.bench import BROKER_PROFILES, STEADY_STATE_PROFILE
+    from purgatory.adapters.kafka.local._cluster import _checked_jvm_options
+
+    for name, profile in BROKER_PROFILES.items():
+        assert _checked_jvm_options(profile.jvm_options) == profile.jvm_options, name
+    assert "-XX:TieredStopAtLevel=1" not in STEADY_STATE_PROFILE.jvm_options, "steady state: C2 too"
+    assert f"-Xms{STEADY_STATE_PROFILE.heap_mb}m" in STEADY_STATE_PROFILE.jvm_options, (
+        "heap fixed at its maximum"
+    )
+
+
+def test_an_unknown_broker_profile_is_refused_naming_it_before_any_cluster_starts() -> None:
+    import typer
+    from purgatory.adapters.kafka.bench import kafka
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    app.command()(kafka)
+    result = CliRunner().invoke(app, ["--broker-profile", "turbo"])
+    assert result.exit_code == 2, result.output
+    assert "turbo" in result.output and "steady" in result.output, result.output
