@@ -101,12 +101,14 @@ class BrokerProfile:
 # The bench's own broker (module doc; measured in docs/performance.md). Each choice cuts the
 # broker's young-collection pauses, which stall every client:
 BENCH_HEAP_MB = 1024  # Kafka's own kafka-server-start.sh heap (-Xmx1G -Xms1G)
+# The heap of every bench's own brokers (`purgatory bench request-reply` too):
+BENCH_HEAP_OPTIONS: tuple[str, ...] = (
+    f"-Xms{BENCH_HEAP_MB}m",  # fixed at its maximum: the young generation does not start at ~20 MB
+    "-Xmn768m",  # a large young generation: one collection every ~3 s instead of every ~0.35 s
+)
 STEADY_STATE_PROFILE = BrokerProfile(
-    jvm_options=(
-        *STEADY_STATE_JVM_OPTIONS,  # C1 then C2, the steady-state code a production broker runs
-        f"-Xms{BENCH_HEAP_MB}m",  # fixed at its maximum: the young generation does not start at ~20 MB
-        "-Xmn768m",  # a large young generation: one collection every ~3 s instead of every ~0.35 s
-    ),
+    # C1 then C2, the steady-state code a production broker runs
+    jvm_options=(*STEADY_STATE_JVM_OPTIONS, *BENCH_HEAP_OPTIONS),
     heap_mb=BENCH_HEAP_MB,
     broker_config={
         # A consumer's fetch (librdkafka has no fetch sessions: all 100 partitions each time)

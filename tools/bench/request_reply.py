@@ -54,6 +54,7 @@ from purgatory.adapters.kafka import (
     header,
     headers_of,
 )
+from purgatory.adapters.kafka.bench import BENCH_HEAP_MB, BENCH_HEAP_OPTIONS
 from purgatory.adapters.kafka.local import FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
 
 from purgatory.settings import KafkaSettings
@@ -576,9 +577,7 @@ JVM_PROFILES: dict[str, tuple[str, ...]] = {"full": STEADY_STATE_JVM_OPTIONS, "c
 # the cluster, and every round trip passes through all three brokers. A 768 MB young generation
 # makes that one pause per broker every ~2.5 min; the first one, though, copies what start-up
 # left (``_collect_broker_heaps`` clears that before the first run). Same heap profile as
-# ``purgatory bench kafka``'s broker. The bench prints the brokers' pauses per run.
-BENCH_HEAP_MB = 1024
-FIXED_HEAP = (f"-Xms{BENCH_HEAP_MB}m", "-Xmn768m")
+# ``purgatory bench kafka``'s broker (``BENCH_HEAP_OPTIONS``). The bench prints the brokers' pauses per run.
 
 
 def _warm_up(bootstrap: str, topic: str, brokers: int, rate: float, seconds: float, linger_ms: int) -> None:
@@ -620,7 +619,7 @@ def request_reply(
     all_runs: list[RunResult] = []
     for count in brokers or [1, 3]:
         started = time.monotonic()
-        jvm_options = (*JVM_PROFILES[jit], *FIXED_HEAP)
+        jvm_options = (*JVM_PROFILES[jit], *BENCH_HEAP_OPTIONS)
         with LocalKafkaCluster(brokers=count, jvm_options=jvm_options, heap_mb=BENCH_HEAP_MB) as cluster:
             start_s = time.monotonic() - started
             bootstrap = cluster.bootstrap_servers
