@@ -224,8 +224,14 @@ class RecordSender:
         def report(error: KafkaAdapterError | None, message: Message | None) -> None:
             if error is not None:
                 self.stats.failed += 1
-            if on_delivery is not None:
+            if on_delivery is None:
+                return
+            try:
                 on_delivery(error, message)
+            except Exception:
+                # One caller's raising callback must not keep the records reported with it
+                # (released by the same delivery, failed in the same pass) from their reports.
+                _log.exception("kafka_sender_report_failed", sender=self.name, topic=topic)
 
         record = HeldRecord(topic, value, key, partition, list(headers), report, time.monotonic())
         with self._window_lock:
@@ -300,12 +306,7 @@ class RecordSender:
                     continue
                 self.stats.sent += 1
         for record, error in failed:  # outside the lock: a callback may send again
-            try:
-                record.report(error, None)
-            except Exception:
-                # One caller's raising callback must not keep the other failures, nor the
-                # delivered record that released them, from being reported.
-                _log.exception("kafka_sender_report_failed", sender=self.name, topic=topic)
+            record.report(error, None)
 
     def in_flight(self) -> int:
         """Records held, queued or sent and not yet acknowledged (or reported failed)."""
