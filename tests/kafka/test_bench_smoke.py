@@ -31,13 +31,15 @@ def test_request_reply_bench_answers_every_request_on_both_sides(kafka_bootstrap
 
     from purgatory.tools.bench import request_reply
 
-    topic = f"bench-smoke-{uuid.uuid4().hex[:8]}"
-    request_reply._create(kafka_bootstrap, topic, 1, 1)
-    responder = request_reply._ResponderProcess(topic, f"smoke-{uuid.uuid4().hex[:6]}", kafka_bootstrap, 2)
+    topics = request_reply._create_bench_topics(kafka_bootstrap, 1)
+    responder = request_reply._ResponderProcess(
+        topics.requests, f"smoke-{uuid.uuid4().hex[:6]}", kafka_bootstrap, 2
+    )
     try:
         for side in ("purgatory", "hand-rolled"):
             result = request_reply.run_once(
-                side, kafka_bootstrap, topic, 1, rate=50.0, warmup_s=0.2, duration_s=1.0, timeout_ms=10_000,
+                side, kafka_bootstrap, topics.requests, 1, reply_topic=topics.replies,
+                rate=50.0, warmup_s=0.2, duration_s=1.0, timeout_ms=10_000,
                 responder_pid=responder.process.pid,
             )  # fmt: skip
             assert result.timeouts == 0 and result.answered == result.sent == 50, result

@@ -2,7 +2,9 @@
 
 Workload, per broker count: a local Apache Kafka (the project's launcher, 127.0.0.1, stopped by
 PID at the end), a request topic (1 partition) and a reply topic (2 partitions), replication
-factor = brokers (``min.insync.replicas`` 2 with 3 brokers). An echo :class:`Responder` runs in a
+factor = brokers (``min.insync.replicas`` 2 with 3 brokers), both created once per cluster with
+fixed leaders (``_create_bench_topics``: why) and used by every run of both sides and by the
+warm-up. An echo :class:`Responder` runs in a
 process of its own (as it would in production; it also keeps its GIL out of the requester's). The
 requester sends ``rate`` requests per second, paced on its event loop (open loop: a slow answer
 does not slow the sending), for ``warmup`` + ``duration`` seconds, and measures each round trip
@@ -16,8 +18,9 @@ Two requesters, alternating which runs first, on the same cluster and responder:
   keyed by correlation id, a consumer thread reading the reply partition, ``asyncio.wait_for``
   for the deadline (no duplicate/late accounting, no journal, no N-of-M, no scale-out).
 
-Printed: requests/s achieved, p50/p99/max round trip, timeouts, requester CPU per request, and
-the median of the same-run p99 ratios (purgatory ÷ hand-rolled); medians over ``--repeats``.
+Printed: requests/s achieved, p50/p99/max round trip, timeouts, CPU per request (requester,
+responder, brokers, and of the brokers' the JIT compiler threads'), GC pauses, and the median of
+the same-run p99 ratios (purgatory ÷ hand-rolled); medians over ``--repeats``.
 Target (issue 14): p99 ≤ 20 ms at 1,000 requests/s on this machine.
 """
 
@@ -42,6 +45,7 @@ from typing import Annotated, Any
 import typer
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 from purgatory.adapters.kafka import (
     CORRELATION_ID,
     REPLY_PARTITION,
@@ -49,7 +53,6 @@ from purgatory.adapters.kafka import (
     KafkaPurgatory,
     LocalKafkaCluster,
     RequestTimeoutError,
-    create_topic,
     encode_partition,
     header,
     headers_of,
@@ -97,6 +100,10 @@ class RunResult:
     # stops a broker that every round trip passes through (leader or follower).
     broker_gc_pauses: int = 0
     broker_gc_ms: float = 0.0
+    # Of brokers_cpu_us_per_request, the brokers' JIT compiler threads (C1, C2): near 0 once the
+    # hot paths are compiled; a run that pays the compilation costs the brokers up to twice as much
+    # CPU per round trip (docs/performance.md, "The slow first run").
+    brokers_jit_cpu_us_per_request: float = 0.0
     # The machine during the run: how late a process sleeping 10 ms woke (its p99 and max). Every
     # round trip is ~10 process wake-ups (requester, brokers, followers, responder): with a run
     # queue this deep, no requester meets a 20 ms p99. Measured by a child process (_WakeProbe).
@@ -227,6 +234,7 @@ class _Cpu:
     responder: float
     brokers: float
     broker_gc: tuple[int, float] = (0, 0.0)  # the brokers' GC pauses (count, seconds), all nodes
+    broker_jit: float = 0.0  # of ``brokers``, the JIT compiler threads'
 
 
 def _drive(
@@ -252,13 +260,16 @@ def _drive(
         _freeze_start_up()
         gc_meter.reset()  # the freeze's own full collection is start-up, not the run
         gc0 = _broker_gc(others[1])  # jstat is a process of its own: outside the CPU counted
+        jit0 = _jit_cpu_s(others[1])
         responder0, brokers0 = _cpu_s(others[0]), _cpu_s(others[1])
         cpu0 = time.process_time()
         figures = await _paced(request, rate, warmup_s, duration_s)
         requester = time.process_time() - cpu0
         responder, brokers = _cpu_s(others[0]) - responder0, _cpu_s(others[1]) - brokers0
+        jit = _jit_cpu_s(others[1]) - jit0
         gc1 = _broker_gc(others[1])
-        return (*figures, _Cpu(requester, responder, brokers, (gc1[0] - gc0[0], gc1[1] - gc0[1])))
+        broker_gc = (gc1[0] - gc0[0], gc1[1] - gc0[1])
+        return (*figures, _Cpu(requester, responder, brokers, broker_gc, jit))
 
     with gc_meter:
         return asyncio.run(drive())
@@ -423,6 +434,31 @@ def _cpu_s(pids: list[int]) -> float:
     return total
 
 
+# The names HotSpot gives its JIT compiler threads ("C2 CompilerThread0", "C1 CompilerThread0"),
+# as /proc shows them: cut to the kernel's 15 characters.
+_JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+
+
+def _jit_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of the JIT compiler threads of the JVMs ``pids`` so far (Linux
+    /proc; a thread or process gone counts 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                if not (task / "comm").read_text().startswith(_JIT_THREADS):
+                    continue
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / _TICKS
+    return total
+
+
 def _broker_gc(pids: list[int]) -> tuple[int, float]:
     """GC pauses of the broker JVMs so far, summed: (collections, seconds) from the JDK's jstat
     (young and full); (0, 0.0) where jstat is missing or a JVM is gone."""
@@ -463,6 +499,7 @@ def run_once(
     topic: str,
     brokers: int,
     *,
+    reply_topic: str,
     rate: float,
     warmup_s: float,
     duration_s: float,
@@ -471,10 +508,10 @@ def run_once(
     responder_pid: int | None = None,
     broker_pids: tuple[int, ...] = (),
 ) -> RunResult:
-    """One requester side against the running responder of ``topic``."""
+    """One requester side against the running responder of ``topic``, its replies on
+    ``reply_topic`` (both sides use the same: ``_create_bench_topics``)."""
     gc_meter = GcMeter()
     others = ([responder_pid] if responder_pid is not None else [], list(broker_pids))
-    reply_topic = f"bench-replies-{uuid.uuid4().hex[:8]}"
     probe = _WakeProbe()
     try:
         if side == "purgatory":
@@ -501,7 +538,6 @@ def run_once(
                 _thaw()
                 kp.close()
         else:
-            _create(bootstrap, reply_topic, 2, brokers)
             baseline = _HandRolled(bootstrap, topic, reply_topic, linger_ms)
             try:
 
@@ -543,22 +579,77 @@ def run_once(
         gc_full=gc_meter.counts[2],
         broker_gc_pauses=cpu.broker_gc[0],
         broker_gc_ms=cpu.broker_gc[1] * 1000.0,
+        brokers_jit_cpu_us_per_request=cpu.broker_jit / requests * 1e6,
         wake_p99_ms=wake_p99,
         wake_max_ms=wake_max,
     )
 
 
-def _create(bootstrap: str, topic: str, partitions: int, brokers: int) -> None:
+REPLY_PARTITIONS = 2  # of the reply topic; both requesters name partition 0 (their home) in requests
+# Index (in the sorted broker ids) of the broker leading the request partition; the reply
+# topic's partition 0 is led by the next one. With 3 brokers: requests on node 2, replies on
+# node 3, and node 1 — the launcher's only controller, which also runs the KRaft quorum — leads
+# neither hot partition and follows both.
+REQUEST_LEADER_INDEX = 1
+
+
+@dataclass(frozen=True)
+class BenchTopics:
+    """The request and reply topics of one cluster, shared by every run of both sides."""
+
+    requests: str
+    replies: str
+
+
+def _placement(broker_ids: list[int], partitions: int, first: int) -> list[list[int]]:
+    """Replica lists (all brokers each) whose leaders — the first replica, Kafka's preferred
+    leader — are ``broker_ids[first]``, ``broker_ids[first + 1]``, ... in turn (wrapping)."""
+    n = len(broker_ids)
+    return [[broker_ids[(first + p + i) % n] for i in range(n)] for p in range(partitions)]
+
+
+def _create_bench_topics(bootstrap: str, brokers: int) -> BenchTopics:
+    """The request topic (1 partition) and the reply topic (``REPLY_PARTITIONS``), replicated on
+    every broker, each partition's leader fixed (``REQUEST_LEADER_INDEX``).
+
+    Created once per cluster, before the warm-up, for two reasons measured at 3 brokers
+    (docs/performance.md, "The slow first run"). A reply topic created per run put its partition
+    0 leader on whichever broker Kafka chose: a broker leading it for the first time compiled
+    the leader's produce and fetch paths (its C1/C2 threads 1-3.4 s) during the measured run,
+    which then cost the brokers up to twice the CPU per round trip of a run on brokers that had
+    compiled them already. Used by the warm-up too, every broker's role in a run is the one it
+    was warmed up in. And fixed leaders put the same work on the same broker in every
+    invocation (a random placement moved the request and reply leaders onto one broker in some).
+    """
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    ids = sorted(admin.list_topics(timeout=TOPIC_TIMEOUT_S).brokers)
+    if len(ids) != brokers:
+        raise RuntimeError(f"the cluster names brokers {ids}, expected {brokers}")
     config = {"min.insync.replicas": "2"} if brokers >= 3 else {}
-    create_topic(
-        admin,
-        topic,
-        partitions=partitions,
-        replication_factor=brokers,
-        config=config,
-        timeout_s=TOPIC_TIMEOUT_S,
-    )
+    suffix = uuid.uuid4().hex[:8]
+    topics = BenchTopics(f"bench-requests-{suffix}", f"bench-replies-{suffix}")
+    placements = {
+        topics.requests: _placement(ids, 1, REQUEST_LEADER_INDEX),
+        topics.replies: _placement(ids, REPLY_PARTITIONS, REQUEST_LEADER_INDEX + 1),
+    }
+    # num_partitions must be given with a replica assignment (librdkafka refuses the default -1).
+    new = [NewTopic(t, len(a), replica_assignment=a, config=config) for t, a in placements.items()]
+    futures = admin.create_topics(new, request_timeout=TOPIC_TIMEOUT_S, operation_timeout=TOPIC_TIMEOUT_S)
+    for future in futures.values():
+        future.result(timeout=TOPIC_TIMEOUT_S + 1.0)
+    return topics
+
+
+def _leaders(bootstrap: str, topics: BenchTopics) -> str:
+    """Leader of the request partition and of each reply partition now: "requests 2, replies 3/1"."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    described = admin.list_topics(timeout=TOPIC_TIMEOUT_S).topics
+
+    def of(topic: str) -> str:
+        partitions = described[topic].partitions if topic in described else {}
+        return "/".join(str(partitions[p].leader) for p in sorted(partitions)) or "?"
+
+    return f"requests {of(topics.requests)}, replies {of(topics.replies)}"
 
 
 def _median(runs: list[RunResult], field: str) -> float:
@@ -580,16 +671,29 @@ JVM_PROFILES: dict[str, tuple[str, ...]] = {"full": STEADY_STATE_JVM_OPTIONS, "c
 # ``purgatory bench kafka``'s broker (``BENCH_HEAP_OPTIONS``). The bench prints the brokers' pauses per run.
 
 
-def _warm_up(bootstrap: str, topic: str, brokers: int, rate: float, seconds: float, linger_ms: int) -> None:
+def _warm_up(
+    bootstrap: str,
+    topics: BenchTopics,
+    brokers: int,
+    rate: float,
+    seconds: float,
+    linger_ms: int,
+    broker_pids: tuple[int, ...],
+) -> list[RunResult]:
     """Unmeasured traffic through brokers and responder until the JIT has compiled the hot paths
-    (with C2 the first seconds cost extra CPU and stall requests while methods compile)."""
+    (with C2 the first seconds cost extra CPU and stall requests while methods compile); half the
+    time each side, on the runs' topics. Returns the warm-up's runs (their JIT CPU is printed)."""
     if seconds <= 0:
-        return
+        return []
+    runs = []
     for side in ("purgatory", "hand-rolled"):
-        run_once(
-            side, bootstrap, topic, brokers,
+        run = run_once(
+            side, bootstrap, topics.requests, brokers, reply_topic=topics.replies,
             rate=rate, warmup_s=seconds / 2, duration_s=0.5, timeout_ms=5_000, linger_ms=linger_ms,
+            broker_pids=broker_pids,
         )  # fmt: skip
+        runs.append(run)
+    return runs
 
 
 def request_reply(
@@ -623,31 +727,37 @@ def request_reply(
         with LocalKafkaCluster(brokers=count, jvm_options=jvm_options, heap_mb=BENCH_HEAP_MB) as cluster:
             start_s = time.monotonic() - started
             bootstrap = cluster.bootstrap_servers
-            topic = f"bench-requests-{uuid.uuid4().hex[:8]}"
-            _create(bootstrap, topic, 1, count)
-            responder = _ResponderProcess(topic, f"bench-echo-{uuid.uuid4().hex[:6]}", bootstrap, linger_ms)
+            topics = _create_bench_topics(bootstrap, count)
+            responder = _ResponderProcess(
+                topics.requests, f"bench-echo-{uuid.uuid4().hex[:6]}", bootstrap, linger_ms
+            )
             typer.echo(
                 f"{count} broker(s) at {bootstrap} (JIT {jit}, heap fixed at {BENCH_HEAP_MB} MB, "
                 f"started in {start_s:.1f} s, "
                 f"load {os.getloadavg()[0]:.1f}): {rate:.0f} requests/s for {duration:.0f} s "
                 f"(+{warmup:.0f} s warm-up) x {repeats}, linger.ms {linger_ms}, "
-                f"echo responder in process {responder.process.pid}"
+                f"echo responder in process {responder.process.pid}; leaders: {_leaders(bootstrap, topics)}"
             )
             try:
-                _warm_up(bootstrap, topic, count, rate, jit_warmup, linger_ms)
                 broker_pids = tuple(n.pid for n in cluster.nodes.values() if n.pid is not None)
+                for result in _warm_up(bootstrap, topics, count, rate, jit_warmup, linger_ms, broker_pids):
+                    typer.echo(
+                        f"  warm-up {result.side:<11} brokers {result.brokers_cpu_us_per_request:4.0f} "
+                        f"us/req, of which JIT {result.brokers_jit_cpu_us_per_request:4.0f}"
+                    )
                 _collect_broker_heaps(list(broker_pids))
                 runs: list[RunResult] = []
                 for i in range(repeats):
                     order = ("purgatory", "hand-rolled") if i % 2 == 0 else ("hand-rolled", "purgatory")
                     for side in order:
                         result = run_once(
-                            side, bootstrap, topic, count,
+                            side, bootstrap, topics.requests, count, reply_topic=topics.replies,
                             rate=rate, warmup_s=warmup, duration_s=duration, timeout_ms=timeout_ms,
                             linger_ms=linger_ms, responder_pid=responder.process.pid,
                             broker_pids=broker_pids,
                         )  # fmt: skip
                         runs.append(result)
+                        leaders = _leaders(bootstrap, topics)
                         typer.echo(
                             f"  run {i + 1} {side:<11} {result.achieved_per_s:7.0f} req/s  "
                             f"p50 {result.p50_ms:6.2f} ms  p99 {result.p99_ms:6.2f} ms  "
@@ -655,12 +765,13 @@ def request_reply(
                             f"timeouts {result.timeouts}  cpu us/req: requester "
                             f"{result.cpu_us_per_request:4.0f} "
                             f"responder {result.responder_cpu_us_per_request:4.0f} "
-                            f"brokers {result.brokers_cpu_us_per_request:4.0f}  "
+                            f"brokers {result.brokers_cpu_us_per_request:4.0f} "
+                            f"(JIT {result.brokers_jit_cpu_us_per_request:3.0f})  "
                             f"GC {result.gc_ms:.0f} ms ({result.gc_full} full)  "
                             f"broker GC {result.broker_gc_pauses} taking {result.broker_gc_ms:.0f} ms  "
                             f"load {os.getloadavg()[0]:.1f}  "
                             f"10 ms sleep woke late p99 {result.wake_p99_ms:.1f} ms "
-                            f"max {result.wake_max_ms:.0f} ms"
+                            f"max {result.wake_max_ms:.0f} ms  leaders: {leaders}"
                         )
             finally:
                 responder.stop()
