@@ -317,3 +317,62 @@ def test_request_reply_bench_counts_no_broker_gc_for_a_process_that_is_not_a_jvm
     from purgatory.tools.bench import request_reply
 
     assert request_reply._broker_gc([os.getpid()]) == (0, 0.0)
+
+
+def test_request_reply_bench_counts_no_jit_cpu_for_a_process_that_is_not_a_jvm() -> None:
+    import os
+
+    from purgatory.tools.bench import request_reply
+
+    assert request_reply._jit_cpu_s([os.getpid()]) == 0.0, "a Python process has no C1/C2 threads"
+    assert request_reply._jit_cpu_s([2**22 + 12345]) == 0.0, "a process gone counts 0"
+
+
+def test_request_reply_bench_places_the_request_and_reply_leaders_on_different_brokers() -> None:
+    """Fixed leaders (first replica): requests on the second broker, reply partition 0 on the third,
+    the controller (the first) leads neither hot partition; every partition on every broker."""
+    from purgatory.tools.bench import request_reply
+
+    ids = [1, 2, 3]
+    [requests] = request_reply._placement(ids, 1, request_reply.REQUEST_LEADER_INDEX)
+    replies = request_reply._placement(ids, 2, request_reply.REQUEST_LEADER_INDEX + 1)
+    assert requests == [2, 3, 1]
+    assert replies == [[3, 1, 2], [1, 2, 3]]
+    assert request_reply._placement([1], 2, 2) == [[1], [1]], "one broker leads everything"
+    assert all(sorted(r) == [1, 2] for r in request_reply._placement([1, 2], 3, 1))
+
+
+def test_request_reply_warm_up_goes_on_while_the_brokers_jit_compiles_and_stops_once_settled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rounds of both sides, identical; more rounds only while a round's JIT CPU is at or above
+    JIT_SETTLED_US on either side, never past ``max_s`` of traffic."""
+    from purgatory.tools.bench import request_reply
+
+    settled = request_reply.JIT_SETTLED_US
+    jit_by_round = iter([settled * 3, settled * 2, settled / 2, settled * 5])
+    calls: list[tuple[str, float]] = []
+    jit_now = 0.0
+
+    def fake_run_once(side: str, *args: object, warmup_s: float, **kwargs: object) -> request_reply.RunResult:
+        nonlocal jit_now
+        if side == "purgatory":
+            jit_now = next(jit_by_round)
+        calls.append((side, warmup_s))
+        return request_reply.RunResult(
+            side, 3, 1000.0, 500, 500, 0, 1000.0, 5.0, 9.0, 10.0, 200.0, 50.0, 700.0, 0.0, 0,
+            brokers_jit_cpu_us_per_request=jit_now,
+        )  # fmt: skip
+
+    monkeypatch.setattr(request_reply, "run_once", fake_run_once)
+    topics = request_reply.BenchTopics("requests", "replies")
+    runs = request_reply._warm_up("b", topics, 3, 1000.0, 2, (), min_s=20.0, max_s=120.0)
+    half = request_reply.WARMUP_ROUND_S / 2
+    first, later = [("purgatory", 10.0), ("hand-rolled", 10.0)], [("purgatory", half), ("hand-rolled", half)]
+    assert calls == [*first, *later, *later], "stopped after the third round: the first under the bound"
+    assert len(runs) == 6
+
+    calls.clear()
+    jit_by_round = iter([settled * 3] * 100)
+    runs = request_reply._warm_up("b", topics, 3, 1000.0, 2, (), min_s=20.0, max_s=45.0)
+    assert calls == [*first, *later, *later], "20 s, then whole rounds while they fit in 45 s: 40 s"
