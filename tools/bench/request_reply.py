@@ -675,6 +675,15 @@ JVM_PROFILES: dict[str, tuple[str, ...]] = {"full": STEADY_STATE_JVM_OPTIONS, "c
 # ``purgatory bench kafka``'s broker (``BENCH_HEAP_OPTIONS``). The bench prints the brokers' pauses per run.
 
 
+# Broker settings of the bench's cluster. The log cleaner (it compacts __consumer_offsets)
+# allocates its dedupe buffer on the heap, 128 MB by default: with the bench's 1 GB heap and
+# 768 MB young generation that was 128 of each broker's 149 MB live (GC.class_histogram: 140 MB
+# of byte[]) in a 256 MB old generation, so the second young collection's promotion overflowed
+# it: a failed young collection and a full one, 590-1,230 ms per broker at load 13-17
+# (-Xlog:gc), inside a measured run. 16 MB is plenty for a few consumer groups' offsets (Kafka
+# requires 1 MB per cleaner thread).
+BENCH_BROKER_CONFIG = {"log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024)}
+
 # The warm-up goes on in rounds of WARMUP_ROUND_S (half each side) past its minimum until, in a
 # round, the brokers' JIT compiler threads spent less than JIT_SETTLED_US per request on both
 # sides. Measured at 3 brokers (docs/performance.md, "The slow first run"): after the 20 s
@@ -750,7 +759,9 @@ def request_reply(
     for count in brokers or [1, 3]:
         started = time.monotonic()
         jvm_options = (*JVM_PROFILES[jit], *BENCH_HEAP_OPTIONS)
-        with LocalKafkaCluster(brokers=count, jvm_options=jvm_options, heap_mb=BENCH_HEAP_MB) as cluster:
+        with LocalKafkaCluster(
+            brokers=count, jvm_options=jvm_options, heap_mb=BENCH_HEAP_MB, broker_config=BENCH_BROKER_CONFIG
+        ) as cluster:
             start_s = time.monotonic() - started
             bootstrap = cluster.bootstrap_servers
             topics = _create_bench_topics(bootstrap, count)
