@@ -670,9 +670,11 @@ JVM_PROFILES: dict[str, tuple[str, ...]] = {"full": STEADY_STATE_JVM_OPTIONS, "c
 # load (-Xlog:gc, 3 brokers, 1,000 round trips/s: ~100 MB of young garbage per broker per 20 s),
 # 21-346 ms per pause on the shared machine (load 15-25) — about one pause per run somewhere in
 # the cluster, and every round trip passes through all three brokers. A 768 MB young generation
-# makes that one pause per broker every ~2.5 min; the first one, though, copies what start-up
-# left (``_collect_broker_heaps`` clears that before the first run). Same heap profile as
-# ``purgatory bench kafka``'s broker (``BENCH_HEAP_OPTIONS``). The bench prints the brokers' pauses per run.
+# makes that one pause per broker every ~2.5 min; the first one, though, copied what start-up
+# left — mostly the log cleaner's buffer, now 16 MB (BENCH_BROKER_CONFIG) — and
+# ``_collect_broker_heaps`` moves what remains to the old generation before the first run.
+# Same heap profile as ``purgatory bench kafka``'s broker (``BENCH_HEAP_OPTIONS``). The bench
+# prints the brokers' pauses per run.
 
 
 # Broker settings of the bench's cluster. The log cleaner (it compacts __consumer_offsets)
