@@ -221,47 +221,45 @@ class NaiveFakeOperation(_FakeBehaviour, NaiveOperation):
 class CompletionQueue:
     """Kafka's CompletionQueue: a thread force-completing each operation at its latency.
 
-    Like Kafka's (a DelayQueue polled by one thread) it works in whole milliseconds; it takes
-    every request due by now in one hold of its lock and completes them outside it.
+    Like Kafka's (a DelayQueue polled by one thread) it hands requests out at their due time,
+    in due order, ties in arrival order; it works in whole milliseconds (Kafka's clock) and
+    takes every request due by now in one hold of its lock, completing them outside it.
 
-    The queue is a binary heap with one entry per request, as Kafka's DelayQueue, but an entry
-    is an int, ``(completes_at << SEQ_BITS) | seq``, with the operation in slot ``seq`` of a
-    list sized for the run (allocated before the measured window), not a
-    ``(completes_at, seq, op)`` tuple: a tuple holding the op is a GC-tracked object
-    that lives as long as the request, so it was half of the cyclic GC's young generation and
-    of what each collection traversed (7.3k of 16k sampled young objects; GC is ~1 µs of each
-    request's CPU unpaced), and heapq compared tuples element by element. Ints are not
-    tracked and compare in C; a list slot is a store and a load, where a dict under the entry
-    (tried first) hashed, inserted and popped (~2% of a run's profile). Identical for every side
-    (docs/performance.md, issue 15).
+    The delay queue is keyed by due *millisecond*: a heap of the distinct due times pending
+    (at most ``--timeout`` of them: only requests due before their timeout are queued), each with
+    the list of its requests in arrival order. Adding a request is a dict lookup and a list
+    append (a heap push only for a millisecond not pending yet); handing out a millisecond is one
+    heap pop. A heap entry per request (Kafka's DelayQueue) made every add and every pop walk a
+    ~30k-entry heap of separately allocated int keys: ``siftup``/``siftdown`` and the int
+    comparisons were ~16% of the completion thread's CPU and ~8% of an unpaced run's
+    (perf, docs/performance.md, issue 15), a cost of the harness's data structure, not of either
+    purgatory. Identical for every side; every request is still queued and force-completed at
+    its due millisecond by this thread.
     """
 
-    SEQ_BITS = 32  # a run has fewer than 2**32 requests: the low bits order ties by arrival
-    SEQ_MASK = (1 << SEQ_BITS) - 1
-
-    def __init__(self, capacity: int) -> None:
-        if not 0 < capacity <= self.SEQ_MASK + 1:
-            raise ValueError(f"capacity must be 1..{self.SEQ_MASK + 1} requests, got {capacity}")
+    def __init__(self) -> None:
+        # Due millisecond -> the requests due then, in arrival order; the heap holds each key once.
+        self._due: dict[int, list[_Fake]] = {}
         self._heap: list[int] = []
-        # Slot ``seq`` holds the ``seq``-th request added until it is due (then None again).
-        self._ops: list[_Fake | None] = [None] * capacity
         # Held with ``with self._mutex`` (a C-level __enter__/__exit__), not ``with self._cond``:
         # Condition's __enter__ and __exit__ are Python methods, two frames per add.
         self._mutex = threading.Lock()
         self._cond = threading.Condition(self._mutex)
-        self._seq = itertools.count()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="completion thread", daemon=True)
         self._thread.start()
 
     def add(self, op: _Fake) -> None:
-        seq = next(self._seq)
-        entry = (op.completes_at << self.SEQ_BITS) | seq
+        due = op.completes_at
         with self._mutex:
-            self._ops[seq] = op
-            heapq.heappush(self._heap, entry)
-            if self._heap[0] == entry:
-                self._cond.notify()
+            requests = self._due.get(due)
+            if requests is not None:
+                requests.append(op)
+                return
+            self._due[due] = [op]
+            heapq.heappush(self._heap, due)
+            if self._heap[0] == due:
+                self._cond.notify()  # a new earliest due time: the thread re-arms its wait
 
     def shutdown(self) -> None:
         with self._cond:
@@ -271,30 +269,23 @@ class CompletionQueue:
 
     def _loop(self) -> None:
         heap = self._heap
-        ops = self._ops
-        shift = self.SEQ_BITS
-        mask = self.SEQ_MASK
-        due: list[_Fake] = []
+        by_due = self._due
+        ready: list[list[_Fake]] = []
         while True:
             with self._mutex:
                 while True:
                     if self._closed:
                         return
                     now = _clock_ms()
-                    # Entries below this are due at or before ``now`` (whole milliseconds).
-                    limit = (now + 1) << shift
-                    while heap and heap[0] < limit:
-                        seq = heapq.heappop(heap) & mask
-                        op = ops[seq]
-                        ops[seq] = None
-                        assert op is not None, "each slot is taken once and emptied once"
-                        due.append(op)
-                    if due:
+                    while heap and heap[0] <= now:
+                        ready.append(by_due.pop(heapq.heappop(heap)))
+                    if ready:
                         break
-                    self._cond.wait(((heap[0] >> shift) - now) / 1000.0 if heap else 0.1)
-            for op in due:
-                op.force_complete()
-            due.clear()
+                    self._cond.wait((heap[0] - now) / 1000.0 if heap else 0.1)
+            for requests in ready:
+                for op in requests:
+                    op.force_complete()
+            ready.clear()
 
 
 def _latencies(rng: random.Random, params: PurgatoryParams) -> list[int]:
@@ -334,7 +325,7 @@ def run_side(side: str, raw_params: dict[str, Any], seed: int) -> dict[str, Any]
     params.validate()
     latencies, intervals, keys = workload(params, seed)
     sink = _Sink(params.num)
-    queue = CompletionQueue(params.num)
+    queue = CompletionQueue()
     if side == "purgatory":
         purgatory: Any = DelayedOperationPurgatory[FakeOperation]("fake purgatory")
         op_type: Any = FakeOperation
