@@ -227,17 +227,14 @@ class PurgatoryCore(Generic[T]):
         if not watch_keys:
             raise ValueError("keys must name at least one watch key; got an empty collection")
         # Checked before anything is watched: a bad third key must not leave two keys watched.
-        try:
+        # One loop per type: compiled, a list or a tuple is iterated by index, a Sequence through
+        # an allocated iterator (see _watchers' note on key loops).
+        if isinstance(watch_keys, list):
             for key in watch_keys:
-                # A str or an int always hashes (the common keys: topic-partitions as strings,
-                # ids): one type test instead of a hash call whose result, compiled, is boxed
-                # half the time only to be dropped.
-                if type(key) is not str and type(key) is not int:
-                    hash(key)
-        except TypeError:
-            raise TypeError(
-                f"watch key {key!r} of type {type(key).__name__} is unhashable; keys must be hashable"
-            ) from None
+                _check_hashable(key)
+        else:
+            for key in watch_keys:
+                _check_hashable(key)
         if is_finished(core):
             # Finished before it was submitted (Kafka's performance tool completes ~1.4% of its
             # requests before submitting them): as Kafka's tryCompleteElseWatch, keep nothing and
@@ -556,6 +553,20 @@ def _is_closed(purgatory: PurgatoryCore[Any]) -> bool:
     # A call, not a field read: mypy would narrow the field, and it may flip on another thread
     # mid-submission.
     return purgatory._closed
+
+
+def _check_hashable(key: Hashable) -> None:
+    """A clear TypeError naming ``key`` if it is unhashable."""
+    # A str or an int always hashes (the common keys: topic-partitions as strings, ids): one type
+    # test instead of a hash call whose result, compiled, is boxed half the time only to be dropped.
+    if type(key) is str or type(key) is int:
+        return
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(
+            f"watch key {key!r} of type {type(key).__name__} is unhashable; keys must be hashable"
+        ) from None
 
 
 # What _try_else_watch found (an int: compiled, no object per call).
