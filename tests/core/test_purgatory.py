@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 from structlog.testing import capture_logs
@@ -53,6 +54,24 @@ def test_unhashable_key_is_refused_before_anything_is_watched(purgatory: Purgato
         purgatory.try_complete_else_watch(op, ["fine", ["x"]])
     assert purgatory.watched() == 0, "nothing watched when a later key is bad"
     assert op.try_calls == 0
+
+
+@pytest.mark.parametrize("kind", [list, tuple, iter, collections.deque])
+def test_keys_of_any_collection_are_checked_watched_and_released_alike(
+    purgatory: Purgatory, kind: Callable[[list[str]], Iterable[str]]
+) -> None:
+    """Compiled, the loops over an operation's keys have one branch per type (list, tuple, any
+    other iterable): each branch watches on every key, and the finish releases every key."""
+    with pytest.raises(TypeError, match=r"watch key \['x'\] of type list is unhashable"):
+        purgatory.try_complete_else_watch(MockDelayedOperation(100), kind(["fine", ["x"]]))  # type: ignore[list-item]
+    op = MockDelayedOperation(100)
+    assert not purgatory.try_complete_else_watch(op, kind(["a", "b", "c"]))
+    assert purgatory.watched() == 3
+    op.completable = True
+    assert purgatory.check_and_complete("c") == 1
+    assert op.completions == 1
+    assert purgatory.watched() == 0, "the finish released the op from every key"
+    assert all(purgatory.check_and_complete(key) == 0 for key in "abc")
 
 
 def test_operation_finished_before_submission_is_not_kept(purgatory: Purgatory, timer: MockTimer) -> None:
