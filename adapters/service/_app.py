@@ -88,6 +88,7 @@ from ._metrics import ServiceCollector
 from ._requests import (
     MAX_PARTITION,
     MAX_PRODUCE_BODY_BYTES,
+    MAX_PRODUCE_TIMEOUT_MS,
     TOPIC_PATTERN,
     FetchParams,
     ProduceRequest,
@@ -110,6 +111,27 @@ _DOT_TOPICS = frozenset({".", ".."})
 # Arabic-Indic three (U+0663) and fullwidth three (U+FF13); int() fails on the first (a 500 once)
 # and reads the others as 3: a request would silently name another partition.
 _PARTITION = re.compile(r"[0-9]{1,10}")
+_TIMEOUT_MS = re.compile(r"[0-9]{1,10}")  # ASCII digits, as _PARTITION (then bounded by value)
+MAX_LEADER_EPOCH = 2**31 - 1  # Kafka's int32 leader epoch
+# What GET /topics/{topic}/replicated reads: anything else is a misspelling, refused as the long
+# poll's query refuses one (FetchParams, extra="forbid"), not silently ignored.
+_REPLICATED_PARAMETERS = frozenset({"offsets", "epochs", "records", "timeout_ms"})
+
+
+def _single_known_parameters(query: QueryParams, known: frozenset[str] | None) -> None:
+    """A 400 naming a query parameter given twice (``?offset=0&offset=9``: which one was meant?)
+    or, when ``known`` is given, one not in it."""
+    seen: set[str] = set()
+    for name, _ in query.multi_items():
+        if known is not None and name not in known:
+            raise RequestError(
+                400, "INVALID_REQUEST", name, f"unknown query parameter {name!r}; expected {sorted(known)}"
+            )
+        if name in seen:
+            raise RequestError(400, "INVALID_REQUEST", name, f"query parameter {name!r} is given twice")
+        seen.add(name)
+
+
 T = TypeVar("T")
 # nginx's "client closed request": logged by the server, never delivered to the departed client.
 CLIENT_CLOSED_REQUEST = 499
@@ -159,6 +181,8 @@ def checked_partition(raw: str) -> int:
 
 def fetch_params(query: QueryParams) -> FetchParams:
     """The long poll's query as :class:`FetchParams`, else a 400 naming the first bad field."""
+    if len(query) != len(query.multi_items()):
+        _single_known_parameters(query, None)
     try:
         return FetchParams.model_validate(dict(query))
     except ValidationError as exc:
@@ -432,9 +456,10 @@ async def await_replicated(request: Request) -> Response:
     """
     gateway = _gateway(request)
     topic = _topic(request)
+    _single_known_parameters(request.query_params, _REPLICATED_PARAMETERS)
     offsets = parse_offsets(request.query_params.get("offsets"))
     raw_epochs = request.query_params.get("epochs")
-    epochs = parse_offsets(raw_epochs, "epochs") if raw_epochs is not None else None
+    epochs = parse_offsets(raw_epochs, "epochs", MAX_LEADER_EPOCH) if raw_epochs is not None else None
     if epochs is not None and set(epochs) != set(offsets):
         raise RequestError(400, "INVALID_REQUEST", "epochs", "epochs must name the partitions of offsets")
     raw_records = request.query_params.get("records")
@@ -447,9 +472,14 @@ async def await_replicated(request: Request) -> Response:
             "records must come with epochs and name the partitions of offsets",
         )
     raw_timeout = request.query_params.get("timeout_ms")
-    if raw_timeout is not None and not raw_timeout.isdigit():
+    if raw_timeout is not None and (
+        _TIMEOUT_MS.fullmatch(raw_timeout) is None or int(raw_timeout) > MAX_PRODUCE_TIMEOUT_MS
+    ):
         raise RequestError(
-            400, "INVALID_REQUEST", "timeout_ms", f"timeout_ms must be an int >= 0, got {raw_timeout!r}"
+            400,
+            "INVALID_REQUEST",
+            "timeout_ms",
+            f"timeout_ms must be an int from 0 to {MAX_PRODUCE_TIMEOUT_MS}, got {raw_timeout!r}",
         )
     timeout_ms = int(raw_timeout) if raw_timeout is not None else None
     started = time.monotonic()

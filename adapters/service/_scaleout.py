@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 import zlib
 from collections import Counter
@@ -58,13 +59,19 @@ from ..kafka import (
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
 from ._produce import OffLoopProduce
-from ._requests import ProduceRequest
+from ._requests import MAX_OFFSET, MAX_PARTITION, ProduceRequest
 
 __all__ = ["FORWARDED_HEADER", "OwnedFetch", "OwnedProduce", "ScaleOut", "ScaleOutCollector"]
 
 # Set on a forwarded request: its receiver answers (serves, redirects or 503s) but never forwards
 # again, so two instances with different views of the group cannot bounce a request forever.
 FORWARDED_HEADER = "x-purgatory-forwarded-by"
+# ASCII digits only, as many as the largest legal value has: str.isdigit() also accepts
+# superscript two (int() then fails: a 500) and Arabic-Indic three (int() reads it as 3).
+_PARTITION_NUMBER = re.compile(r"([0-9]{1,10}):([0-9]{1,19})")
+_RECORD_IDENTITY = re.compile(
+    rf"([0-9]{{1,10}}):([0-9]{{1,19}}):(-1|[0-9]{{1,19}}):([0-9a-fA-F]{{{DIGEST_BYTES * 2}}})"
+)
 FORWARD_CONNECT_TIMEOUT_S = 2.0  # an owner that does not accept a connection in 2 s is not serving
 _RELAYED_HEADERS = ("content-type", "location", "retry-after")  # from the owner's answer
 _FORWARDED_REQUEST_HEADERS = ("content-type", "authorization")  # from the client's request
@@ -316,37 +323,48 @@ def parse_record_identities(raw: str) -> dict[int, tuple[RecordIdentity, ...]]:
     partition, or a 400 naming ``records``."""
     out: dict[int, tuple[RecordIdentity, ...]] = {}
     for item in raw.split(","):
-        partition, offset, timestamp, digest = [*item.split(":"), "", "", ""][:4]
-        try:
-            if not partition.isdigit() or not offset.isdigit() or item.count(":") != 3:
-                raise ValueError
-            identity = RecordIdentity(int(offset), int(timestamp), bytes.fromhex(digest))
-            if identity.timestamp_ms < -1 or len(identity.digest) != DIGEST_BYTES:
-                raise ValueError
-        except ValueError:
+        match = _RECORD_IDENTITY.fullmatch(item)
+        if match is None or int(match[1]) > MAX_PARTITION or max(int(match[2]), int(match[3])) > MAX_OFFSET:
             raise RequestError(
                 400,
                 "INVALID_REQUEST",
                 "records",
                 f"records must be partition:offset:timestamp:digest[,...] (a digest of "
                 f"{DIGEST_BYTES * 2} hex digits, as a MOVED answer names them), got {item!r}",
-            ) from None
-        out[int(partition)] = (*out.get(int(partition), ()), identity)
+            )
+        partition = int(match[1])
+        identity = RecordIdentity(int(match[2]), int(match[3]), bytes.fromhex(match[4]))
+        out[partition] = (*out.get(partition, ()), identity)
     return out
 
 
-def parse_offsets(raw: str | None, field: str = "offsets") -> dict[int, int]:
-    """``"0:41,3:17"`` → ``{0: 41, 3: 17}``, or a 400 naming the field."""
+def parse_offsets(raw: str | None, field: str = "offsets", limit: int = MAX_OFFSET) -> dict[int, int]:
+    """``"0:41,3:17"`` → ``{0: 41, 3: 17}``, or a 400 naming the field.
+
+    Partitions are Kafka's int32, numbers at most ``limit`` (an offset's int64; a leader epoch's
+    int32): a larger one would wait its whole timeout for an offset no log can reach. A partition
+    named twice is refused rather than one of its numbers silently dropped.
+    """
     if not raw:
         raise RequestError(400, "INVALID_REQUEST", field, f"{field} is required: partition:number[,...]")
     out: dict[int, int] = {}
     for item in raw.split(","):
-        partition, sep, offset = item.partition(":")
-        if not sep or not partition.isdigit() or not offset.isdigit():
+        match = _PARTITION_NUMBER.fullmatch(item)
+        if match is None:
             raise RequestError(
                 400, "INVALID_REQUEST", field, f"{field} must be partition:number[,...], got {item!r}"
             )
-        out[int(partition)] = int(offset)
+        partition, number = int(match[1]), int(match[2])
+        if partition > MAX_PARTITION or number > limit:
+            raise RequestError(
+                400,
+                "INVALID_REQUEST",
+                field,
+                f"{field}: {item!r} is out of range (partition <= {MAX_PARTITION}, number <= {limit})",
+            )
+        if partition in out:
+            raise RequestError(400, "INVALID_REQUEST", field, f"{field} names partition {partition} twice")
+        out[partition] = number
     return out
 
 

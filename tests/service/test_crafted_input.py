@@ -55,7 +55,7 @@ class Case:
     path: str
     status: int
     field: str
-    params: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] | list[tuple[str, str]] = field(default_factory=dict)
     content: bytes | None = None
     headers: dict[str, str | bytes] = field(default_factory=lambda: dict(JSON))
 
@@ -71,6 +71,10 @@ def _query(name: str, field: str, value: str, status: int = 400, **extra: str) -
 def _post(name: str, body: bytes | str, field: str, status: int = 400, *, topic: str = "{topic}") -> Case:
     content = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
     return Case(name, "POST", f"/topics/{topic}/records", status, field, content=content)
+
+
+def _replicated(name: str, field: str, **params: str) -> Case:
+    return Case(name, "GET", "/topics/{topic}/replicated", 400, field, {"offsets": "0:0", **params})
 
 
 def _records(record: str, extra: str = "") -> str:
@@ -115,6 +119,22 @@ CASES: list[Case] = [
     _query("max_bytes in exponent notation", "max_bytes", "1e3"),
     _query("min_records boolean", "min_records", "false"),
     _query("unknown parameter", "wait", "5"),
+    Case("offset given twice", "GET", "/topics/{topic}/partitions/0/records", 400, "offset",
+         [("offset", "0"), ("offset", "1")]),
+    # -- the replicated wait's own query (partition:number lists, timeout_ms) -------------------
+    _replicated("replicated offset past int64", "offsets", offsets=f"0:{2**63}"),
+    _replicated("replicated offset Arabic-Indic three", "offsets", offsets="0:٣"),
+    _replicated("replicated partition superscript two", "offsets", offsets="²:0"),
+    _replicated("replicated partition past int32", "offsets", offsets=f"{2**31}:0"),
+    _replicated("replicated partition named twice", "offsets", offsets="0:1,0:2"),
+    _replicated("replicated epoch superscript two", "epochs", epochs="0:²"),
+    _replicated("replicated epoch past int32", "epochs", epochs=f"0:{2**31}"),
+    _replicated("replicated record identity timestamp past int64", "records", epochs="0:0",
+                records=f"0:0:{2**63}:{'0' * 32}"),
+    _replicated("replicated timeout_ms superscript two", "timeout_ms", timeout_ms="²"),
+    _replicated("replicated timeout_ms of 27 hours", "timeout_ms", timeout_ms="99999999"),
+    _replicated("replicated timeout_ms of 26 digits", "timeout_ms", timeout_ms="9" * 26),
+    _replicated("replicated unknown parameter", "timeout", timeout="5"),
     # -- offset past the end: 416 whatever the wait (the range check must not depend on it) -----
     *[
         _query(f"offset past the end, max_wait_ms {w}", "offset", FAR, 416, max_wait_ms=str(w))
