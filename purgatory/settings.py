@@ -46,6 +46,7 @@ from pydantic_settings import (
 
 from ._errors import PurgatoryError
 from ._secrets import is_secret_name, remember_secret
+from .timer._timing_wheel import MAX_WHEEL_SIZE
 
 __all__ = [
     "BOOTSTRAP_ENV",
@@ -135,7 +136,7 @@ class _Section(BaseModel):
 
 class TimerSettings(_Section):
     tick_ms: PositiveInt = Field(1, description="Resolution of the finest timing wheel, in ms (Kafka: 1).")
-    wheel_size: PositiveInt = Field(20, description="Buckets per wheel level (Kafka: 20).")
+    wheel_size: PositiveInt = Field(20, le=MAX_WHEEL_SIZE, description="Buckets per wheel level (Kafka: 20).")
 
 
 class PurgatoryOverrides(_Section):

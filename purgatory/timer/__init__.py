@@ -17,10 +17,11 @@ from ._protocol import Timer
 from ._system_timer import SystemTimer, add_task, monotonic_ms
 from ._task import TimerTask, TimerTaskEntry, cancel_task, leave_bucket
 from ._task_list import TaskCounter, TimerTaskList
-from ._timing_wheel import TimingWheel, bucket_expiration, bucket_index, wheel_start
+from ._timing_wheel import MAX_WHEEL_SIZE, TimingWheel, bucket_expiration, bucket_index, wheel_start
 from ._wheel_timer import WheelTimerCore
 
 __all__ = [
+    "MAX_WHEEL_SIZE",
     "DelayQueue",
     "SystemTimer",
     "TaskCounter",

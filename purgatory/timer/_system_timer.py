@@ -11,6 +11,7 @@ from mypy_extensions import mypyc_attr
 
 from .._errors import PurgatoryClosedError
 from ._task import TimerTask, leave_bucket
+from ._timing_wheel import MAX_WHEEL_SIZE
 from ._wheel_timer import WheelTimerCore, monotonic_ms
 
 __all__ = ["SystemTimer", "add_task", "monotonic_ms"]
@@ -19,6 +20,15 @@ _log = structlog.get_logger("purgatory.timer")
 
 DEFAULT_TICK_MS = 1  # Kafka's default: 1 ms resolution for the finest wheel
 DEFAULT_WHEEL_SIZE = 20  # Kafka's default: 20 buckets per level, each level 20x coarser
+
+
+def _checked_count(name: str, value: object, what: str) -> int:
+    """``value`` if it is a positive int (not a bool), else a typed error naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return value
 
 
 class _Stop(TimerTask):
@@ -46,17 +56,23 @@ class SystemTimer:
     def __init__(
         self,
         executor_name: str,
-        tick_ms: int = DEFAULT_TICK_MS,
-        wheel_size: int = DEFAULT_WHEEL_SIZE,
+        tick_ms: object = DEFAULT_TICK_MS,
+        wheel_size: object = DEFAULT_WHEEL_SIZE,
         start_ms: int | None = None,
     ) -> None:
-        if not isinstance(tick_ms, int) or isinstance(tick_ms, bool) or tick_ms <= 0:
-            raise ValueError(f"tick_ms must be a positive integer number of milliseconds, got {tick_ms!r}")
-        if not isinstance(wheel_size, int) or isinstance(wheel_size, bool) or wheel_size <= 0:
-            raise ValueError(f"wheel_size must be a positive integer number of buckets, got {wheel_size!r}")
+        # ``object``, not ``int``: compiled, an ``int`` parameter unboxes True to 1 before the
+        # bool test below could see it (tests/core/test_timer.py::test_bad_timer_configuration_is_refused).
+        tick = _checked_count("tick_ms", tick_ms, "a positive integer number of milliseconds")
+        buckets = _checked_count(
+            "wheel_size", wheel_size, f"an integer number of buckets <= {MAX_WHEEL_SIZE}"
+        )
+        if buckets > MAX_WHEEL_SIZE:
+            raise ValueError(
+                f"wheel_size must be an integer number of buckets <= {MAX_WHEEL_SIZE}, got {buckets}"
+            )
         self.executor_name = executor_name
         self._core = WheelTimerCore(
-            tick_ms, wheel_size, monotonic_ms() if start_ms is None else start_ms, monotonic_ms
+            tick, buckets, monotonic_ms() if start_ms is None else start_ms, monotonic_ms
         )
         self._tasks: queue.SimpleQueue[TimerTask] = queue.SimpleQueue()
         # Due tasks queued for the executor and not yet started: still pending, so size() counts

@@ -7,7 +7,12 @@ from typing import Protocol
 from ._task import TimerTask, TimerTaskEntry, leave_bucket
 from ._task_list import TaskCounter, TimerTaskList
 
-__all__ = ["BucketQueue", "TimingWheel", "bucket_expiration", "bucket_index", "wheel_start"]
+__all__ = ["MAX_WHEEL_SIZE", "BucketQueue", "TimingWheel", "bucket_expiration", "bucket_index", "wheel_start"]
+
+# Buckets are allocated up front, on every level: 4,096 per level is ~1.4 MB and already 200x
+# Kafka's 20 (each level covers wheel_size times the one below, so more buckets buy little).
+# Without a bound, a mistyped wheel_size (say 2**40) allocated until the kernel killed the process.
+MAX_WHEEL_SIZE = 4096
 
 
 class BucketQueue(Protocol):
@@ -81,8 +86,10 @@ class TimingWheel:
     ) -> None:
         if tick_ms <= 0:
             raise ValueError(f"tick_ms must be a positive number of milliseconds, got {tick_ms!r}")
-        if wheel_size <= 0:
-            raise ValueError(f"wheel_size must be a positive number of buckets, got {wheel_size!r}")
+        if not 0 < wheel_size <= MAX_WHEEL_SIZE:
+            raise ValueError(
+                f"wheel_size must be a number of buckets from 1 to {MAX_WHEEL_SIZE}, got {wheel_size!r}"
+            )
         self.tick_ms = tick_ms
         self.wheel_size = wheel_size
         self.start_ms = start_ms

@@ -58,6 +58,8 @@ def test_toml_file_with_per_purgatory_overrides_and_env_precedence(
     [
         ("PURGATORY_TIMER__TICK_MS", "0", "timer.tick_ms"),
         ("PURGATORY_TIMER__WHEEL_SIZE", "-4", "timer.wheel_size"),
+        # Accepted once, then allocated buckets until the kernel killed the process.
+        ("PURGATORY_TIMER__WHEEL_SIZE", "1099511627776", "timer.wheel_size"),
         ("PURGATORY_PURGE_INTERVAL", "lots", "purge_interval"),
         ("PURGATORY_MAX_PENDING", "0", "max_pending"),
         ("PURGATORY_LOG__LEVEL", "LOUD", "log.level"),

@@ -10,6 +10,7 @@ import pytest
 
 from purgatory import PurgatoryClosedError, SystemTimer, TimerTask
 from purgatory.testing import MockTime, MockTimer
+from purgatory.timer import MAX_WHEEL_SIZE
 
 
 class _CountDownLatch:
@@ -201,11 +202,36 @@ def test_add_after_close_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "kwargs"), [("tick_ms", {"tick_ms": 0}), ("wheel_size", {"wheel_size": -1})]
+    ("field", "kwargs", "error"),
+    [
+        ("tick_ms", {"tick_ms": 0}, ValueError),
+        ("wheel_size", {"wheel_size": -1}, ValueError),
+        # Compiled, an int parameter read True as 1 and accepted it.
+        ("tick_ms", {"tick_ms": True}, TypeError),
+        ("wheel_size", {"wheel_size": True}, TypeError),
+        ("tick_ms", {"tick_ms": 1.5}, TypeError),
+        ("wheel_size", {"wheel_size": "20"}, TypeError),
+        # Unbounded once: 2**40 allocated bucket after bucket until the kernel killed the process
+        # (not tried here: on the old code it would take the machine's memory with it).
+        ("wheel_size", {"wheel_size": MAX_WHEEL_SIZE + 1}, ValueError),
+    ],
 )
-def test_bad_timer_configuration_is_refused(field: str, kwargs: dict[str, int]) -> None:
-    with pytest.raises(ValueError, match=field):
-        SystemTimer("bad", **kwargs)
+def test_bad_timer_configuration_is_refused(
+    field: str, kwargs: dict[str, object], error: type[Exception]
+) -> None:
+    with pytest.raises(error, match=field):
+        SystemTimer("bad", **kwargs)  # type: ignore[arg-type]
+    assert not any(t.name == "executor-bad" for t in threading.enumerate()), "no executor left behind"
+
+
+def test_a_timer_of_the_largest_wheel_size_works() -> None:
+    timer = SystemTimer("largest", wheel_size=MAX_WHEEL_SIZE)
+    try:
+        latch = _CountDownLatch(1)
+        timer.add(_TestTask(5, 1, latch, []))
+        assert _drive(timer, latch), "a task on a wheel of MAX_WHEEL_SIZE buckets runs when due"
+    finally:
+        timer.close()
 
 
 def test_advance_clock_returns_false_when_nothing_is_due(timer: SystemTimer) -> None:
