@@ -39,6 +39,10 @@ _CLAIM_LOCK: Final = threading.Lock()
 _OWN_LOCKS_GUARD: Final = threading.Lock()
 _OWN_LOCK_RELEASED: Final = threading.Condition(_OWN_LOCKS_GUARD)
 
+# Kafka's delayMs is a Java long: a larger delay is no timeout at all (2**63 ms is 292 million
+# years), and mostly a unit mistake (ns for ms).
+MAX_DELAY_MS: Final = 2**63 - 1
+
 # The hot paths call these bound methods and this builtin through Final statics: compiled,
 # ``lock.acquire()`` looks the method up by name on every call (PyObject_VectorcallMethod, ~430
 # instructions) and a module-level function imported from _thread is fetched from the module's
@@ -180,7 +184,7 @@ class OperationCore(TimerTask):
         # ``object``, checked here: typed ``int``, mypyc would refuse ``1.5`` with its own "int
         # object expected; got float" before this line, an error that does not name the field.
         # (Checked in DelayedOperation.__init__ before: an interpreted frame per operation.)
-        ms = delay_ms if type(delay_ms) is int and delay_ms >= 0 else _checked_delay(delay_ms)
+        ms = delay_ms if type(delay_ms) is int and 0 <= delay_ms <= MAX_DELAY_MS else _checked_delay(delay_ms)
         TimerTask.__init__(self, ms)
         # Set by cancel_for_key: the caller owns the operation now, drain must leave it alone.
         # Assigned first: mypyc lays fields out in assignment order, so this 1-byte bool shares
@@ -304,8 +308,8 @@ def _checked_delay(delay_ms: object) -> int:
     """``delay_ms`` if it is a valid delay (an int subclass, say), else a typed error naming it."""
     if isinstance(delay_ms, bool) or not isinstance(delay_ms, int):
         raise TypeError(f"delay_ms must be an int number of milliseconds, got {delay_ms!r}")
-    if delay_ms < 0:
-        raise ValueError(f"delay_ms must be >= 0 milliseconds, got {delay_ms!r}")
+    if delay_ms < 0 or delay_ms > MAX_DELAY_MS:
+        raise ValueError(f"delay_ms must be from 0 to {MAX_DELAY_MS} milliseconds, got {delay_ms!r}")
     return delay_ms
 
 

@@ -223,7 +223,15 @@ class PurgatoryCore(Generic[T]):
             raise TypeError(
                 f"keys must be a collection of watch keys, got a single {type(keys).__name__}: {keys!r}"
             )
-        watch_keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if isinstance(keys, (list, tuple)):
+            watch_keys = keys
+        else:
+            try:
+                watch_keys = list(keys)
+            except TypeError:
+                raise TypeError(
+                    f"keys must be a collection of watch keys, got {type(keys).__name__}: {keys!r}"
+                ) from None
         if not watch_keys:
             raise ValueError("keys must name at least one watch key; got an empty collection")
         # Checked before anything is watched: a bad third key must not leave two keys watched.

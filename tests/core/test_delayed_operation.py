@@ -327,7 +327,18 @@ def test_outcome_is_set_before_on_complete_runs() -> None:
     assert op.force_complete() is False
 
 
-@pytest.mark.parametrize(("delay", "error"), [(-1, ValueError), (1.5, TypeError), ("10", TypeError)])
+@pytest.mark.parametrize(
+    ("delay", "error"),
+    [
+        (-1, ValueError),
+        (1.5, TypeError),
+        ("10", TypeError),
+        (True, TypeError),
+        (float("nan"), TypeError),
+        (float("inf"), TypeError),
+        (2**63, ValueError),  # past Kafka's long delayMs: accepted and timed once
+    ],
+)
 def test_bad_delay_is_refused(delay: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="delay_ms"):
         MockDelayedOperation(delay)  # type: ignore[arg-type]

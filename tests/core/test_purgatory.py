@@ -74,6 +74,14 @@ def test_keys_of_any_collection_are_checked_watched_and_released_alike(
     assert all(purgatory.check_and_complete(key) == 0 for key in "abc")
 
 
+@pytest.mark.parametrize("keys", [None, 5])
+def test_keys_that_are_not_a_collection_are_refused_naming_keys(purgatory: Purgatory, keys: object) -> None:
+    op = MockDelayedOperation(100)
+    with pytest.raises(TypeError, match="keys must be a collection of watch keys"):
+        purgatory.try_complete_else_watch(op, keys)  # type: ignore[arg-type]
+    assert purgatory.watched() == 0 and purgatory.num_delayed() == 0 and op.try_calls == 0
+
+
 def test_operation_finished_before_submission_is_not_kept(purgatory: Purgatory, timer: MockTimer) -> None:
     """Kafka's performance tool completes some requests before submitting them: Kafka's
     tryCompleteElseWatch returns false and keeps nothing (docs/design.md §3.3). It used to raise
