@@ -12,9 +12,13 @@ def _check_topic(topic: object) -> None:
         raise ValueError(f"topic must be a non-empty string, got {topic!r}")
 
 
+# Kafka's partition is an int32: librdkafka cannot even carry a larger one to the broker.
+MAX_PARTITION = 2**31 - 1
+
+
 def _check_partition(partition: object) -> None:
-    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
-        raise ValueError(f"partition must be an int >= 0, got {partition!r}")
+    if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition <= MAX_PARTITION:
+        raise ValueError(f"partition must be an int from 0 to {MAX_PARTITION}, got {partition!r}")
 
 
 class _HashSlot:

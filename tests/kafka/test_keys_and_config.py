@@ -41,6 +41,17 @@ def test_keys_are_frozen_hashable_and_labelled_like_kafka() -> None:
         key.partition = 4  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("partition", [-1, 2**31, True, 1.0])
+def test_a_partition_outside_kafkas_int32_is_refused_naming_it(partition: object) -> None:
+    # 2**31 was accepted, then librdkafka's TopicPartition raised an OverflowError naming nothing.
+    for make in (
+        lambda: TopicPartitionKey("orders", partition),
+        lambda: GroupPartitionKey("g", "orders", partition),
+    ):
+        with pytest.raises(ValueError, match="partition must be an int from 0 to 2147483647"):
+            make()  # type: ignore[arg-type]
+
+
 def test_a_partition_key_hashes_once_and_as_its_fields_do() -> None:
     """The hash is cached at construction (the feed hashes a key ~10 times per completion): it must
     stay the dataclass's own value, equal keys equal hashes, and survive pickling and replace()."""
