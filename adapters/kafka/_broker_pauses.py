@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BrokerPause", "PauseSummary", "read_pauses", "safepoint_log_option", "summarize"]
+__all__ = ["BrokerPause", "PauseSummary", "gc_log_option", "read_pauses", "safepoint_log_option", "summarize"]
 
 _SAFEPOINT = re.compile(r'^\[(?P<end>\d+)ns\].*Safepoint "(?P<cause>[^"]+)".*Total: (?P<total>\d+) ns')
 
@@ -31,6 +31,13 @@ _SAFEPOINT = re.compile(r'^\[(?P<end>\d+)ns\].*Safepoint "(?P<cause>[^"]+)".*Tot
 def safepoint_log_option(path: Path) -> str:
     """The JVM option that logs every safepoint with its end on the monotonic clock."""
     return f"-Xlog:safepoint:file={path}:timenanos"
+
+
+def gc_log_option(path: Path) -> str:
+    """The JVM option that logs each collection (cause, heap before -> after, pause) and the
+    survivors' ages (``gc+age=trace``: the bytes copied at each age, what a young pause costs),
+    stamped on the same monotonic clock as the safepoint log."""
+    return f"-Xlog:gc,gc+age=trace:file={path}:uptime,timenanos"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +69,15 @@ class PauseSummary:
     max_ms: float
     slow_hit: int  # of the ``slow`` records, those in flight (produce() to completion) during a pause
     slow: int
+    # (cause, count, total ms) of the same pauses, longest total first: a collection
+    # (GenCollectForAllocation, G1CollectForAllocation, ...) or another VM operation (Cleanup,
+    # ICBufferFull, Deoptimize, ...), which the JVM's flags remove rather than the heap's sizing.
+    by_cause: tuple[tuple[str, int, float], ...] = ()
+
+    def describe_causes(self) -> str:
+        return (
+            ", ".join(f"{cause} {count}x {total:.0f} ms" for cause, count, total in self.by_cause) or "none"
+        )
 
 
 def summarize(
@@ -76,10 +92,17 @@ def summarize(
     start, end = window
     inside = [p for p in pauses if start <= p.end_ns and p.start_ns < end and p.ms >= min_ms]
     hit = sum(1 for sent, done in slow if any(p.start_ns < done and sent < p.end_ns for p in inside))
+    causes: dict[str, tuple[int, float]] = {}
+    for p in inside:
+        count, total = causes.get(p.cause, (0, 0.0))
+        causes[p.cause] = (count + 1, total + p.ms)
     return PauseSummary(
         count=len(inside),
         total_ms=sum(p.ms for p in inside),
         max_ms=max((p.ms for p in inside), default=0.0),
         slow_hit=hit,
         slow=len(slow),
+        by_cause=tuple(
+            sorted(((cause, n, ms) for cause, (n, ms) in causes.items()), key=lambda item: -item[2])
+        ),
     )

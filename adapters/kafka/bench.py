@@ -42,6 +42,7 @@ import gc
 import math
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import threading
@@ -65,7 +66,7 @@ from confluent_kafka import (
 
 from purgatory.settings import KafkaSettings, load_settings
 
-from ._broker_pauses import PauseSummary, read_pauses, safepoint_log_option, summarize
+from ._broker_pauses import PauseSummary, gc_log_option, read_pauses, safepoint_log_option, summarize
 from ._feed import ChangeFeed
 from ._keys import TopicPartitionKey
 from ._operations import DelayedProduce, DelayedTopicReady, KafkaOperation
@@ -141,6 +142,32 @@ BROKER_PROFILES: dict[str, BrokerProfile] = {
     "fast-start": FAST_START_PROFILE,
     "kafka-g1": KAFKA_G1_PROFILE,
 }
+
+
+def parse_broker_profile(spec: str) -> BrokerProfile:
+    """``NAME[,ITEM...]``: a profile of ``BROKER_PROFILES`` with each ITEM added, a JVM option
+    (``-XX:GuaranteedSafepointInterval=0``; a later option wins over the profile's) or a broker
+    setting (``num.io.threads=2``). So one invocation can alternate flag variants (A/B in the
+    same period). A bad spec is a ``ValueError`` naming the item and why."""
+    name, *items = spec.split(",")
+    if name not in BROKER_PROFILES:
+        raise ValueError(
+            f"--broker-profile {spec!r}: the profile {name!r} is not one of {sorted(BROKER_PROFILES)}"
+        )
+    base = BROKER_PROFILES[name]
+    jvm, config = list(base.jvm_options), dict(base.broker_config)
+    for item in items:
+        if item.startswith("-") and " " not in item and not item.startswith(("-Xmx", "-cp", "-classpath")):
+            jvm.append(item)
+        elif "=" in item and not item.startswith("-") and item.split("=", 1)[0]:
+            key, value = item.split("=", 1)
+            config[key] = value
+        else:
+            raise ValueError(
+                f"--broker-profile {spec!r}: {item!r} is neither a JVM option ('-...', one word, not "
+                f"-Xmx/-cp: the heap is the profile's) nor a broker setting ('key=value')"
+            )
+    return BrokerProfile(tuple(jvm), base.heap_mb, config)
 
 
 @dataclass(frozen=True)
@@ -236,11 +263,15 @@ class _Workload:
                 lags.append((completed - sent) / 1e6)
         return sorted(lags)
 
-    def slowest(self, window: tuple[int, int], share: float) -> list[tuple[int, int]]:
-        """``(sent_ns, completed_ns)`` of the slowest ``share`` of the window's completions."""
+    def slowest(
+        self, window: tuple[int, int], share: float, read_ns: dict[tuple[int, int], int] | None = None
+    ) -> list[tuple[int, int]]:
+        """``(sent_ns, completed_ns)`` of the slowest ``share`` of the window's completions (of
+        the bare consumer's reads, given its ``read_ns``)."""
         start, end = window
         in_flight = []
-        for partition, offset, completed in self.done:
+        done = self.done if read_ns is None else [(p, o, t) for (p, o), t in read_ns.items()]
+        for partition, offset, completed in done:
             sent = self.sent_ns.get((partition, offset), -1)
             if start <= sent < end:
                 in_flight.append((sent, completed))
@@ -311,17 +342,20 @@ class _FloorTail:
         self.consumer.close()
 
 
-def _wait_until_tailed(feed: ChangeFeed, keys: list[TopicPartitionKey], floor: _FloorTail) -> None:
-    """Until the tail follows every partition in push mode (before, the poll answers) and the
-    bare consumer has its positions (bounded)."""
+def _wait_until_tailed(feed: ChangeFeed, keys: list[TopicPartitionKey], floor: _FloorTail | None) -> None:
+    """Until the tail follows every partition of ``keys`` in push mode (before, the poll
+    answers) and the bare consumer, if any, has its positions (bounded)."""
     tail = feed.tail
     deadline = time.monotonic() + FOLLOW_TIMEOUT_S
-    while not (floor.following() and (tail is None or all(tail.following(key) for key in keys))):
+    while not (
+        (floor is None or floor.following()) and (tail is None or all(tail.following(key) for key in keys))
+    ):
         if time.monotonic() > deadline:
             following = len(tail.stats.following) if tail is not None else len(keys)
             raise RuntimeError(
                 f"the tail follows {following} of {len(keys)} partitions (bare consumer: "
-                f"{'ready' if floor.following() else 'no positions'}) after {FOLLOW_TIMEOUT_S:.0f} s"
+                f"{'ready' if floor is None or floor.following() else 'no positions'}) "
+                f"after {FOLLOW_TIMEOUT_S:.0f} s"
             )
         time.sleep(FOLLOW_POLL_S)
 
@@ -366,9 +400,16 @@ def run_once(
     rate: float,
     duration_s: float,
     safepoint_log: Path | None = None,
+    ours: bool = True,
+    floor: bool = True,
 ) -> BenchResult:
     """One measured run (see the module docstring). ``safepoint_log``: the broker JVM's
-    ``-Xlog:safepoint`` file, when the bench started the broker with it."""
+    ``-Xlog:safepoint`` file, when the bench started the broker with it. ``ours`` / ``floor``:
+    whether the purgatory's operations (and so its tail) and the bare consumer run; with one of
+    them only, the broker answers one consumer's fetches instead of two (``--floor alternate``),
+    and the other's figures are NaN."""
+    if not (ours or floor):
+        raise ValueError("run_once: ours and floor both off, nothing to measure")
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     bootstrap = settings.bootstrap_servers or ""
@@ -382,10 +423,10 @@ def run_once(
         ready = kp.submit(DelayedTopicReady(kp.feed, topic, delay_ms=30_000))
         if not (ready.wait(35.0) and ready.ready):
             raise RuntimeError(f"benchmark topic {topic} has no leaders after 30 s")
-        workload = _Workload(kp, topic, partitions, pending)
+        workload = _Workload(kp, topic, partitions, pending if ours else 0)
         for i in range(workload.per_partition * partitions):
             workload.submit(i % partitions)
-        floor = _FloorTail(bootstrap, topic, partitions)
+        floor_tail = _FloorTail(bootstrap, topic, partitions) if floor else None
         producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
@@ -408,7 +449,7 @@ def run_once(
         gc.callbacks.append(gc_clock)
         try:
             feed: ChangeFeed = kp.feed
-            _wait_until_tailed(feed, workload.keys, floor)
+            _wait_until_tailed(feed, workload.keys if ours else [], floor_tail)
             time.sleep(WARMUP_S)  # the benchmark's own clock: warm-up, then a fixed window
             workload.measuring = True
             polls0, req0, t0 = feed.stats.polls, kp.view.requests_sent, time.monotonic()
@@ -429,7 +470,8 @@ def run_once(
             gc.unfreeze()
             stop.set()
             thread.join(30)
-            floor.close()
+            if floor_tail is not None:
+                floor_tail.close()
         pending_at_end = sum(p.num_delayed() for p in kp.purgatories.values())
     for future in admin.delete_topics([topic], request_timeout=30).values():
         future.result(timeout=30)
@@ -438,15 +480,16 @@ def run_once(
     window = (window_start, window_end)
     lags = workload.lags_ms(workload.sent_ns, window)
     from_ack = workload.lags_ms(workload.acked_ns, window)
+    floor_read = floor_tail.read_ns if floor_tail is not None else {}
     floor_lags = sorted(
         (read - workload.sent_ns[where]) / 1e6
-        for where, read in floor.read_ns.items()
+        for where, read in floor_read.items()
         if where in workload.sent_ns and window_start <= workload.sent_ns[where] < window_end
     )
-    over_floor = workload.lags_ms(floor.read_ns, window)  # completion - the bare consumer's read
+    over_floor = workload.lags_ms(floor_read, window)  # completion - the bare consumer's read
     broker_pauses = None
     if safepoint_log is not None:
-        slowest = workload.slowest(window, SLOW_SHARE)
+        slowest = workload.slowest(window, SLOW_SHARE, None if ours else floor_read)
         broker_pauses = summarize(read_pauses(safepoint_log.read_text(errors="replace")), window, slowest)
     elapsed = t1 - t0
     polls = max(polls1 - polls0, 1)
@@ -480,62 +523,78 @@ def _p99_rank(result: BenchResult) -> float:
     return math.inf if math.isnan(result.lag_p99_ms) else result.lag_p99_ms
 
 
-def kafka(
-    pending: Annotated[int, typer.Option(help="Pending operations in the main run.")] = 10_000,
-    compare_pending: Annotated[int, typer.Option(help="Pending operations in the comparison run.")] = 1_000,
-    partitions: Annotated[int, typer.Option(help="Partitions (watched keys).")] = 100,
-    rate: Annotated[float, typer.Option(help="Records appended per second (Kafka events).")] = 500.0,
-    duration: Annotated[float, typer.Option(help="Measured seconds per run.")] = 10.0,
-    repeats: Annotated[int, typer.Option(help="Runs per pending count; medians are reported.")] = 1,
-    broker_profile: Annotated[
-        str, typer.Option(help="The bench's own broker: 'steady' or 'fast-start' (the tests' profile).")
-    ] = "steady",
-    jit_warmup: Annotated[
-        float, typer.Option(help="Unmeasured seconds of the workload on the bench's own broker first.")
-    ] = 10.0,
-) -> None:
-    """Completion lag (Kafka event → completion) and requests to Kafka, for two pending counts."""
-    if broker_profile not in BROKER_PROFILES:
-        raise typer.BadParameter(
-            f"--broker-profile must be one of {sorted(BROKER_PROFILES)}, got {broker_profile!r}"
-        )
-    profile = BROKER_PROFILES[broker_profile]
-    settings = load_settings().kafka
+def _floor_p99_rank(result: BenchResult) -> float:
+    return math.inf if math.isnan(result.floor_p99_ms) else result.floor_p99_ms
+
+
+FLOOR_MODES = ("concurrent", "alternate")
+
+
+@dataclass(frozen=True)
+class _BrokerPass:
+    """One broker's figures: the median run of each pending count (ours; in ``--floor
+    alternate`` also the bare consumer's own runs)."""
+
+    local: bool  # the bench started this broker (profiles and pause logs apply)
+    medians: dict[int, BenchResult]
+    floor_medians: dict[int, BenchResult]
+
+
+def _describe_pauses(label: str, pauses: PauseSummary) -> str:
+    return (
+        f"{label}: the broker stopped {pauses.count} times (>= 1 ms) in the window, "
+        f"{pauses.total_ms:.0f} ms in all, longest {pauses.max_ms:.1f} ms ({pauses.describe_causes()}); "
+        f"{pauses.slow_hit} of the slowest {pauses.slow} had a pause in flight"
+    )
+
+
+def _bench_broker(
+    settings: KafkaSettings,
+    spec: str,
+    profile: BrokerProfile,
+    *,
+    counts: tuple[int, int],
+    partitions: int,
+    rate: float,
+    duration: float,
+    repeats: int,
+    floor: str,
+    jit_warmup: float,
+    keep_logs: Path | None,
+) -> _BrokerPass:
+    """Start the broker of ``profile`` (or use an existing cluster), warm it, measure both counts."""
     with (
         tempfile.TemporaryDirectory(prefix="purgatory-bench-kafka-") as scratch,
         provide_cluster(
             settings,
-            jvm_options=(*profile.jvm_options, safepoint_log_option(Path(scratch) / "safepoints.log")),
+            jvm_options=(
+                *profile.jvm_options,
+                safepoint_log_option(Path(scratch) / "safepoints.log"),
+                gc_log_option(Path(scratch) / "gc.log"),
+            ),
             heap_mb=profile.heap_mb,
             broker_config=profile.broker_config,
         ) as cluster,
     ):
+        local = cluster.local is not None
         kafka_settings = settings.model_copy(update={"bootstrap_servers": cluster.bootstrap_servers})
         # Only a broker we started logs its safepoints to our file (an existing one runs as it is).
-        safepoint_log = Path(scratch) / "safepoints.log" if cluster.local is not None else None
+        safepoint_log = Path(scratch) / "safepoints.log" if local else None
         broker = (
-            f"the bench's broker, {broker_profile}: {profile.describe()}"
-            if cluster.local is not None
-            else "an existing broker, as it runs"
+            f"the bench's broker, {spec}: {profile.describe()}" if local else "an existing broker, as it runs"
         )
-        warmed = (
-            f" after {jit_warmup:.0f} s unmeasured" if cluster.local is not None and jit_warmup > 0 else ""
-        )
+        warmed = f" after {jit_warmup:.0f} s unmeasured" if local and jit_warmup > 0 else ""
         typer.echo(
             f"Kafka via {cluster.provider} at {cluster.bootstrap_servers} ({broker}); feed interval "
             f"{settings.feed_interval_ms} ms; {partitions} partitions; {rate:.0f} events/s; "
-            f"{duration:.0f} s runs{warmed}; load {os.getloadavg()[0]:.1f}"
+            f"{duration:.0f} s runs{warmed}; bare consumer {floor}; load {os.getloadavg()[0]:.1f}"
         )
-        if cluster.local is not None and jit_warmup > 0:
+        if local and jit_warmup > 0:
             # A broker just started compiles its hot paths (C2 too in the steady profile) under
             # the first traffic: the first measured run after start-up twice had no completion
             # within its window at load 20. Warm it with the same workload, unmeasured.
             run_once(
-                kafka_settings,
-                pending=compare_pending,
-                partitions=partitions,
-                rate=rate,
-                duration_s=jit_warmup,
+                kafka_settings, pending=counts[1], partitions=partitions, rate=rate, duration_s=jit_warmup
             )
         header = (
             f"{'pending':>8} {'done':>6} {'lag p50':>8} {'lag p99':>8} {'lag max':>8} "
@@ -543,18 +602,31 @@ def kafka(
         )
         typer.echo(header)
         medians: dict[int, BenchResult] = {}
-        for count in (pending, compare_pending):
-            runs = [
-                run_once(
+        floor_medians: dict[int, BenchResult] = {}
+        for count in counts:
+
+            def measure(ours: bool, floor_on: bool, count: int = count) -> BenchResult:
+                return run_once(
                     kafka_settings,
                     pending=count,
                     partitions=partitions,
                     rate=rate,
                     duration_s=duration,
                     safepoint_log=safepoint_log,
+                    ours=ours,
+                    floor=floor_on,
                 )
-                for _ in range(repeats)
-            ]
+
+            runs: list[BenchResult] = []
+            floor_runs: list[BenchResult] = []
+            for _ in range(repeats):
+                if floor == "alternate":
+                    # The bare consumer alone, then ours alone: the broker answers one consumer's
+                    # fetches at a time (each names all 100 partitions), as a service would.
+                    floor_runs.append(measure(ours=False, floor_on=True))
+                    runs.append(measure(ours=True, floor_on=False))
+                else:
+                    runs.append(measure(ours=True, floor_on=True))
             # A run with no completion in its window has a NaN p99: the worst, not a random rank.
             result = sorted(runs, key=_p99_rank)[len(runs) // 2]
             medians[count] = result
@@ -569,17 +641,33 @@ def kafka(
                 typer.echo(
                     f"{'':>8} lag p99 of each run: {' / '.join(f'{r.lag_p99_ms:.1f}' for r in runs)} ms"
                 )
-        main, other = medians[pending], medians[compare_pending]
-        typer.echo(
-            f"requests per poll, {main.pending} vs {other.pending} pending: "
-            f"{main.requests_per_poll:.2f} vs {other.requests_per_poll:.2f} "
-            f"(ratio {main.requests_per_poll / max(other.requests_per_poll, 1e-9):.2f}; 1.00 = independent)"
-        )
-        typer.echo(
-            f"lag from the broker's acknowledgement (delivery report) at {main.pending} pending: "
-            f"p50 {main.ack_lag_p50_ms:.1f} ms, p99 {main.ack_lag_p99_ms:.1f} ms"
-        )
-        for result in (main, other):
+            if floor_runs:
+                floor_result = sorted(floor_runs, key=_floor_p99_rank)[len(floor_runs) // 2]
+                floor_medians[count] = floor_result
+                typer.echo(
+                    f"{'':>8} the bare consumer alone (its own runs, alternating): p50 "
+                    f"{floor_result.floor_p50_ms:.1f} / p99 {floor_result.floor_p99_ms:.1f} ms; "
+                    "p99 of each run: "
+                    f"{' / '.join(f'{r.floor_p99_ms:.1f}' for r in floor_runs)} ms"
+                )
+        if keep_logs is not None and local:
+            keep_logs.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%H%M%S")
+            for name in ("safepoints.log", "gc.log"):
+                if (Path(scratch) / name).exists():
+                    shutil.copy(Path(scratch) / name, keep_logs / f"{stamp}-{spec.replace('/', '_')}-{name}")
+    main, other = medians[counts[0]], medians[counts[1]]
+    typer.echo(
+        f"requests per poll, {main.pending} vs {other.pending} pending: "
+        f"{main.requests_per_poll:.2f} vs {other.requests_per_poll:.2f} "
+        f"(ratio {main.requests_per_poll / max(other.requests_per_poll, 1e-9):.2f}; 1.00 = independent)"
+    )
+    typer.echo(
+        f"lag from the broker's acknowledgement (delivery report) at {main.pending} pending: "
+        f"p50 {main.ack_lag_p50_ms:.1f} ms, p99 {main.ack_lag_p99_ms:.1f} ms"
+    )
+    for result in (main, other):
+        if floor == "concurrent":
             typer.echo(
                 f"{result.pending} pending: a bare consumer read the records p50 {result.floor_p50_ms:.1f} / "
                 f"p99 {result.floor_p99_ms:.1f} ms (same run: the floor); completion over it, per record: "
@@ -587,16 +675,117 @@ def kafka(
                 f"{result.tries_per_advance:.2f} operations tried per high-watermark advance, "
                 f"{result.checks} check_and_complete calls"
             )
-        for result in (main, other):
-            pauses = result.broker_pauses
-            if pauses is not None:
-                typer.echo(
-                    f"{result.pending} pending: the broker stopped {pauses.count} times (>= 1 ms) in the "
-                    f"window, {pauses.total_ms:.0f} ms in all, longest {pauses.max_ms:.1f} ms; "
-                    f"{pauses.slow_hit} of the slowest {pauses.slow} completions had a pause in flight"
+        else:
+            typer.echo(
+                f"{result.pending} pending: {result.tries_per_advance:.2f} operations tried per "
+                f"high-watermark advance, {result.checks} check_and_complete calls"
+            )
+    for result in (main, other):
+        if result.broker_pauses is not None:
+            typer.echo(_describe_pauses(f"{result.pending} pending", result.broker_pauses))
+        alone = floor_medians.get(result.pending)
+        if alone is not None and alone.broker_pauses is not None:
+            typer.echo(
+                _describe_pauses(f"{result.pending} pending, bare consumer alone", alone.broker_pauses)
+            )
+    return _BrokerPass(local, medians, floor_medians)
+
+
+def _median(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else float("nan")
+
+
+def kafka(
+    pending: Annotated[int, typer.Option(help="Pending operations in the main run.")] = 10_000,
+    compare_pending: Annotated[int, typer.Option(help="Pending operations in the comparison run.")] = 1_000,
+    partitions: Annotated[int, typer.Option(help="Partitions (watched keys).")] = 100,
+    rate: Annotated[float, typer.Option(help="Records appended per second (Kafka events).")] = 500.0,
+    duration: Annotated[float, typer.Option(help="Measured seconds per run.")] = 10.0,
+    repeats: Annotated[int, typer.Option(help="Runs per pending count; medians are reported.")] = 1,
+    broker_profile: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="The bench's own broker: 'steady', 'fast-start' (the tests' profile) or 'kafka-g1', "
+            "each optionally followed by ',-XX:...' JVM options or ',key=value' broker settings. "
+            "Repeat it to alternate brokers in one invocation (same-period A/B)."
+        ),
+    ] = None,
+    rounds: Annotated[
+        int, typer.Option(help="With several --broker-profile: passes over them, alternating.")
+    ] = 1,
+    floor: Annotated[
+        str,
+        typer.Option(
+            help="The bare consumer: 'concurrent' (same runs as ours, per-record lag over it) or "
+            "'alternate' (its own runs, floor then ours: the broker serves one consumer at a time)."
+        ),
+    ] = "concurrent",
+    jit_warmup: Annotated[
+        float, typer.Option(help="Unmeasured seconds of the workload on the bench's own broker first.")
+    ] = 10.0,
+    broker_logs: Annotated[
+        Path | None, typer.Option(help="Keep each bench broker's safepoint and GC logs in this directory.")
+    ] = None,
+) -> None:
+    """Completion lag (Kafka event → completion) and requests to Kafka, for two pending counts."""
+    specs = broker_profile or ["steady"]
+    try:
+        profiles = [(spec, parse_broker_profile(spec)) for spec in specs]
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    if floor not in FLOOR_MODES:
+        raise typer.BadParameter(f"--floor must be one of {list(FLOOR_MODES)}, got {floor!r}")
+    if rounds < 1:
+        raise typer.BadParameter(f"--rounds must be at least 1, got {rounds}")
+    settings = load_settings().kafka
+    passes: dict[str, list[_BrokerPass]] = {spec: [] for spec in specs}
+    for _ in range(rounds):
+        for spec, profile in profiles:
+            done = _bench_broker(
+                settings,
+                spec,
+                profile,
+                counts=(pending, compare_pending),
+                partitions=partitions,
+                rate=rate,
+                duration=duration,
+                repeats=repeats,
+                floor=floor,
+                jit_warmup=jit_warmup,
+                keep_logs=broker_logs,
+            )
+            passes[spec].append(done)
+            if not done.local:
+                break  # an existing cluster runs as it is: no profiles to alternate
+        if not done.local:
+            break
+    if len(profiles) > 1 or rounds > 1:
+        typer.echo(f"Same period, {pending} pending, each broker's median run (then the median of them):")
+        for spec, results in passes.items():
+            if not results:
+                continue
+            mains = [r.medians[pending] for r in results]
+            pauses = [m.broker_pauses for m in mains if m.broker_pauses is not None]
+            line = (
+                f"  {spec}: p99 {' / '.join(f'{m.lag_p99_ms:.1f}' for m in mains)} ms "
+                f"(median {_median([m.lag_p99_ms for m in mains]):.1f})"
+            )
+            if pauses:
+                line += (
+                    f"; pauses {' / '.join(str(p.count) for p in pauses)} "
+                    f"(median {_median([float(p.count) for p in pauses]):.1f}), stopped "
+                    f"{' / '.join(f'{p.total_ms:.0f}' for p in pauses)} ms, longest "
+                    f"{' / '.join(f'{p.max_ms:.1f}' for p in pauses)} ms"
                 )
-        target = "met" if main.lag_p99_ms <= TARGET_LAG_P99_MS else "NOT met"
-        typer.echo(
-            f"p99 completion lag {main.lag_p99_ms:.1f} ms at {main.pending} pending: "
-            f"target {TARGET_LAG_P99_MS:g} ms {target}"
-        )
+            floors = [r.floor_medians[pending] for r in results if pending in r.floor_medians]
+            if floors:
+                line += f"; bare consumer alone p99 {' / '.join(f'{f.floor_p99_ms:.1f}' for f in floors)} ms"
+            typer.echo(line)
+    first = passes[specs[0]]
+    p99 = _median([r.medians[pending].lag_p99_ms for r in first])
+    target = "met" if p99 <= TARGET_LAG_P99_MS else "NOT met"
+    typer.echo(
+        f"p99 completion lag {p99:.1f} ms at {pending} pending ({specs[0]}): "
+        f"target {TARGET_LAG_P99_MS:g} ms {target}"
+    )

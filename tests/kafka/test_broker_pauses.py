@@ -91,3 +91,70 @@ def test_an_unknown_broker_profile_is_refused_naming_it_before_any_cluster_start
     result = CliRunner().invoke(app, ["--broker-profile", "turbo"])
     assert result.exit_code == 2, result.output
     assert "turbo" in result.output and "steady" in result.output, result.output
+
+
+def test_summarize_splits_the_window_pauses_by_cause_longest_total_first() -> None:
+    ms = 1_000_000
+    pauses = [
+        BrokerPause(100 * ms, 120 * ms, "GenCollectForAllocation"),
+        BrokerPause(130 * ms, 133 * ms, "Cleanup"),
+        BrokerPause(140 * ms, 141 * ms + ms // 2, "ICBufferFull"),
+        BrokerPause(200 * ms, 215 * ms, "GenCollectForAllocation"),
+        BrokerPause(250 * ms, 250 * ms + ms // 10, "Cleanup"),  # under min_ms: not counted
+    ]
+    summary = summarize(pauses, (0, 300 * ms), slow=[])
+    assert summary.by_cause == (
+        ("GenCollectForAllocation", 2, pytest.approx(35.0)),
+        ("Cleanup", 1, pytest.approx(3.0)),
+        ("ICBufferFull", 1, pytest.approx(1.5)),
+    )
+    assert summary.describe_causes() == "GenCollectForAllocation 2x 35 ms, Cleanup 1x 3 ms, ICBufferFull 1x 2 ms"
+
+
+def test_gc_log_option_is_one_word_on_the_safepoint_log_clock(tmp_path: Path) -> None:
+    from purgatory.adapters.kafka._broker_pauses import gc_log_option
+
+    option = gc_log_option(tmp_path / "gc.log")
+    assert option.startswith("-Xlog:gc,gc+age=trace:file=") and option.endswith(":uptime,timenanos")
+    assert " " not in option
+
+
+def test_a_broker_profile_spec_adds_jvm_options_and_broker_settings_to_its_base() -> None:
+    from purgatory.adapters.kafka.bench import STEADY_STATE_PROFILE, parse_broker_profile
+    from purgatory.adapters.kafka.local._cluster import _checked_jvm_options
+
+    assert parse_broker_profile("steady") == STEADY_STATE_PROFILE
+    profile = parse_broker_profile("steady,-XX:GuaranteedSafepointInterval=0,num.io.threads=2")
+    assert profile.jvm_options == (*STEADY_STATE_PROFILE.jvm_options, "-XX:GuaranteedSafepointInterval=0")
+    assert profile.broker_config == {**STEADY_STATE_PROFILE.broker_config, "num.io.threads": "2"}
+    assert profile.heap_mb == STEADY_STATE_PROFILE.heap_mb
+    assert _checked_jvm_options(profile.jvm_options) == profile.jvm_options
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("turbo,-XX:+AlwaysPreTouch", "'turbo'"),
+        ("steady,-Xmx4g", "'-Xmx4g'"),
+        ("steady,AlwaysPreTouch", "'AlwaysPreTouch'"),
+        ("steady,=1", "'=1'"),
+    ],
+)
+def test_a_bad_broker_profile_spec_is_refused_naming_the_item(spec: str, named: str) -> None:
+    from purgatory.adapters.kafka.bench import parse_broker_profile
+
+    with pytest.raises(ValueError, match="--broker-profile") as error:
+        parse_broker_profile(spec)
+    assert named in str(error.value)
+
+
+def test_a_bad_floor_mode_is_refused_naming_it_before_any_cluster_starts() -> None:
+    import typer
+    from purgatory.adapters.kafka.bench import kafka
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    app.command()(kafka)
+    result = CliRunner().invoke(app, ["--floor", "sideways"])
+    assert result.exit_code == 2, result.output
+    assert "sideways" in result.output and "alternate" in result.output, result.output
