@@ -25,6 +25,24 @@ def test_bench_completes_operations_and_keeps_requests_per_poll_constant(
     assert 1.0 <= result.tries_per_advance < 5.0, result
 
 
+def test_bench_runs_ours_and_the_bare_consumer_alone_for_floor_alternate(
+    kafka_settings: KafkaSettings,
+) -> None:
+    """``--floor alternate``: each side in its own run, the other's figures absent (NaN)."""
+    import math
+
+    ours = run_once(kafka_settings, pending=200, partitions=4, rate=100.0, duration_s=1.0, floor=False)
+    assert ours.completions > 0 and ours.lag_p50_ms > 0
+    assert math.isnan(ours.floor_p50_ms), "no bare consumer ran"
+    alone = run_once(kafka_settings, pending=200, partitions=4, rate=100.0, duration_s=1.0, ours=False)
+    assert alone.completions == 0 and alone.pending_at_end == 0, "no operation was submitted"
+    assert alone.floor_p50_ms > 0, "the bare consumer read the window's records"
+    with pytest.raises(ValueError, match="nothing to measure"):
+        run_once(
+            kafka_settings, pending=200, partitions=4, rate=100.0, duration_s=1.0, ours=False, floor=False
+        )
+
+
 def test_request_reply_bench_answers_every_request_on_both_sides(kafka_bootstrap: str) -> None:
     """``purgatory bench request-reply``'s run on the session cluster, a short, slow run per side."""
     import uuid

@@ -108,7 +108,9 @@ def test_summarize_splits_the_window_pauses_by_cause_longest_total_first() -> No
         ("Cleanup", 1, pytest.approx(3.0)),
         ("ICBufferFull", 1, pytest.approx(1.5)),
     )
-    assert summary.describe_causes() == "GenCollectForAllocation 2x 35 ms, Cleanup 1x 3 ms, ICBufferFull 1x 2 ms"
+    assert summary.describe_causes() == (
+        "GenCollectForAllocation 2x 35 ms, Cleanup 1x 3 ms, ICBufferFull 1x 2 ms"
+    )
 
 
 def test_gc_log_option_is_one_word_on_the_safepoint_log_clock(tmp_path: Path) -> None:
