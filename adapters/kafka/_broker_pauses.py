@@ -23,7 +23,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BrokerPause", "PauseSummary", "gc_log_option", "read_pauses", "safepoint_log_option", "summarize"]
+__all__ = [
+    "BrokerPause",
+    "Collection",
+    "PauseSummary",
+    "gc_log_option",
+    "read_collections",
+    "read_pauses",
+    "safepoint_log_option",
+    "summarize",
+]
 
 _SAFEPOINT = re.compile(r'^\[(?P<end>\d+)ns\].*Safepoint "(?P<cause>[^"]+)".*Total: (?P<total>\d+) ns')
 
@@ -33,11 +42,53 @@ def safepoint_log_option(path: Path) -> str:
     return f"-Xlog:safepoint:file={path}:timenanos"
 
 
+_GC_PAUSE = re.compile(
+    r"^\[[^\]]*\]\[(?P<end>\d+)ns\] GC\((?P<id>\d+)\) Pause (?P<kind>Young|Full) \((?P<cause>[^)]*)\)"
+    r".* (?P<ms>[\d.]+)ms$"
+)
+_GC_AGE = re.compile(r"GC\((?P<id>\d+)\) - age +\d+: +\d+ bytes, +(?P<total>\d+) total")
+_GC_CPU = re.compile(r"GC\((?P<id>\d+)\) User=(?P<user>[\d.]+)s Sys=(?P<sys>[\d.]+)s Real=(?P<real>[\d.]+)s")
+
+
 def gc_log_option(path: Path) -> str:
-    """The JVM option that logs each collection (cause, heap before -> after, pause) and the
-    survivors' ages (``gc+age=trace``: the bytes copied at each age, what a young pause costs),
+    """The JVM option that logs each collection (cause, heap before -> after, pause), the
+    survivors' ages (``gc+age=trace``: the bytes copied at each age, what a young pause costs)
+    and its CPU against wall time (``gc+cpu``: a pause longer than its CPU waited for a core),
     stamped on the same monotonic clock as the safepoint log."""
-    return f"-Xlog:gc,gc+age=trace:file={path}:uptime,timenanos"
+    return f"-Xlog:gc,gc+age=trace,gc+cpu:file={path}:uptime,timenanos"
+
+
+@dataclass(frozen=True, slots=True)
+class Collection:
+    """One collection from the GC log (``gc_log_option``)."""
+
+    end_ns: int  # the monotonic clock, as the safepoint log's
+    kind: str  # Young or Full
+    cause: str  # Allocation Failure, Metadata GC Threshold, ...
+    pause_ms: float
+    survived_bytes: int  # a young collection's survivors copied within the young generation
+    cpu_ms: float  # User + Sys of the collector's threads (0.0 when not logged)
+
+
+def read_collections(text: str) -> list[Collection]:
+    """Every collection in a ``gc_log_option`` file's text, in order; other lines are skipped.
+    A young collection's survivors are the ``total`` of its last age line (none: 0)."""
+    survived: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    pauses: list[tuple[int, re.Match[str]]] = []
+    for line in text.splitlines():
+        if (age := _GC_AGE.search(line)) is not None:
+            survived[int(age["id"])] = int(age["total"])
+        elif (pause := _GC_PAUSE.match(line)) is not None:
+            pauses.append((int(pause["id"]), pause))
+        elif (used := _GC_CPU.search(line)) is not None:
+            cpu[int(used["id"])] = (float(used["user"]) + float(used["sys"])) * 1000.0
+    return [
+        Collection(
+            int(p["end"]), p["kind"], p["cause"], float(p["ms"]), survived.get(gc_id, 0), cpu.get(gc_id, 0.0)
+        )
+        for gc_id, p in pauses
+    ]
 
 
 @dataclass(frozen=True, slots=True)

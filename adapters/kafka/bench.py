@@ -66,7 +66,15 @@ from confluent_kafka import (
 
 from purgatory.settings import KafkaSettings, load_settings
 
-from ._broker_pauses import PauseSummary, gc_log_option, read_pauses, safepoint_log_option, summarize
+from ._broker_pauses import (
+    Collection,
+    PauseSummary,
+    gc_log_option,
+    read_collections,
+    read_pauses,
+    safepoint_log_option,
+    summarize,
+)
 from ._feed import ChangeFeed
 from ._keys import TopicPartitionKey
 from ._operations import DelayedProduce, DelayedTopicReady, KafkaOperation
@@ -194,6 +202,7 @@ class BenchResult:
     gc_collections: int
     gc_ms: float
     broker_pauses: PauseSummary | None = None  # only for a broker the bench started (module doc)
+    broker_collections: tuple[Collection, ...] = ()  # its collections ending in the window (GC log)
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
@@ -400,11 +409,13 @@ def run_once(
     rate: float,
     duration_s: float,
     safepoint_log: Path | None = None,
+    gc_log: Path | None = None,
     ours: bool = True,
     floor: bool = True,
 ) -> BenchResult:
     """One measured run (see the module docstring). ``safepoint_log``: the broker JVM's
-    ``-Xlog:safepoint`` file, when the bench started the broker with it. ``ours`` / ``floor``:
+    ``-Xlog:safepoint`` file, when the bench started the broker with it; ``gc_log`` its GC log
+    (``gc_log_option``). ``ours`` / ``floor``:
     whether the purgatory's operations (and so its tail) and the bare consumer run; with one of
     them only, the broker answers one consumer's fetches instead of two (``--floor alternate``),
     and the other's figures are NaN."""
@@ -491,6 +502,13 @@ def run_once(
     if safepoint_log is not None:
         slowest = workload.slowest(window, SLOW_SHARE, None if ours else floor_read)
         broker_pauses = summarize(read_pauses(safepoint_log.read_text(errors="replace")), window, slowest)
+    collections: tuple[Collection, ...] = ()
+    if gc_log is not None and gc_log.exists():
+        collections = tuple(
+            c
+            for c in read_collections(gc_log.read_text(errors="replace"))
+            if window_start <= c.end_ns < window_end
+        )
     elapsed = t1 - t0
     polls = max(polls1 - polls0, 1)
     return BenchResult(
@@ -516,6 +534,7 @@ def run_once(
         gc_collections=gc_clock.collections,
         gc_ms=gc_clock.total_ms,
         broker_pauses=broker_pauses,
+        broker_collections=collections,
     )
 
 
@@ -545,6 +564,24 @@ def _describe_pauses(label: str, pauses: PauseSummary) -> str:
         f"{label}: the broker stopped {pauses.count} times (>= 1 ms) in the window, "
         f"{pauses.total_ms:.0f} ms in all, longest {pauses.max_ms:.1f} ms ({pauses.describe_causes()}); "
         f"{pauses.slow_hit} of the slowest {pauses.slow} had a pause in flight"
+    )
+
+
+def _describe_collections(label: str, collections: list[Collection]) -> str:
+    """The young collections' pauses, survivors (what each pause copies) and CPU (a pause much
+    longer than its CPU waited for a core), and the count of full collections."""
+    young = [c for c in collections if c.kind == "Young"]
+    full = [c for c in collections if c.kind == "Full"]
+    if not young:
+        return f"{label}: no young collection; {len(full)} full"
+    pause = statistics.median(c.pause_ms for c in young)
+    cpu = statistics.median(c.cpu_ms for c in young)
+    survived = statistics.median(c.survived_bytes for c in young) / 1e6
+    return (
+        f"{label}: {len(young)} young collections, pause median {pause:.1f} / "
+        f"max {max(c.pause_ms for c in young):.1f} ms, CPU median {cpu:.0f} ms, "
+        f"survivors median {survived:.1f} MB; "
+        f"{len(full)} full ({', '.join(f'{c.cause} {c.pause_ms:.0f} ms' for c in full) or 'none'})"
     )
 
 
@@ -580,6 +617,7 @@ def _bench_broker(
         kafka_settings = settings.model_copy(update={"bootstrap_servers": cluster.bootstrap_servers})
         # Only a broker we started logs its safepoints to our file (an existing one runs as it is).
         safepoint_log = Path(scratch) / "safepoints.log" if local else None
+        gc_log = Path(scratch) / "gc.log" if local else None
         broker = (
             f"the bench's broker, {spec}: {profile.describe()}" if local else "an existing broker, as it runs"
         )
@@ -603,6 +641,7 @@ def _bench_broker(
         typer.echo(header)
         medians: dict[int, BenchResult] = {}
         floor_medians: dict[int, BenchResult] = {}
+        collections: dict[int, list[Collection]] = {}
         for count in counts:
 
             def measure(ours: bool, floor_on: bool, count: int = count) -> BenchResult:
@@ -613,6 +652,7 @@ def _bench_broker(
                     rate=rate,
                     duration_s=duration,
                     safepoint_log=safepoint_log,
+                    gc_log=gc_log,
                     ours=ours,
                     floor=floor_on,
                 )
@@ -630,6 +670,7 @@ def _bench_broker(
             # A run with no completion in its window has a NaN p99: the worst, not a random rank.
             result = sorted(runs, key=_p99_rank)[len(runs) // 2]
             medians[count] = result
+            collections[count] = [c for r in runs for c in r.broker_collections]
             typer.echo(
                 f"{result.pending:>8} {result.completions:>6} {result.lag_p50_ms:>6.1f}ms "
                 f"{result.lag_p99_ms:>6.1f}ms "
@@ -680,6 +721,9 @@ def _bench_broker(
                 f"{result.pending} pending: {result.tries_per_advance:.2f} operations tried per "
                 f"high-watermark advance, {result.checks} check_and_complete calls"
             )
+    for count, done in collections.items():
+        if local:
+            typer.echo(_describe_collections(f"{count} pending, all {repeats} runs' windows", done))
     for result in (main, other):
         if result.broker_pauses is not None:
             typer.echo(_describe_pauses(f"{result.pending} pending", result.broker_pauses))

@@ -117,7 +117,7 @@ def test_gc_log_option_is_one_word_on_the_safepoint_log_clock(tmp_path: Path) ->
     from purgatory.adapters.kafka._broker_pauses import gc_log_option
 
     option = gc_log_option(tmp_path / "gc.log")
-    assert option.startswith("-Xlog:gc,gc+age=trace:file=") and option.endswith(":uptime,timenanos")
+    assert option.startswith("-Xlog:gc,gc+age=trace,gc+cpu:file=") and option.endswith(":uptime,timenanos")
     assert " " not in option
 
 
@@ -160,3 +160,27 @@ def test_a_bad_floor_mode_is_refused_naming_it_before_any_cluster_starts() -> No
     result = CliRunner().invoke(app, ["--floor", "sideways"])
     assert result.exit_code == 2, result.output
     assert "sideways" in result.output and "alternate" in result.output, result.output
+
+
+# Lines of a real ``gc_log_option`` log (JDK 17, SerialGC): a full collection, then a young one
+# with its age table and CPU line, and a line of another collection torn off.
+GC_LOG = (
+    "[2.808s][71285000222315ns] GC(0) Pause Full (Metadata GC Threshold) 110M->8M(947M) 53.544ms\n"
+    "[45.640s][71327832807025ns] GC(6) Desired survivor size 40239104 bytes, new threshold 1 "
+    "(max threshold 1)\n"
+    "[45.640s][71327832835206ns] GC(6) Age table with threshold 1 (max threshold 1)\n"
+    "[45.640s][71327832840815ns] GC(6) - age   1:    1317360 bytes,    1317360 total\n"
+    "[45.640s][71327832840816ns] GC(6) - age   2:     100000 bytes,    1417360 total\n"
+    "[45.640s][71327832919242ns] GC(6) Pause Young (Allocation Failure) 789M->176M(947M) 53.973ms\n"
+    "[45.640s][71327832919300ns] GC(6) User=0.01s Sys=0.00s Real=0.05s\n"
+    "[48.000s][71330000000000ns] GC(7) Pause Young (Allocation"
+)
+
+
+def test_read_collections_joins_each_pause_with_its_survivors_and_cpu() -> None:
+    from purgatory.adapters.kafka._broker_pauses import Collection, read_collections
+
+    assert read_collections(GC_LOG) == [
+        Collection(71285000222315, "Full", "Metadata GC Threshold", 53.544, 0, 0.0),
+        Collection(71327832919242, "Young", "Allocation Failure", 53.973, 1417360, pytest.approx(10.0)),
+    ], "the last age line's total is what the pause copied; a torn line is skipped"
