@@ -33,7 +33,15 @@ started by the bench runs the steady-state profile ``STEADY_STATE_PROFILE`` belo
 launcher's fast start for tests: with the fast start (C1 only, heap from 64 MB, Kafka's
 default purge interval) the broker, answering ~1,000 fetches of 100 partitions a second,
 allocated ~250-300 MB/s and stopped for a young collection every ~0.35 s (13-200 ms each, ~8%
-of the time), which was the p99 of every client (docs/performance.md).
+of the time), which was the p99 of every client (docs/performance.md). The steady profile's
+young pauses are then cut by promoting survivors at once (``BENCH_GC_OPTIONS``).
+
+Same-period A/B: ``--broker-profile`` repeated (a profile name plus ``,-XX:...`` JVM options or
+``,key=value`` broker settings each) and ``--rounds`` alternate brokers within one invocation;
+``--floor alternate`` runs the bare consumer in its own runs instead of next to ours, so the
+broker answers one consumer's fetches at a time; ``--broker-logs`` keeps the GC and safepoint
+logs. Each broker's collections in the measured windows (pause, CPU, survivors copied; from its
+GC log) and its stops by cause (safepoint log) are printed.
 """
 
 from __future__ import annotations
@@ -115,9 +123,27 @@ BENCH_HEAP_OPTIONS: tuple[str, ...] = (
     f"-Xms{BENCH_HEAP_MB}m",  # fixed at its maximum: the young generation does not start at ~20 MB
     "-Xmn768m",  # a large young generation: one collection every ~3 s instead of every ~0.35 s
 )
+# How the young pauses were cut further (issue 12; GC log with survivor ages, docs/performance.md).
+# Of the ~8 MB each serial young collection copied, ~85% were cohorts aged 2 to 15 copied again at
+# every collection (the age table showed the same 1-3 MB cohorts at ages 5, 6, 7, ...): objects
+# that live for seconds to minutes (a bench topic's partitions, logs and indexes, metrics).
+# Promoted at their first survival instead, a young pause copies only that collection's new
+# survivors (~0.8 MB): pause CPU ~20 -> ~10 ms. The old generation grows by ~0.2 MB/s, far from
+# a full collection within a bench invocation.
+BENCH_GC_OPTIONS: tuple[str, ...] = (
+    "-XX:MaxTenuringThreshold=1",
+    # The log cleaner's 128 MB dedupe buffer (one byte array, allocated at start-up) went to the
+    # young generation, overflowed the survivor space in the first collection (a ~150 MB
+    # promotion, 0.1-1.5 s), and that promotion's average then made the serial collector judge
+    # young collections unsafe (the old generation's ~85 MB free is less than the padded average
+    # promotion): a full collection (0.2-0.5 s) instead of the next young one, and in one variant
+    # tried (with -XX:+AlwaysPreTouch and others) instead of every young one. Arrays of 1 MB or
+    # more now start in the old generation: the first young pause 0.36 s -> 40 ms, no full one.
+    "-XX:PretenureSizeThreshold=1048576",
+)
 STEADY_STATE_PROFILE = BrokerProfile(
     # C1 then C2, the steady-state code a production broker runs
-    jvm_options=(*STEADY_STATE_JVM_OPTIONS, *BENCH_HEAP_OPTIONS),
+    jvm_options=(*STEADY_STATE_JVM_OPTIONS, *BENCH_HEAP_OPTIONS, *BENCH_GC_OPTIONS),
     heap_mb=BENCH_HEAP_MB,
     broker_config={
         # A consumer's fetch (librdkafka has no fetch sessions: all 100 partitions each time)

@@ -76,6 +76,7 @@ def test_bench_broker_profiles_are_valid_launcher_options() -> None:
     for name, profile in BROKER_PROFILES.items():
         assert _checked_jvm_options(profile.jvm_options) == profile.jvm_options, name
     assert "-XX:TieredStopAtLevel=1" not in STEADY_STATE_PROFILE.jvm_options, "steady state: C2 too"
+    assert "-XX:MaxTenuringThreshold=1" in STEADY_STATE_PROFILE.jvm_options, "survivors promoted at once"
     assert f"-Xms{STEADY_STATE_PROFILE.heap_mb}m" in STEADY_STATE_PROFILE.jvm_options, (
         "heap fixed at its maximum"
     )
