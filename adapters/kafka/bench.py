@@ -128,21 +128,22 @@ BENCH_HEAP_OPTIONS: tuple[str, ...] = (
 # every collection (the age table showed the same 1-3 MB cohorts at ages 5, 6, 7, ...): objects
 # that live for seconds to minutes (a bench topic's partitions, logs and indexes, metrics).
 # Promoted at their first survival instead, a young pause copies only that collection's new
-# survivors (~0.8 MB): pause CPU ~20 -> ~10 ms. The old generation grows by ~0.2 MB/s, far from
-# a full collection within a bench invocation.
+# survivors (~0.8 MB): pause CPU ~20 -> ~10 ms. The old generation grows by ~0.2 MB/s: with the
+# cleaner's buffer made small (below) its ~200 MB free last ~15 minutes of this load before a
+# full collection (the bench prints any in a window).
 BENCH_GC_OPTIONS: tuple[str, ...] = (
     "-XX:MaxTenuringThreshold=1",
     # The log cleaner's 128 MB dedupe buffer (one byte array, allocated at start-up) went to the
     # young generation, overflowed the survivor space in the first collection (a ~150 MB
     # promotion, 0.1-1.5 s), and that promotion's average then made the serial collector judge
     # young collections unsafe (the old generation's ~85 MB free is less than the padded average
-    # promotion): a full collection (0.2-0.5 s) instead of the next young one, and in one variant
+    # promotion): a full collection (0.2-0.6 s) instead of the next young one, and in one variant
     # tried (with -XX:+AlwaysPreTouch and others) instead of every young one. Arrays of 1 MB or
     # more now start in the old generation: the first young pause 0.36 s -> 40 ms, no full one.
     "-XX:PretenureSizeThreshold=1048576",
-    # No periodic "Cleanup" safepoint (every 1 s by default when anything is due): each is a
-    # stop of every thread, 1-17 ms at load 10-15 while the threads reach it; their work is done
-    # at the next collection's safepoint instead. 0-2 of them per 10 s window without this flag.
+    # No periodic "Cleanup" safepoint (every 1 s by default when anything is due): each stops
+    # every thread; at load 10-17 a quarter of them took 5-126 ms, nearly all of it reaching the
+    # safepoint (threads waiting for a core). Their work is done at the next collection's.
     "-XX:+UnlockDiagnosticVMOptions",
     "-XX:GuaranteedSafepointInterval=0",
 )
@@ -157,6 +158,10 @@ STEADY_STATE_PROFILE = BrokerProfile(
         # by default: ~25 MB of them survived each young collection, whose pause is the copy of
         # the survivors. Purged every 10 requests, ~8 MB survive.
         "fetch.purgatory.purge.interval.requests": "10",
+        # The log cleaner's dedupe buffer (128 MB by default, on the heap for the broker's life)
+        # took half the old generation: 16 MB is plenty for the few keys of __consumer_offsets
+        # here, and the old generation's free space grows from ~85 to ~200 MB (see above).
+        "log.cleaner.dedupe.buffer.size": "16777216",
     },
 )
 # The launcher's fast start (what the tests run): kept selectable for same-period A/B runs.
