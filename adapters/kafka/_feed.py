@@ -67,6 +67,7 @@ from typing import Protocol, Self, cast
 import structlog
 
 from purgatory import DelayedOperation, PurgatoryListener
+from purgatory._loop_handoff import handoff_burst
 from purgatory.settings import KafkaSettings
 
 from ._clients import FetchedRecord
@@ -501,6 +502,14 @@ class ChangeFeed:
                 for name, count in self._refs.get(key, {}).items()
                 if name in self._purgatories
             ]
+        # One burst: the loops awaiting what this key event finishes are woken every
+        # BURST_CHUNK finishes, not once per finish (purgatory/_loop_handoff.py, "Bursts").
+        with handoff_burst():
+            self._wake_all(key, advanced_to, woken)
+
+    def _wake_all(
+        self, key: KafkaKey, advanced_to: int | None, woken: list[tuple[Purgatoryish, bool]]
+    ) -> None:
         for purgatory, covered in woken:
             if covered:
                 assert isinstance(key, TopicPartitionKey) and advanced_to is not None, "covered: an advance"
