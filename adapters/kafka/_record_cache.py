@@ -19,6 +19,14 @@ records past ``SPAN_MAX_BYTES``, and past ``TOTAL_MAX_BYTES`` the least recently
 ``max_bytes`` keeps :class:`RecordReader`'s rule: stop before a record that would exceed it,
 except that the first record is always returned.
 
+**The last answer, shared.** A record appended at a partition's end answers every long poll
+waiting there with the same read — same ``(key, start, end, max_bytes)`` — thousands of times in
+one key event. A read served wholly from a span is a function of those four (a span's offsets
+hold what the log holds, for ever), so the last such answer is kept and returned again, the same
+list object, without a walk of the span: the callers treat it as read-only (``PartitionRead``
+shares it, and the service's rendered answers are keyed on it). It goes when its span is replaced
+(a read elsewhere, or the tail starting the partition afresh), as the span's records do.
+
 Concurrency contract: thread-safe. The span table has its own lock, never held during a Kafka
 read; two threads missing the same tail at once may both read it (both results are correct; the
 span keeps one).
@@ -91,6 +99,10 @@ class SharedReadReader(RecordReader):
         self.shared_hits = 0  # reads answered (at least in part) from a span
         self.kafka_reads = 0  # reads that went to Kafka
         self.pushed_records = 0  # records the change feed's tail handed in (append)
+        self.repeated_reads = 0  # reads answered with the last answer itself (module docstring)
+        # (key, start, end, max_bytes, answer) of the last read served wholly from a span: one
+        # tuple, stored and read in one step, so another thread sees all of it or none.
+        self._last: tuple[TopicPartitionKey, int, int, int, list[FetchedRecord]] | None = None
 
     def read(
         self,
@@ -103,6 +115,10 @@ class SharedReadReader(RecordReader):
     ) -> list[FetchedRecord]:
         if end <= start or start < 0:
             return super().read(key, start, end, max_bytes=max_bytes, timeout_s=timeout_s)
+        last = self._last
+        if last is not None and last[1] == start and last[2] == end and last[3] == max_bytes and last[0] == key:
+            self.repeated_reads += 1
+            return last[4]
         out: list[FetchedRecord] = []
         used = 0
         resume = start
@@ -113,10 +129,13 @@ class SharedReadReader(RecordReader):
                 self.shared_hits += 1
                 for record in span.records[bisect.bisect_left(span.offsets, start) :]:
                     if record.offset >= end or (out and used + record.size > max_bytes):
+                        self._last = (key, start, end, max_bytes, out)
                         return out
                     out.append(record)
                     used += record.size
                 resume = span.end
+                if resume >= end:
+                    self._last = (key, start, end, max_bytes, out)
         if resume >= end:
             return out
         self.kafka_reads += 1
@@ -159,6 +178,9 @@ class SharedReadReader(RecordReader):
             else:
                 if span is not None:
                     self._total -= span.size
+                last = self._last
+                if last is not None and last[0] == key:
+                    self._last = None  # its span is replaced: so is what it read (module docstring)
                 span = _Span(start, start)
                 span.extend(fetched)
                 self._spans[key] = span

@@ -425,9 +425,8 @@ class H2Session:
         if not record_plain_answer(conn, waiter.stream_id, frames):
             return False
         # h2's own bytes first (a SETTINGS ack, an answer sent through it): frames keep their order.
-        pending = conn.data_to_send()
-        if pending:
-            self.out += pending
+        if conn._data_to_send:  # read first: data_to_send() makes two objects even when empty
+            self.out += conn.data_to_send()
         frames.write_to(self.out, waiter.stream_id)
         _SHARED_ANSWER.answers += 1
         self._schedule_flush()
