@@ -99,7 +99,7 @@ class SharedReadReader(RecordReader):
         self.shared_hits = 0  # reads answered (at least in part) from a span
         self.kafka_reads = 0  # reads that went to Kafka
         self.pushed_records = 0  # records the change feed's tail handed in (append)
-        self.repeated_reads = 0  # reads answered with the last answer itself (module docstring)
+        self.repeated_reads = 0  # of those, answered with the last answer itself (module docstring)
         # (key, start, end, max_bytes, answer) of the last read served wholly from a span: one
         # tuple, stored and read in one step, so another thread sees all of it or none.
         self._last: tuple[TopicPartitionKey, int, int, int, list[FetchedRecord]] | None = None
@@ -116,7 +116,8 @@ class SharedReadReader(RecordReader):
         if end <= start or start < 0:
             return super().read(key, start, end, max_bytes=max_bytes, timeout_s=timeout_s)
         last = self._last
-        if last is not None and last[1] == start and last[2] == end and last[3] == max_bytes and last[0] == key:
+        if last is not None and last[1:4] == (start, end, max_bytes) and last[0] == key:
+            self.shared_hits += 1
             self.repeated_reads += 1
             return last[4]
         out: list[FetchedRecord] = []

@@ -418,9 +418,7 @@ class H2Session:
         """
         assert self.route is not None
         rendered: RenderedFetches = self.route.app.state.rendered_fetches
-        key = op.parts[0].key
-        body = rendered.body(key.topic, key.partition, op)
-        frames = _SHARED_ANSWER.frames_for(body, self.protocol.server_state.default_headers)
+        frames = _SHARED_ANSWER.frames_of(rendered, op, self.protocol.server_state.default_headers)
         conn = self.conn
         if not record_plain_answer(conn, waiter.stream_id, frames):
             return False

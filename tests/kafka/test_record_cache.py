@@ -73,6 +73,36 @@ def test_polls_at_the_same_offset_share_one_kafka_read(fake_log: list[FetchedRec
     assert reader.kafka_reads == 1 and reader.shared_hits == 99
 
 
+def test_the_waiters_of_one_key_event_get_the_very_same_list(fake_log: list[FetchedRecord]) -> None:
+    """A burst of equal reads (10,000 long polls woken by one record) shares one answer object:
+    the service renders one body per list (RenderedFetches, SharedH2Answer)."""
+    fake_log += _log(list(range(5)))
+    reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
+    reader.read(KEY, 0, 5, max_bytes=1 << 20)  # fills the span from "Kafka"
+    first = reader.read(KEY, 2, 5, max_bytes=1 << 20)
+    again = [reader.read(KEY, 2, 5, max_bytes=1 << 20) for _ in range(50)]
+    assert all(r is first for r in again), "an equal read served from the span is the same list"
+    assert first == fake_log[2:5]
+    assert reader.repeated_reads == 50
+    assert reader.read(KEY, 2, 5, max_bytes=15) == fake_log[2:3], "another max_bytes is its own read"
+    assert reader.read(KEY, 2, 4, max_bytes=1 << 20) == fake_log[2:4], "another end is its own read"
+
+
+def test_a_replaced_span_forgets_the_answer_it_gave(fake_log: list[FetchedRecord]) -> None:
+    """The last answer lives no longer than its span: once the span is replaced (the tail
+    appending elsewhere, a read elsewhere), an equal read is read again, not repeated."""
+    fake_log += _log(list(range(5)))
+    reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
+    reader.read(KEY, 0, 5, max_bytes=1 << 20)  # fills the span from "Kafka"
+    old = reader.read(KEY, 0, 3, max_bytes=1 << 20)
+    assert reader.read(KEY, 0, 3, max_bytes=1 << 20) is old
+    reader.append(KEY, _log([7, 8]))  # not contiguous with the span: replaces it
+    repeated = reader.repeated_reads
+    got = reader.read(KEY, 0, 3, max_bytes=1 << 20)
+    assert got is not old and got == fake_log[0:3], "read again after the span went"
+    assert reader.repeated_reads == repeated
+
+
 def test_a_read_past_the_span_fetches_only_the_missing_tail(fake_log: list[FetchedRecord]) -> None:
     fake_log += _log(list(range(10)))
     reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
