@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from purgatory import DelayedOperationPurgatory, Outcome
-from purgatory._loop_handoff import LoopHandoff, handoff_for
+from purgatory._loop_handoff import BURST_CHUNK, LoopHandoff, handoff_burst, handoff_for
 
 from .ops import MockDelayedOperation
 
@@ -192,4 +192,75 @@ def test_an_abandoned_waiter_is_finished_cancelled_and_out_of_the_timer() -> Non
         assert purgatory.num_delayed() == 0
     finally:
         purgatory.shutdown()
+        loop.close()
+
+
+def test_a_burst_wakes_a_loop_that_keeps_draining_once_per_chunk_not_once_per_post() -> None:
+    """The window: the loop runs on another core and drains between two posts, so each post
+    finds the flag cleared and wakes it again (~3,400 wake-ups for 10,000 long polls). Here the
+    drain runs between posts on purpose; inside a burst the posts wake it every BURST_CHUNK."""
+    loop = CountingLoop()
+    try:
+        handoff = LoopHandoff(loop)
+        called: list[int] = []
+        for i in range(10):
+            handoff.post_call(called.append, i)
+            handoff._drain()
+        assert loop.threadsafe_calls == 10, "outside a burst: a wake-up per post after a drain"
+        loop.threadsafe_calls = 0
+        with handoff_burst():
+            for i in range(10, 1010):
+                handoff.post_call(called.append, i)
+                handoff._drain()
+        chunks = -(-1000 // BURST_CHUNK)
+        assert loop.threadsafe_calls == chunks, f"a wake-up per {BURST_CHUNK} posts and one at the end"
+        loop.run_until_complete(asyncio.sleep(0))
+        handoff._drain()
+        assert called == list(range(1010)), "every callback once, in order"
+    finally:
+        loop.close()
+
+
+def test_a_burst_left_by_an_exception_still_wakes_the_loop_for_what_it_held() -> None:
+    loop = CountingLoop()
+    try:
+        handoff = LoopHandoff(loop)
+        called: list[int] = []
+        try:
+            with handoff_burst():
+                handoff.post_call(called.append, 1)
+                assert loop.threadsafe_calls == 0, "held while the burst lasts"
+                raise RuntimeError("a key event's bug")
+        except RuntimeError:
+            pass
+        assert loop.threadsafe_calls == 1, "the burst's end woke the loop all the same"
+        loop.run_until_complete(asyncio.sleep(0))
+        assert called == [1]
+    finally:
+        loop.close()
+
+
+def test_a_nested_burst_ends_with_the_outer_one() -> None:
+    loop = CountingLoop()
+    try:
+        handoff = LoopHandoff(loop)
+        with handoff_burst():
+            with handoff_burst():
+                handoff.post_call(print, "inner")
+            assert loop.threadsafe_calls == 0, "the inner end does not wake: the outer burst goes on"
+        assert loop.threadsafe_calls == 1
+    finally:
+        loop.close()
+
+
+def test_posts_of_other_threads_are_not_held_by_a_burst() -> None:
+    loop = CountingLoop()
+    try:
+        handoff = LoopHandoff(loop)
+        with handoff_burst():
+            poster = threading.Thread(target=handoff.post_call, args=(print, "elsewhere"))
+            poster.start()
+            poster.join()
+            assert loop.threadsafe_calls == 1, "a burst is its own thread's"
+    finally:
         loop.close()
