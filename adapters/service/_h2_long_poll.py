@@ -68,9 +68,10 @@ import h11
 import structlog
 from starlette.responses import JSONResponse, Response
 
+from purgatory import Outcome
 from purgatory.settings import Settings
 
-from ..kafka import DelayedFetch
+from ..kafka import DelayedFetch, ErrorCode
 from ._app import (
     LongPollRoute,
     RenderedFetches,
@@ -231,6 +232,11 @@ class H2Session:
         self.transport: asyncio.Transport = protocol.transport
         self.loop: asyncio.AbstractEventLoop = protocol.loop
         self.route: LongPollRoute | None = _long_poll_route(protocol.app)
+        # The app's shared answers, looked up once: Starlette's ``app.state`` answers each
+        # attribute through a Python-level __getattr__ (once per answer of a burst, before).
+        self.rendered: RenderedFetches | None = (
+            None if self.route is None else self.route.app.state.rendered_fetches
+        )
         # The app's settings, the very object its gateway admits by (None: not our app).
         settings = _app_state(protocol.app, "settings", Settings)
         config = h2.config.H2Configuration(
@@ -396,7 +402,10 @@ class H2Session:
         if self.transport.is_closing():
             return
         try:
-            if waiter.gateway.fetch_finished(op, waiter.offset):
+            # A poll completed without error is its own answer (fetch_finished would say so):
+            # the burst's common case skips the call.
+            plain = op.outcome is Outcome.COMPLETED and op.parts[0].status is ErrorCode.NONE
+            if not plain and waiter.gateway.fetch_finished(op, waiter.offset):
                 # An expired, empty poll whose offset the feed cannot vouch for: one ListOffsets.
                 task = self.loop.create_task(self._answer_after_offset_check(waiter, op))
                 self.protocol.tasks.add(task)
@@ -416,8 +425,8 @@ class H2Session:
         the connection's first header block (it carries HPACK's table-size update), a window too
         small for the body, a stream or connection not in the state a plain answer is sent in.
         """
-        assert self.route is not None
-        rendered: RenderedFetches = self.route.app.state.rendered_fetches
+        rendered = self.rendered
+        assert rendered is not None, "a waiter is parked only where the route is ours"
         frames = _SHARED_ANSWER.frames_of(rendered, op, self.protocol.server_state.default_headers)
         conn = self.conn
         if not record_plain_answer(conn, waiter.stream_id, frames):
