@@ -1,0 +1,130 @@
+"""What completing one key event's long polls costs the change feed's thread and the event loop.
+
+``python -m purgatory.adapters.service.completion_probe -n 10000 -r 7``
+
+``bench fanout`` measures the service's CPU per answer end to end, with Kafka, the HTTP/2 path and
+the client on the same two cores. This probe isolates the part issue 12's p99 hinges on: N
+:class:`OffLoopFetch` long polls (the service's operation) wait on one partition of a fake
+cluster view, each with a task-free callback on a running event loop (as the protocol-level long
+polls are parked); the record is put in the shared record cache as the tail puts it, the high
+watermark moves, and the feed's key event runs on a thread of its own, as the tail's thread runs
+it in the service. Printed per run and as medians: the feed thread's CPU per completed long poll
+(``time.thread_time``) and the loop thread's (hand-offs and the trivial callbacks: no HTTP).
+No Kafka, no sockets; the median of several runs, since the machine may be shared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any
+
+import typer
+
+from purgatory import DelayedOperationPurgatory
+from purgatory.settings import KafkaSettings
+
+from ..kafka import ChangeFeed, FetchedRecord, PartitionFacts, TopicPartitionKey
+from ..kafka._facts import ClusterFacts
+from ..kafka._record_cache import SharedReadReader
+from ._fetch import OffLoopFetch
+
+__all__ = ["main", "probe_once"]
+
+KEY = TopicPartitionKey("probe", 0)
+AT = 5  # the long polls wait at the partition's end; the record appended there answers them
+RECORD_BYTES = 100
+DONE_TIMEOUT_S = 60.0
+
+
+class _View:
+    """A cluster view whose one partition's facts the probe sets (the feed polls it; no tail)."""
+
+    request_timeout_s = 1.0
+
+    def __init__(self) -> None:
+        self.high_watermark = AT
+
+    def facts(self, parts: Sequence[TopicPartitionKey], *_: Any, **__: Any) -> ClusterFacts:
+        facts = PartitionFacts(
+            high_watermark=self.high_watermark, leader=1, leader_epoch=1, isr=(1,), min_insync_replicas=1
+        )
+        return ClusterFacts(partitions={k: facts for k in parts if k == KEY})
+
+    def retain_groups(self, groups: Any) -> None:
+        pass
+
+    def reconnect(self) -> None:
+        pass
+
+
+async def probe_once(n: int) -> tuple[float, float]:
+    """One key event completing ``n`` long polls: (feed thread µs, loop thread µs) per long poll."""
+    view = _View()
+    feed = ChangeFeed(view, settings=KafkaSettings(), name="probe")  # type: ignore[arg-type]
+    purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory("fetch", reaper_enabled=False)
+    feed.attach(purgatory)
+    # Never connects: every read is served from the span the "tail" appended below.
+    reader = SharedReadReader(KafkaSettings(), bootstrap_servers="127.0.0.1:1")
+    attempts = ThreadPoolExecutor(1)
+    try:
+        feed.poll_once()  # first facts of the key
+        answered = 0
+        done = asyncio.Event()
+
+        def callback(_: Any) -> None:
+            nonlocal answered
+            answered += 1
+            if answered == n:
+                done.set()
+
+        loop_thread = threading.get_ident()
+        for _ in range(n):
+            op = OffLoopFetch(
+                feed, reader, {KEY: AT}, max_wait_ms=60_000, loop_thread=loop_thread, attempts=attempts
+            )
+            purgatory.watch_then_call(op, op.watch_keys(), callback)
+        reader.append(KEY, [FetchedRecord(AT, b"k", b"v" * RECORD_BYTES, 0)])
+        view.high_watermark = AT + 1
+        feed_cpu: list[float] = []
+
+        def key_event() -> None:
+            started = time.thread_time()
+            feed.poll_once()
+            feed_cpu.append(time.thread_time() - started)
+
+        loop_started = time.thread_time()
+        event = threading.Thread(target=key_event, name="probe-feed")
+        event.start()
+        await asyncio.wait_for(done.wait(), DONE_TIMEOUT_S)
+        event.join(DONE_TIMEOUT_S)
+        loop_cpu = time.thread_time() - loop_started
+        return 1e6 * feed_cpu[0] / n, 1e6 * loop_cpu / n
+    finally:
+        feed.detach(purgatory)
+        purgatory.shutdown()
+        attempts.shutdown()
+
+
+def main(
+    waiters: Annotated[int, typer.Option("--waiters", "-n", min=1, max=100_000)] = 10_000,
+    repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, max=50)] = 7,
+) -> None:
+    """Feed-thread and loop-thread CPU per long poll completed by one key event (module docstring)."""
+    runs = [asyncio.run(probe_once(waiters)) for _ in range(repeats)]
+    for i, (feed_us, loop_us) in enumerate(runs, 1):
+        print(f"run {i}: feed thread {feed_us:.2f} µs, loop {loop_us:.2f} µs per long poll")
+    feed_median = statistics.median(f for f, _ in runs)
+    loop_median = statistics.median(lp for _, lp in runs)
+    medians = f"feed thread {feed_median:.2f} µs, loop {loop_median:.2f} µs"
+    print(f"median of {repeats} ({waiters} waiters): {medians}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    typer.run(main)
+    sys.exit(0)
