@@ -21,7 +21,8 @@ a write per connection each on the loop). A thread that knows it is finishing ma
 at once (the change feed waking a key) wraps the burst in ``with handoff_burst():``: its posts
 only append, and the loops they went to are woken every :data:`BURST_CHUNK` posts and when the
 burst ends — a few dozen wake-ups for 10,000 outcomes, the first of them after ``BURST_CHUNK``
-finishes rather than after all.
+finishes rather than after all. A call that may block inside a burst (a Kafka read) first wakes
+the loops for what the burst holds (:func:`release_burst`): no answer waits for another's read.
 
 Concurrency contract: ``post`` may be called from any thread, ``_drain`` runs on the loop.
 The race it must survive — a post landing while a drain runs — is closed by the order of the
@@ -44,7 +45,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["BURST_CHUNK", "LoopHandoff", "handoff_burst", "handoff_for"]
+__all__ = ["BURST_CHUNK", "LoopHandoff", "handoff_burst", "handoff_for", "release_burst"]
 
 _log = structlog.get_logger("purgatory")
 
@@ -94,6 +95,17 @@ def handoff_burst() -> _Burst:
     if burst is None:
         burst = _bursts.burst = _Burst()
     return burst
+
+
+def release_burst() -> None:
+    """Wake now the loops this thread's open burst holds posts for (none open: nothing to do).
+
+    For a call that may block inside a burst — a Kafka read of a key event's operation: the
+    finishes before it must not wait for it (tests/kafka/test_bulk_completion.py).
+    """
+    burst = _open_burst()
+    if burst is not None and burst.held:
+        burst.release()
 
 
 def _open_burst() -> _Burst | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from purgatory._loop_handoff import release_burst
 from purgatory.settings import KafkaSettings
 
 from ._config import APPEND_GUARANTEES, client_config
@@ -375,6 +376,9 @@ class RecordReader:
             raise InvalidOffsetError(f"fetch offset {start} of {key.label} is negative")
         if end <= start:
             return []
+        # A key event's answers finished so far leave now, not after this read (up to timeout_s
+        # on a stalled broker): see purgatory/_loop_handoff.py, "Bursts".
+        release_burst()
         with self._lock:
             stalled_until = self._stalled.get(key)
             if stalled_until is not None and time.monotonic() < stalled_until:

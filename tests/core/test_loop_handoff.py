@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from purgatory import DelayedOperationPurgatory, Outcome
-from purgatory._loop_handoff import BURST_CHUNK, LoopHandoff, handoff_burst, handoff_for
+from purgatory._loop_handoff import BURST_CHUNK, LoopHandoff, handoff_burst, handoff_for, release_burst
 
 from .ops import MockDelayedOperation
 
@@ -262,5 +262,21 @@ def test_posts_of_other_threads_are_not_held_by_a_burst() -> None:
             poster.start()
             poster.join()
             assert loop.threadsafe_calls == 1, "a burst is its own thread's"
+    finally:
+        loop.close()
+
+
+def test_release_burst_wakes_the_loop_for_what_the_burst_holds_before_a_blocking_call() -> None:
+    loop = CountingLoop()
+    try:
+        handoff = LoopHandoff(loop)
+        release_burst()  # no burst open: nothing to do
+        with handoff_burst():
+            handoff.post_call(print, "finished before the read")
+            release_burst()  # what RecordReader.read does before it may block
+            assert loop.threadsafe_calls == 1, "woken before the blocking call"
+            release_burst()
+            assert loop.threadsafe_calls == 1, "nothing held: no wake-up"
+        assert loop.threadsafe_calls == 1
     finally:
         loop.close()

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from purgatory.adapters.kafka import ChangeFeed, DelayedFetch, FetchedRecord, KafkaOperation
+from purgatory.adapters.kafka import ChangeFeed, DelayedFetch, FetchedRecord, KafkaOperation, _clients
 from purgatory.adapters.kafka._record_cache import SharedReadReader
 
 from purgatory import DelayedOperationPurgatory, MockTimer, Outcome
@@ -164,3 +164,42 @@ def test_each_waiter_hears_exactly_once_when_expiry_and_departures_race_the_key_
     outcomes = Counter(op.outcome for op in ops)
     assert None not in outcomes and sum(outcomes.values()) == WAITERS
     assert purgatory.watched() == 0 and feed.watched_keys() == frozenset(), "nothing left watched"
+
+
+def test_mixed_positions_in_one_key_event_and_no_answer_waits_for_another_ones_kafka_read(
+    rig: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Long polls at the end (answered from the record cache) and one further back (its records
+    are not cached: a Kafka read, up to its timeout on a stalled broker) complete in one key
+    event; the ones finished before the read are handed to the loop before it starts."""
+    view, feed, purgatory, _, reader, loop = rig
+    handoff = handoff_for(loop)
+    at_end = [DelayedFetch(feed, reader, {KEY: AT}, max_wait_ms=60_000) for _ in range(10)]
+    behind = DelayedFetch(feed, reader, {KEY: 2}, max_wait_ms=60_000)
+    heard = _park(loop, purgatory, [*at_end, behind])
+    scheduled_at_read: list[bool] = []
+
+    class Consumer:
+        def assign(self, _: Any) -> None:
+            pass
+
+        def unassign(self) -> None:
+            pass
+
+    def consume_range(
+        consumer: Any, key: Any, start: int, end: int, max_bytes: int, timeout_s: float
+    ) -> tuple[list[FetchedRecord], bool]:
+        scheduled_at_read.append(handoff._scheduled)  # the loop was woken for the earlier finishes
+        return [FetchedRecord(o, None, b"old", 0) for o in range(start, end)], True
+
+    monkeypatch.setattr(_clients, "_consume_range", consume_range)
+    monkeypatch.setattr(_clients.RecordReader, "_get", lambda self: Consumer())
+    _append_record(view, reader)
+    feed_thread = threading.Thread(target=feed.poll_once)
+    feed_thread.start()
+    feed_thread.join(10)
+    assert scheduled_at_read == [True], "the ten answers already finished went before the read"
+    loop.run_until_complete(asyncio.sleep(0))
+    assert sorted(n for n in heard.values() if n) == [1] * 11, "every waiter answered exactly once"
+    assert [r.offset for r in behind.parts[0].records] == [2, 3, 4, 5]
+    assert all([r.offset for r in op.parts[0].records] == [AT] for op in at_end)
