@@ -17,11 +17,16 @@ import h2.exceptions
 import h2.settings
 import pytest
 from h2.stream import StreamClosedBy, StreamState
+from purgatory.adapters.kafka import FetchedRecord, TopicPartitionKey
+from purgatory.adapters.service._app import RenderedFetches
 from purgatory.adapters.service._h2_answers import (
     SharedH2Answer,
     SharedHeaderEncoder,
     record_plain_answer,
 )
+
+from purgatory import Outcome
+from tests.service.test_rendered_fetches import AnsweredFetch
 
 BODY = b'{"topic":"t","partition":0,"outcome":"COMPLETED","records":[]}'
 DEFAULT_HEADERS = [(b"date", b"Tue, 24 Nov 2026 22:00:00 GMT"), (b"server", b"uvicorn")]
@@ -171,3 +176,30 @@ def test_the_shared_frames_change_with_the_body_and_the_date() -> None:
     assert other_body is not one and other_body.body_size == len(BODY) + 1
     next_second = [(b"date", b"Tue, 24 Nov 2026 22:00:01 GMT"), (b"server", b"uvicorn")]
     assert answer.frames_for(BODY + b" ", next_second) is not other_body
+
+
+def test_the_long_polls_of_one_key_event_share_frames_found_by_their_records_list() -> None:
+    """SharedH2Answer.frames_of: equal answers over the very same records list reuse the frames
+    (no render lookup); another list, outcome, offset or Date gives the frames of that answer."""
+    key = TopicPartitionKey("orders", 0)
+    shared_records = [FetchedRecord(0, None, b"v", 1_700_000_000_000)]
+    rendered = RenderedFetches()
+    answer = SharedH2Answer()
+
+    def poll(records: list[FetchedRecord], **fields: object) -> object:
+        op = AnsweredFetch({key: records}, **fields)  # type: ignore[arg-type]
+        part = op.parts[0]
+        part.records = records  # every waiter of the key event holds this one list
+        return type("Op", (), {"parts": (part,), "outcome": op.outcome, "error": None})()
+
+    first = answer.frames_of(rendered, poll(shared_records), DEFAULT_HEADERS)  # type: ignore[arg-type]
+    hits = rendered.hits
+    again = [answer.frames_of(rendered, poll(shared_records), DEFAULT_HEADERS) for _ in range(5)]  # type: ignore[arg-type]
+    assert all(frames is first for frames in again)
+    assert rendered.hits == hits, "found by the list's identity, not looked up in the rendered answers"
+    expired = answer.frames_of(rendered, poll(shared_records, outcome=Outcome.EXPIRED), DEFAULT_HEADERS)  # type: ignore[arg-type]
+    assert expired is not first and b"EXPIRED" in expired.tail
+    other_list = answer.frames_of(rendered, poll([FetchedRecord(0, None, b"w", 0)]), DEFAULT_HEADERS)  # type: ignore[arg-type]
+    assert other_list is not first and other_list.tail != first.tail, "another list: its own answer"
+    later = [(b"date", b"Tue, 24 Nov 2026 22:00:01 GMT"), (b"server", b"uvicorn")]
+    assert answer.frames_of(rendered, poll(shared_records), later) is not first, "a new Date: new frames"  # type: ignore[arg-type]
