@@ -1,6 +1,6 @@
 """What completing one key event's long polls costs the change feed's thread and the event loop.
 
-``python -m purgatory.adapters.service.completion_probe -n 10000 -r 7``
+``python -m purgatory.tools.bench.completion_probe -n 10000 -r 7``
 
 ``bench fanout`` measures the service's CPU per answer end to end, with Kafka, the HTTP/2 path and
 the client on the same two cores. This probe isolates the part issue 12's p99 hinges on: N
@@ -25,14 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 import typer
+from purgatory.adapters.kafka import ChangeFeed, FetchedRecord, PartitionFacts, TopicPartitionKey
+from purgatory.adapters.kafka._facts import ClusterFacts
+from purgatory.adapters.kafka._record_cache import SharedReadReader
+from purgatory.adapters.service._fetch import OffLoopFetch
 
 from purgatory import DelayedOperationPurgatory
 from purgatory.settings import KafkaSettings
-
-from ..kafka import ChangeFeed, FetchedRecord, PartitionFacts, TopicPartitionKey
-from ..kafka._facts import ClusterFacts
-from ..kafka._record_cache import SharedReadReader
-from ._fetch import OffLoopFetch
 
 __all__ = ["main", "probe_once"]
 
@@ -66,7 +65,7 @@ class _View:
 async def probe_once(n: int) -> tuple[float, float]:
     """One key event completing ``n`` long polls: (feed thread µs, loop thread µs) per long poll."""
     view = _View()
-    feed = ChangeFeed(view, settings=KafkaSettings(), name="probe")  # type: ignore[arg-type]
+    feed = ChangeFeed(view, settings=KafkaSettings(), name="probe")
     purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory("fetch", reaper_enabled=False)
     feed.attach(purgatory)
     # Never connects: every read is served from the span the "tail" appended below.
