@@ -116,7 +116,14 @@ class SharedReadReader(RecordReader):
         if end <= start or start < 0:
             return super().read(key, start, end, max_bytes=max_bytes, timeout_s=timeout_s)
         last = self._last
-        if last is not None and last[1:4] == (start, end, max_bytes) and last[0] == key:
+        # Field by field: a slice and a tuple per read would be two allocations per long poll.
+        if (
+            last is not None
+            and last[1] == start
+            and last[2] == end
+            and last[3] == max_bytes
+            and last[0] == key
+        ):
             self.shared_hits += 1
             self.repeated_reads += 1
             return last[4]
