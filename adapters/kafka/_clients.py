@@ -33,7 +33,7 @@ from ._errors import (
     RecordTooLargeError,
     UnknownTopicError,
 )
-from ._keys import TopicPartitionKey
+from ._keys import TopicPartitionKey, _check_partition, _check_topic
 
 __all__ = [
     "DIGEST_BYTES",
@@ -64,10 +64,47 @@ CONSUME_SLICE_S = 0.02
 
 @dataclass(frozen=True, slots=True)
 class ProducerRecord:
+    """One record to append. ``partition`` None: librdkafka's partitioner picks (by ``key``).
+
+    Checked when built, so a bad record is refused with a ``TypeError`` / ``ValueError`` naming
+    its field before any record of a request is sent (librdkafka would encode a ``str`` as UTF-8
+    silently, read ``partition=-1`` as "any partition" and ``True`` as partition 1).
+    """
+
     topic: str
     value: bytes | None
     key: bytes | None = None
     partition: int | None = None
+    # Kafka record headers, in order (a name may repeat): (name, value) pairs.
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_topic(self.topic)
+        for name in ("value", "key"):
+            field_value = getattr(self, name)
+            if field_value is not None and not isinstance(field_value, bytes):
+                raise TypeError(
+                    f"ProducerRecord.{name} must be bytes or None, got {type(field_value).__name__}"
+                    + (" (encode it, e.g. .encode())" if isinstance(field_value, str) else "")
+                )
+        if self.partition is not None:
+            _check_partition(self.partition)
+        headers: object = self.headers  # typed as pairs; callers may pass any iterable of pairs
+        if not isinstance(headers, tuple):
+            if isinstance(headers, (str, bytes)) or not hasattr(headers, "__iter__"):
+                raise TypeError(f"ProducerRecord.headers must be (name, value) pairs, got {headers!r}")
+            headers = tuple(tuple(pair) for pair in headers)
+            object.__setattr__(self, "headers", headers)
+        for pair in headers:
+            if (
+                not isinstance(pair, tuple)
+                or len(pair) != 2
+                or not isinstance(pair[0], str)
+                or not (pair[1] is None or isinstance(pair[1], bytes))
+            ):
+                raise TypeError(
+                    f"ProducerRecord.headers: each header must be a (str, bytes | None) pair, got {pair!r}"
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +173,13 @@ def _typed(error: KafkaError, what: str) -> KafkaAdapterError:
     if code in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE):
         # The producer does not retry (see RecordProducer): the caller does, at the new leader.
         return KafkaUnavailableError(f"{what}: the partition's leadership is moving, retry ({error.str()})")
+    if code == KafkaError._PURGE_QUEUE:
+        # Withdrawn unsent (RecordProducer.produce_identified, "withdrawn"): not in the log.
+        return KafkaUnavailableError(
+            f"{what}: not sent: withdrawn from the producer's queue after an earlier record's "
+            "outcome became unknown (an append to a broker timed out or its connection dropped); "
+            "retrying it is safe"
+        )
     if code in (
         KafkaError._MSG_TIMED_OUT,
         KafkaError._TRANSPORT,
@@ -233,6 +277,20 @@ class RecordProducer:
         topic, too large, ...: nothing was appended), else :class:`AppendOutcomeUnknownError`
         if any record was not acknowledged: some of the request may be in the log, and resending
         it may append those twice.
+
+        **Withdrawn after an unknown outcome.** Once a record's outcome is unknown (its produce
+        request timed out or its connection dropped), that request may still sit in the broker's
+        socket buffer — a frozen leader appends it when it resumes — while librdkafka sends the
+        records queued behind it on a *new* connection. The broker reads its connections in no
+        set order, so those later records could land first: the request's records reordered in
+        the log (CI saw it once in ~10 runs of the frozen-leader test). So on the first unknown
+        outcome while the request still has records queued, the producer's queue is purged
+        (``purge(in_queue=True)``: never what is in flight) before librdkafka can reconnect
+        (``reconnect.backoff.ms``, >= 75 ms, against a callback served within a poll), and no
+        further record of the request is queued. The withdrawn records are reported not
+        appended (``_PURGE_QUEUE``): nothing after the unknown one reaches the log. The purge
+        is producer-wide — other requests' queued records are withdrawn too and told so
+        (retrying them is safe) — and happens only when a multi-record request meets a fault.
         """
         records = list(records)
         producer = self.producer
@@ -243,41 +301,70 @@ class RecordProducer:
         refused: list[KafkaAdapterError] = []  # the broker (or librdkafka) refused: not appended
         unknown: list[KafkaAdapterError] = []  # sent, then no answer: may or may not be appended
         outstanding = 0
+        withdrawn = False  # an outcome became unknown: queue nothing more (docstring)
+        # Guards ``outstanding`` and ``withdrawn``: callbacks run on whichever thread polls the
+        # shared producer, possibly while this one is still queueing the request. Re-entrant:
+        # librdkafka reports purged records from a later poll, never from inside purge(), but a
+        # callback that did run nested must not deadlock.
+        lock = threading.RLock()
 
         def delivered(error: KafkaError | None, message: Message) -> None:
-            nonlocal outstanding
-            outstanding -= 1
-            if error is not None:
-                typed = _typed(error, f"topic {message.topic()!r}")
-                (unknown if _outcome_unknown(error) else refused).append(typed)
-                return
-            key = TopicPartitionKey(message.topic() or "", message.partition() or 0)
-            offset = message.offset() or 0
-            if offset > last.get(key, -1):
-                last[key] = offset
-                last_message[key] = message
-            first = first_message.get(key)
-            if first is None or offset < (first.offset() or 0):
-                first_message[key] = message
+            nonlocal outstanding, withdrawn
+            with lock:
+                outstanding -= 1
+                if error is not None:
+                    typed = _typed(error, f"topic {message.topic()!r}")
+                    if not _outcome_unknown(error):
+                        refused.append(typed)
+                        return
+                    unknown.append(typed)
+                    if not withdrawn:
+                        withdrawn = True
+                        if outstanding > 0:  # records queued behind it: withdraw them (docstring)
+                            producer.purge(in_queue=True, in_flight=False, blocking=True)
+                    return
+                key = TopicPartitionKey(message.topic() or "", message.partition() or 0)
+                offset = message.offset() or 0
+                if offset > last.get(key, -1):
+                    last[key] = offset
+                    last_message[key] = message
+                first = first_message.get(key)
+                if first is None or offset < (first.offset() or 0):
+                    first_message[key] = message
 
         not_queued = 0
         for index, record in enumerate(records):
-            try:
-                if record.partition is None:
-                    producer.produce(record.topic, value=record.value, key=record.key, on_delivery=delivered)
-                else:
-                    producer.produce(
-                        record.topic, record.value, record.key, record.partition, on_delivery=delivered
-                    )
-            except KafkaException as exc:  # refused before queueing (too large, bad partition): typed
-                error = _typed(exc.args[0], f"topic {record.topic!r}")
-                if index == 0:
-                    raise error from None
-                # The records queued before this one are sent anyway: the request is split.
-                refused.append(error)
-                not_queued = len(records) - index - 1  # never handed to librdkafka: not appended
-                break
-            outstanding += 1
+            with lock:
+                if withdrawn:  # never handed to librdkafka: not appended
+                    not_queued = len(records) - index
+                    break
+                try:
+                    if record.partition is None:
+                        producer.produce(
+                            record.topic,
+                            value=record.value,
+                            key=record.key,
+                            headers=list(record.headers) or None,
+                            on_delivery=delivered,
+                        )
+                    else:
+                        producer.produce(
+                            record.topic,
+                            record.value,
+                            record.key,
+                            record.partition,
+                            headers=list(record.headers) or None,
+                            on_delivery=delivered,
+                        )
+                except KafkaException as exc:  # refused before queueing (too large, bad partition): typed
+                    error = _typed(exc.args[0], f"topic {record.topic!r}")
+                    if index == 0:
+                        raise error from None
+                    # The records queued before this one are sent anyway: the request is split.
+                    refused.append(error)
+                    not_queued = len(records) - index - 1  # never handed to librdkafka: not appended
+                    break
+                outstanding += 1
         deadline = time.monotonic() + timeout_s
         while outstanding > 0 and time.monotonic() < deadline:
             producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))
@@ -290,15 +377,19 @@ class RecordProducer:
                     RecordIdentity.of(m.offset() or 0, m.key(), m.value(), m.timestamp()[1]) for m in ends
                 )
             return last, identities
-        # Counted now: another thread's poll() may still run a late callback of ours (the
-        # producer is shared), which moves a record out of ``outstanding`` after the answer.
-        uncertain = len(unknown) + outstanding
+        # Counted now, under the lock: another thread's poll() may still run a late callback of
+        # ours (the producer is shared), which moves a record out of ``outstanding`` after this.
+        with lock:
+            uncertain = len(unknown) + outstanding
+            refused = list(refused)
+            unknown = list(unknown)
+            late_count = outstanding
         acknowledged = len(records) - len(refused) - not_queued - uncertain
         if acknowledged == 0 and uncertain == 0:
             raise refused[0]  # nothing was appended: the typed error of the first record
         cause = str((unknown or refused)[0]) if unknown or refused else ""
-        if outstanding:
-            late = f"{outstanding} not acknowledged within {timeout_s:.1f} s"
+        if late_count:
+            late = f"{late_count} not acknowledged within {timeout_s:.1f} s"
             cause = f"{late}; {cause}" if cause else late
         raise AppendOutcomeUnknownError(
             f"the append of {len(records)} record(s) did not complete: {acknowledged} acknowledged "

@@ -17,6 +17,7 @@ from purgatory.adapters.kafka import (
     ClusterView,
     GroupPartitionKey,
     KafkaConfigError,
+    ProducerRecord,
     TopicKey,
     TopicPartitionKey,
     check_client_config,
@@ -114,6 +115,33 @@ def test_a_key_pickled_in_another_process_finds_equal_keys() -> None:
 def test_bad_keys_are_refused_naming_the_field(build: object, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         build()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "named"),
+    [
+        ({"topic": "orders", "value": "text"}, TypeError, "ProducerRecord.value"),
+        ({"topic": "orders", "value": b"v", "key": 7}, TypeError, "ProducerRecord.key"),
+        ({"topic": "", "value": b"v"}, ValueError, "topic"),
+        ({"topic": "orders", "value": b"v", "partition": -1}, ValueError, "partition"),
+        ({"topic": "orders", "value": b"v", "partition": True}, ValueError, "partition"),
+        ({"topic": "orders", "value": b"v", "partition": 2**31}, ValueError, "partition"),
+        ({"topic": "orders", "value": b"v", "headers": [("trace", "text")]}, TypeError, "headers"),
+        ({"topic": "orders", "value": b"v", "headers": "trace"}, TypeError, "headers"),
+    ],
+)
+def test_a_bad_producer_record_is_refused_when_built_naming_its_field(
+    fields: dict[str, object], error: type[Exception], named: str
+) -> None:
+    # librdkafka would take a str as UTF-8, partition -1 as "any partition" and True as 1.
+    with pytest.raises(error, match=re.escape(named)):
+        ProducerRecord(**fields)  # type: ignore[arg-type]
+
+
+def test_a_producer_record_keeps_its_headers_in_order_as_pairs() -> None:
+    record = ProducerRecord("orders", b"v", headers=[("trace", b"1"), ("trace", None)])  # type: ignore[arg-type]
+    assert record.headers == (("trace", b"1"), ("trace", None))
+    assert hash(record) == hash(ProducerRecord("orders", b"v", headers=(("trace", b"1"), ("trace", None))))
 
 
 def test_client_config_carries_security_and_passthrough_and_redacts_secrets() -> None:
