@@ -102,6 +102,15 @@ def _no_bool(value: object) -> object:
 Int = Annotated[int, BeforeValidator(_no_bool)]
 PositiveInt = Annotated[int, annotated_types.Gt(0), BeforeValidator(_no_bool)]
 NonNegativeInt = Annotated[int, annotated_types.Ge(0), BeforeValidator(_no_bool)]
+# A duration in ms: at most Kafka's (and librdkafka's) int32 of milliseconds, ~24.8 days. A larger
+# one is a typo (10**20 was accepted and reached librdkafka, which refused it at first use, or a
+# timer that never fires); refused at start, naming the field.
+MAX_DURATION_MS = 2**31 - 1
+DurationMs = Annotated[
+    int, annotated_types.Gt(0), annotated_types.Le(MAX_DURATION_MS), BeforeValidator(_no_bool)
+]
+# The finest wheel's tick: Kafka's is 1 ms; past a minute a timer could not honour any timeout.
+MAX_TICK_MS = 60_000
 
 
 class ConfigError(PurgatoryError, ValueError):
@@ -135,7 +144,9 @@ class _Section(BaseModel):
 
 
 class TimerSettings(_Section):
-    tick_ms: PositiveInt = Field(1, description="Resolution of the finest timing wheel, in ms (Kafka: 1).")
+    tick_ms: PositiveInt = Field(
+        1, le=MAX_TICK_MS, description="Resolution of the finest timing wheel, in ms (Kafka: 1)."
+    )
     wheel_size: PositiveInt = Field(20, le=MAX_WHEEL_SIZE, description="Buckets per wheel level (Kafka: 20).")
 
 
@@ -145,7 +156,7 @@ class PurgatoryOverrides(_Section):
     purge_interval: NonNegativeInt | None = None
     max_pending: PositiveInt | None = None
     max_pending_per_key: PositiveInt | None = None
-    reaper_poll_ms: PositiveInt | None = None
+    reaper_poll_ms: DurationMs | None = None
     timer: TimerSettings | None = None
 
 
@@ -183,7 +194,7 @@ class KafkaSettings(_Section):
     # 10 ms: completion lag is about interval + one poll (~2.5 ms) + re-checks; at 20 ms the p99
     # lag at 10k pending was 28 ms, at 10 ms 19.5 ms (purgatory bench kafka). Requests stay ~1.2
     # per poll whatever the number of pending operations.
-    feed_interval_ms: PositiveInt = Field(10, description="How often the change feed polls watched keys.")
+    feed_interval_ms: DurationMs = Field(10, description="How often the change feed polls watched keys.")
     # push by default since a stopped broker no longer stretches long-poll answers past their
     # bound (tests/service/test_answer_bounds.py runs both modes); poll is the fallback.
     feed_mode: Literal["push", "poll"] = Field(
@@ -191,7 +202,7 @@ class KafkaSettings(_Section):
         description="push (default): watched partitions are tailed by a consumer (the broker's fetch "
         "long poll wakes them) and polled every feed_refresh_ms. poll: every feed_interval_ms.",
     )
-    feed_refresh_ms: PositiveInt = Field(
+    feed_refresh_ms: DurationMs = Field(
         500,
         description="push mode: poll interval (leaders, ISR, log starts, outages) while every watched "
         "key is a tailed partition; groups, topics, untailed or degraded keys keep feed_interval_ms.",
@@ -218,17 +229,17 @@ class KafkaSettings(_Section):
             for key, item in self.client_config.items()
         }
 
-    request_timeout_ms: PositiveInt = Field(
+    request_timeout_ms: DurationMs = Field(
         5000, description="Bound on one batched admin request of the cluster view (then: unavailable)."
     )
-    append_timeout_ms: PositiveInt = Field(
+    append_timeout_ms: DurationMs = Field(
         10000, description="Bound on the service's acks=1 append (metadata, leader epochs, the append)."
     )
-    produce_timeout_ms: PositiveInt = Field(30000, description="Default delay_ms of DelayedProduce.")
-    fetch_max_wait_ms: PositiveInt = Field(500, description="Default DelayedFetch max_wait_ms (Kafka: 500).")
-    commit_timeout_ms: PositiveInt = Field(30000, description="Default delay_ms of DelayedConsumerCommit.")
-    topic_ready_timeout_ms: PositiveInt = Field(30000, description="Default delay_ms of DelayedTopicReady.")
-    delete_records_timeout_ms: PositiveInt = Field(
+    produce_timeout_ms: DurationMs = Field(30000, description="Default delay_ms of DelayedProduce.")
+    fetch_max_wait_ms: DurationMs = Field(500, description="Default DelayedFetch max_wait_ms (Kafka: 500).")
+    commit_timeout_ms: DurationMs = Field(30000, description="Default delay_ms of DelayedConsumerCommit.")
+    topic_ready_timeout_ms: DurationMs = Field(30000, description="Default delay_ms of DelayedTopicReady.")
+    delete_records_timeout_ms: DurationMs = Field(
         30000, description="Default delay_ms of DelayedDeleteRecords."
     )
 
@@ -247,7 +258,7 @@ class AdmissionSettings(_Section):
     max_waiters_per_key: PositiveInt = Field(
         50_000, description="Waiting requests on one partition (unless purgatories.<name> sets one)."
     )
-    max_wait_ms: PositiveInt = Field(
+    max_wait_ms: DurationMs = Field(
         30_000, description="Longer long polls (max_wait_ms) are clamped to this: answered by then."
     )
     retry_after_s: PositiveInt = Field(1, description="Retry-After of a 429 answer (service full).")
@@ -274,7 +285,7 @@ class JournalSettings(_Section):
     )
     queue_capacity: PositiveInt = Field(100_000, description="Events queued before new ones are dropped.")
     batch_size: PositiveInt = Field(1000, description="Events handed to the sinks per call.")
-    flush_interval_ms: PositiveInt = Field(100, description="Longest time an event waits in the queue.")
+    flush_interval_ms: DurationMs = Field(100, description="Longest time an event waits in the queue.")
     spark_master: str = Field("local[*]", min_length=1, description="Spark master of `purgatory analyze`.")
     window: str = Field("1 minute", description="Width of the analytics' tumbling event-time windows.")
     watermark: str = Field("10 minutes", description="Streaming: how late an event may arrive and count.")
@@ -301,17 +312,17 @@ class ScaleOutSettings(_Section):
     mode: Literal["redirect", "forward"] = Field(
         "redirect", description="A request for another owner's partition: 307 to it, or forwarded to it."
     )
-    session_timeout_ms: PositiveInt = Field(
+    session_timeout_ms: DurationMs = Field(
         10000, description="Group session timeout: how long a dead instance keeps its partitions."
     )
-    heartbeat_interval_ms: PositiveInt = Field(1000, description="Group heartbeat interval.")
-    owners_refresh_ms: PositiveInt = Field(
+    heartbeat_interval_ms: DurationMs = Field(1000, description="Group heartbeat interval.")
+    owners_refresh_ms: DurationMs = Field(
         5000, description="DescribeConsumerGroups at most this often when nothing moved (else sooner)."
     )
     retry_after_s: PositiveInt = Field(
         1, description="Retry-After of a 503/307 while a partition has no owner or is moving."
     )
-    forward_timeout_ms: PositiveInt = Field(
+    forward_timeout_ms: DurationMs = Field(
         65000, description="Bound on one forwarded request (above the longest long poll)."
     )
     forward_max_connections: PositiveInt = Field(
@@ -342,7 +353,7 @@ class ServiceSettings(_Section):
         16 * 1024,
         description="Bound on a request's header block (431; h11 refuses larger heads before the app).",
     )
-    head_read_timeout_ms: PositiveInt = Field(
+    head_read_timeout_ms: DurationMs = Field(
         10_000,
         description="A request head (request line and header fields) not received in full within "
         "this long is answered 408 and the connection closed (headers trickled slowly: slowloris).",
@@ -359,7 +370,7 @@ class ServiceSettings(_Section):
         "beside HTTP/1.1: one connection multiplexes many long polls (idle ones served below the ASGI "
         "app, as with fast_long_poll; other requests bridged to it). Needs the service's own server.",
     )
-    body_read_timeout_ms: PositiveInt = Field(
+    body_read_timeout_ms: DurationMs = Field(
         10_000,
         description="A request body not received in full within this long is answered 408 "
         "(a Content-Length larger than the body sent holds nothing forever).",
@@ -407,7 +418,7 @@ class Settings(BaseSettings):
     )
 
     timer: TimerSettings = TimerSettings()
-    reaper_poll_ms: PositiveInt = Field(200, description="Longest wait of one reaper step (Kafka: 200).")
+    reaper_poll_ms: DurationMs = Field(200, description="Longest wait of one reaper step (Kafka: 200).")
     purge_interval: NonNegativeInt = Field(
         1000, description="Purge watch lists past this many completed ops."
     )

@@ -64,6 +64,11 @@ def test_toml_file_with_per_purgatory_overrides_and_env_precedence(
         ("PURGATORY_MAX_PENDING", "0", "max_pending"),
         ("PURGATORY_LOG__LEVEL", "LOUD", "log.level"),
         ("PURGATORY_KAFKA__FEED_INTERVAL_MS", "-1", "kafka.feed_interval_ms"),
+        # Durations past Kafka's int32 of ms were accepted and reached librdkafka (or a timer).
+        ("PURGATORY_KAFKA__APPEND_TIMEOUT_MS", str(10**20), "kafka.append_timeout_ms"),
+        ("PURGATORY_ADMISSION__MAX_WAIT_MS", str(2**31), "admission.max_wait_ms"),
+        ("PURGATORY_SERVICE__HEAD_READ_TIMEOUT_MS", str(2**40), "service.head_read_timeout_ms"),
+        ("PURGATORY_TIMER__TICK_MS", "3600000", "timer.tick_ms"),
     ],
 )
 def test_invalid_values_fail_naming_field_value_and_reason(
