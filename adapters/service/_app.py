@@ -328,7 +328,9 @@ def _json_bytes(content: Any) -> bytes:
     return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
-def _produce_json(topic: str, op: DelayedProduce) -> tuple[int, dict[str, Any]]:
+def _produce_json(topic: str, op: DelayedProduce, *, produced: bool = True) -> tuple[int, dict[str, Any]]:
+    """The answer of a produce's replication wait; ``produced`` False for ``/replicated``, whose
+    client names offsets it appended elsewhere (or not yet: a future offset waits like any)."""
     statuses = {str(k.partition): (s.value if s is not None else None) for k, s in op.statuses.items()}
     body = {
         "topic": topic,
@@ -349,7 +351,12 @@ def _produce_json(topic: str, op: DelayedProduce) -> tuple[int, dict[str, Any]]:
     body |= {
         "error": code.value,
         "field": None,
-        "message": "the records were appended by the leader but are not known to be replicated: "
+        "message": (
+            "the records were appended by the leader but are not known to be replicated: "
+            if produced
+            else "the offsets are not known to be replicated (not yet in the log, or not yet on every "
+            "in-sync replica): "
+        )
         + ", ".join(f"{p}={s}" for p, s in statuses.items()),
     }
     return status, body
@@ -525,7 +532,7 @@ async def await_replicated(request: Request) -> Response:
         )
         if moved is not None:
             return moved  # else its fence could not go along: answered here, NOT_LEADER_OR_FOLLOWER
-    status, payload = _produce_json(topic, op)
+    status, payload = _produce_json(topic, op, produced=False)
     return JSONResponse(payload, status_code=status)
 
 

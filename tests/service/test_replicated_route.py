@@ -80,3 +80,18 @@ async def test_malformed_record_identities_are_400_naming_the_field(
         answer = await client.get(f"/topics/{topic}/replicated?{urlencode(query)}")
     assert answer.status_code == 400, answer.text
     assert answer.json()["field"] == "records"
+
+
+async def test_a_wait_for_an_offset_not_yet_in_the_log_times_out_without_claiming_an_append(
+    service: Service, kafka_topic_factory: TopicFactory
+) -> None:
+    # The client names an offset nobody appended (yet): 504, and the message must not say the
+    # leader appended records — the route produced nothing (a produce's 504 does say so).
+    topic = kafka_topic_factory(1)
+    async with service.client() as client:
+        answer = await client.get(f"/topics/{topic}/replicated?offsets=0:5&timeout_ms=300")
+    assert answer.status_code == 504, answer.text
+    body = answer.json()
+    assert body["error"] == "REQUEST_TIMED_OUT" and body["statuses"] == {"0": "REQUEST_TIMED_OUT"}, body
+    assert "appended by the leader" not in body["message"], body["message"]
+    assert "not yet in the log" in body["message"], body["message"]
