@@ -62,7 +62,7 @@ import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol, Self, cast
+from typing import Any, Protocol, Self, cast
 
 import structlog
 
@@ -89,6 +89,9 @@ IDLE_WAIT_S = 1.0  # nothing watched: sleep until a key is added (woken at once)
 # halves the requests and keeps most polls to one round trip. It is sent every poll while a
 # TopicKey is watched (topic readiness is read from it) or while some partition has an error.
 METADATA_EVERY = 5
+# Shared one-key tuples kept (ChangeFeed.on_submitted): one per watched key object, far more
+# than the keys one process watches; cleared whole when full.
+ONE_KEY_TUPLES = 4096
 WAKE_LIMIT = 4  # at most this many polls per interval when new keys keep waking the feed
 JOIN_TIMEOUT_S = 10.0  # a request in flight is bounded by the view's request timeout
 
@@ -177,6 +180,13 @@ class ChangeFeed:
         # check_and_complete tries them all. Updated with _refs under self._lock, so one read
         # under it sees both counts of the same registrations.
         self._indexed: dict[tuple[str, TopicPartitionKey], int] = {}
+        # Operations finished on a thread inside a key event (_check), released together when
+        # it ends (_release_finished): one lock and one count update per key for the 10,000
+        # long polls one record answers, not one each (on_finished was ~a quarter of the feed
+        # thread's samples in that burst, py-spy). Per thread: the tail's and the poll's key
+        # events may overlap; a key event nested in another's callbacks joins the outer list.
+        self._finishing = threading.local()
+        self._one_key_tuples: dict[int, tuple[KafkaKey, ...]] = {}  # see on_submitted
         self.index = OffsetIndex()
         # Partitions whose watchers read the log start offset -> how many such watchers.
         self._log_start_refs: dict[TopicPartitionKey, int] = {}
@@ -274,8 +284,10 @@ class ChangeFeed:
             if self._release_locked(purgatory, keys, needs_log_start):
                 self._follow_partitions()
 
-    def _release_locked(self, purgatory: str, keys: Iterable[Hashable], needs_log_start: bool) -> bool:
-        """Count one watcher less of each key; True if a key is no longer watched at all."""
+    def _release_locked(
+        self, purgatory: str, keys: Iterable[Hashable], needs_log_start: bool, times: int = 1
+    ) -> bool:
+        """Count ``times`` watchers less of each key; True if a key is no longer watched at all."""
         # Runs once per finished operation (10,000 times in one key event of the service's long
         # polls): each key is hashed as few times as the counts allow (a Python-level __hash__).
         dropped = False
@@ -285,8 +297,8 @@ class ChangeFeed:
             if needs_log_start:
                 starts = log_start_refs.get(key)  # type: ignore[call-overload]
                 if starts is not None:
-                    if starts > 1:
-                        log_start_refs[key] = starts - 1  # type: ignore[index]
+                    if starts > times:
+                        log_start_refs[key] = starts - times  # type: ignore[index]
                     else:
                         del log_start_refs[key]  # type: ignore[arg-type]
             per = refs.get(key)  # type: ignore[call-overload]
@@ -295,8 +307,8 @@ class ChangeFeed:
             count = per.get(purgatory)
             if count is None:
                 continue
-            if count > 1:
-                per[purgatory] = count - 1
+            if count > times:
+                per[purgatory] = count - times
                 continue
             del per[purgatory]
             if not per:
@@ -319,6 +331,17 @@ class ChangeFeed:
         kafka_keys = tuple(k for k in keys if isinstance(k, TopicPartitionKey | GroupPartitionKey | TopicKey))
         if not kafka_keys:
             return
+        if len(kafka_keys) == 1:
+            # One tuple per key object, shared by its operations (_release_finished groups by
+            # it). Identity only: the cached tuple holds its key, so the id is not reused.
+            only = kafka_keys[0]
+            shared = self._one_key_tuples.get(id(only))
+            if shared is not None and shared[0] is only:
+                kafka_keys = shared
+            else:
+                if len(self._one_key_tuples) >= ONE_KEY_TUPLES:
+                    self._one_key_tuples.clear()
+                self._one_key_tuples[id(only)] = kafka_keys
         # Operation types that never read log start offsets say so (KafkaOperation does);
         # anything else is assumed to need every fact.
         needs = bool(getattr(op, "needs_log_start", True))
@@ -346,6 +369,10 @@ class ChangeFeed:
             self._wake.set()
 
     def on_finished(self, purgatory: str, op: DelayedOperation) -> None:
+        finishing = getattr(self._finishing, "ops", None)
+        if finishing is not None:  # inside a key event on this thread: released when it ends
+            finishing.append(op)
+            return
         with self._lock:
             entry = self._op_keys.pop(id(op), None)
             if entry is None:
@@ -362,6 +389,45 @@ class ChangeFeed:
                 self._follow_partitions()
         for key, indexed in entry.entries:
             self.index.kill(entry.purgatory, key, indexed)
+
+    def _release_finished(self, ops: list[DelayedOperation]) -> None:
+        """Release what ``ops`` (finished in one key event) held, as ``on_finished`` does for each,
+        under one lock: registrations alike (same purgatory, same keys object or equal keys) are
+        counted and released together."""
+        killed: list[tuple[str, TopicPartitionKey, Entry]] = []
+        follow = False
+        with self._lock:
+            op_keys = self._op_keys
+            # By the keys tuple's identity: on_submitted shares one tuple among the operations
+            # of one key (hashing equal tuples would call each key's __hash__ per operation).
+            alike: dict[tuple[str, int, bool], list[Any]] = {}
+            for op in ops:
+                entry = op_keys.pop(id(op), None)
+                if entry is None:
+                    continue
+                if entry.indexed:
+                    for key in entry.keys:
+                        if isinstance(key, TopicPartitionKey):
+                            left = self._indexed.get((entry.purgatory, key), 0) - 1
+                            if left > 0:
+                                self._indexed[entry.purgatory, key] = left
+                            else:
+                                self._indexed.pop((entry.purgatory, key), None)
+                for key, indexed in entry.entries:
+                    killed.append((entry.purgatory, key, indexed))
+                group = (entry.purgatory, id(entry.keys), entry.needs_log_start)
+                counted = alike.get(group)
+                if counted is None:
+                    alike[group] = [entry.keys, 1]
+                else:
+                    counted[1] += 1
+            for (purgatory, _, needs_log_start), (keys, times) in alike.items():
+                if self._release_locked(purgatory, keys, needs_log_start, times):
+                    follow = True
+            if follow:
+                self._follow_partitions()
+        for purgatory, key, indexed in killed:
+            self.index.kill(purgatory, key, indexed)
 
     def on_released(self, purgatory: str, op: DelayedOperation) -> None:
         """The purgatory let go of ``op`` unfinished (refused, or handed back by cancel_for_key)."""
@@ -515,8 +581,18 @@ class ChangeFeed:
             ]
         # One burst: the loops awaiting what this key event finishes are woken every
         # BURST_CHUNK finishes, not once per finish (purgatory/_loop_handoff.py, "Bursts").
-        with handoff_burst():
-            self._wake_all(key, advanced_to, woken)
+        local = self._finishing
+        outer = getattr(local, "ops", None) is not None
+        if not outer:
+            local.ops = []
+        try:
+            with handoff_burst():
+                self._wake_all(key, advanced_to, woken)
+        finally:
+            if not outer:
+                finished, local.ops = local.ops, None
+                if finished:
+                    self._release_finished(finished)
 
     def _wake_all(
         self, key: KafkaKey, advanced_to: int | None, woken: list[tuple[Purgatoryish, bool]]

@@ -203,3 +203,26 @@ def test_mixed_positions_in_one_key_event_and_no_answer_waits_for_another_ones_k
     assert sorted(n for n in heard.values() if n) == [1] * 11, "every waiter answered exactly once"
     assert [r.offset for r in behind.parts[0].records] == [2, 3, 4, 5]
     assert all([r.offset for r in op.parts[0].records] == [AT] for op in at_end)
+
+
+def test_finishes_released_together_keep_the_key_watched_exactly_while_one_waits(rig: Any) -> None:
+    """The feed releases what a key event finished in one step at its end (one lock, one count
+    per key, not one per long poll): the key stays watched exactly while something waits on it,
+    and a waiter finished meanwhile on another thread is released at once, as before."""
+    view, feed, purgatory, timer, reader, loop = rig
+    answered_now = [DelayedFetch(feed, reader, {KEY: AT}, max_wait_ms=60_000) for _ in range(WAITERS)]
+    expiring = DelayedFetch(feed, reader, {KEY: AT}, max_wait_ms=10)
+    staying = DelayedFetch(feed, reader, {KEY: AT + 1}, max_wait_ms=60_000)  # past the new record
+    _park(loop, purgatory, [*answered_now, expiring, staying])
+    assert feed.watched_keys() == {KEY}
+    timer.advance_clock(10)  # finished on this thread, outside any key event: released at once
+    assert expiring.outcome is Outcome.EXPIRED
+    seen_inside: list[frozenset[Any]] = []
+    answered_now[0].on_response = lambda _: seen_inside.append(feed.watched_keys())
+    _append_record(view, reader)
+    feed.poll_once()
+    assert all(op.outcome is Outcome.COMPLETED for op in answered_now)
+    assert seen_inside == [frozenset({KEY})], "released only once the key event ended"
+    assert staying.outcome is None and feed.watched_keys() == {KEY}, "one waiter left: still watched"
+    purgatory.abandon(staying)
+    assert feed.watched_keys() == frozenset(), "the last waiter gone: the key is no longer watched"
