@@ -56,6 +56,28 @@ def test_produce_completes_when_every_partition_high_watermark_passes_the_offset
     assert op.succeeded and op.error is None
 
 
+def test_produce_carries_each_records_headers_to_kafka_in_order(
+    kp: KafkaPurgatory, kafka_topic_factory: TopicFactory, kafka_bootstrap: str
+) -> None:
+    topic = kafka_topic_factory(1)
+    headers = (("trace", b"t-1"), ("trace", b"t-2"), ("empty", None))
+    op = kp.produce(
+        [ProducerRecord(topic, b"a", partition=0, headers=headers), ProducerRecord(topic, b"b", partition=0)]
+    )
+    assert op.wait(WAIT_S) and op.succeeded, op.statuses
+    consumer = Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": "headers", "enable.auto.commit": False}
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        messages = consumer.consume(2, timeout=WAIT_S)
+    finally:
+        consumer.close()
+    assert [m.value() for m in messages] == [b"a", b"b"]
+    assert messages[0].headers() == list(headers), "names repeat, order kept, a None value stays None"
+    assert messages[1].headers() is None
+
+
 def test_produce_expires_with_request_timed_out_when_the_high_watermark_never_passes(
     kp: KafkaPurgatory, kafka_topic_factory: TopicFactory
 ) -> None:
