@@ -116,5 +116,5 @@ def test_a_refusal_withdraws_nothing_and_a_lone_records_unknown_outcome_purges_n
 
 def test_a_record_withdrawn_for_another_requests_fault_is_a_typed_retriable_refusal() -> None:
     fake = FakeProducer({0: KafkaError._PURGE_QUEUE})  # purged by another request's fault
-    with pytest.raises(KafkaUnavailableError, match="withdrawn.*retrying it is safe"):
+    with pytest.raises(KafkaUnavailableError, match=r"withdrawn.*retrying it is safe"):
         _producer(fake).produce_identified(_records(1), timeout_s=5)
