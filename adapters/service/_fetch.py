@@ -166,6 +166,9 @@ class OffLoopFetch(DelayedFetch):
         # decide any equal poll the same way (and a later change is a new facts object).
         if facts is None or facts.error is not None or facts.high_watermark != high:
             return
+        start = facts.log_start_offset
+        if start is not None and part.fetch_offset < start:
+            return  # records deleted below it since (DeleteRecords): an equal poll is out of range now
         _last_answer = (
             facts,
             part.key,
