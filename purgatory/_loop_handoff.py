@@ -24,6 +24,16 @@ burst ends — a few dozen wake-ups for 10,000 outcomes, the first of them after
 finishes rather than after all. A call that may block inside a burst (a Kafka read) first wakes
 the loops for what the burst holds (:func:`release_burst`): no answer waits for another's read.
 
+**A drain takes what was there when it started.** The finishing thread keeps posting while the
+loop drains (they share the GIL in 5 ms slices), so a drain that ran until the mailbox was empty
+followed the whole burst: the answers' writes, which their callbacks schedule with
+``call_soon`` for after the drain, waited for the last of 10,000 finishes, and the first answer
+went out with the last (``purgatory bench fanout``: first answer 118-174 ms in some runs, 13-45
+in others, as the drain did or did not catch up with the feed thread early). A drain therefore
+handles the entries present when it starts; what is posted meanwhile was posted after the flag
+was cleared, so its own drain is scheduled (by the post, or by its burst's chunk or end) and runs
+after the writes already scheduled.
+
 Concurrency contract: ``post`` may be called from any thread, ``_drain`` runs on the loop.
 The race it must survive — a post landing while a drain runs — is closed by the order of the
 two steps: ``_drain`` clears ``_scheduled`` *before* it pops, and ``post`` appends *before* it
@@ -159,13 +169,15 @@ class LoopHandoff:
 
     def _drain(self) -> None:
         self._scheduled = False  # first clear the flag, then pop (module docstring)
+        # Only what is here now: what is posted meanwhile has a drain of its own coming
+        # (module docstring, "A drain takes what was there when it started").
         queue = self._queue
-        while queue:
+        for _ in range(len(queue)):
             future, result = queue.popleft()
             if not future.done():  # cancelled meanwhile (the waiting task gave up)
                 future.set_result(result)
         calls = self._calls
-        while calls:
+        for _ in range(len(calls)):
             callback, argument = calls.popleft()
             try:
                 callback(argument)

@@ -280,3 +280,25 @@ def test_release_burst_wakes_the_loop_for_what_the_burst_holds_before_a_blocking
         assert loop.threadsafe_calls == 1
     finally:
         loop.close()
+
+
+def test_a_drain_takes_only_what_was_posted_before_it_so_scheduled_writes_run_in_between() -> None:
+    """The finishing thread posts while the loop drains. A drain that ran until the mailbox was
+    empty followed the whole burst, and the writes its callbacks scheduled (``call_soon``) waited
+    for the last post: the first long poll's answer left with the last one's."""
+    loop = asyncio.new_event_loop()
+    try:
+        handoff = LoopHandoff(loop)
+        order: list[str] = []
+
+        def answer(name: str) -> None:
+            order.append(name)
+            loop.call_soon(order.append, f"write {name}")  # as an answer's flush is scheduled
+            if name == "first":
+                handoff.post_call(answer, "posted while draining")  # the feed thread, meanwhile
+
+        handoff.post_call(answer, "first")
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert order == ["first", "write first", "posted while draining", "write posted while draining"]
+    finally:
+        loop.close()
