@@ -258,9 +258,16 @@ def _status_of(headers: object) -> int:
 
 
 async def open_h2_long_polls(
-    port: int, topic: str, waiters: int, partitions: int, max_wait_ms: int, streams_per_connection: int
+    port: int,
+    topic: str,
+    waiters: int,
+    partitions: int,
+    max_wait_ms: int,
+    streams_per_connection: int,
+    offset: int = 0,
 ) -> list[H2LongPoll]:
-    """``waiters`` long polls (waiter ``i`` on partition ``i % partitions``) over h2c connections."""
+    """``waiters`` long polls at ``offset`` (waiter ``i`` on partition ``i % partitions``) over h2c
+    connections."""
     loop = asyncio.get_running_loop()
     polls = [H2LongPoll(i % partitions) for i in range(waiters)]
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
@@ -269,7 +276,7 @@ async def open_h2_long_polls(
         chunk = polls[first : first + streams_per_connection]
         requests = [
             (
-                f"/topics/{topic}/partitions/{p.partition}/records?offset=0&max_wait_ms={max_wait_ms}".encode(),
+                f"/topics/{topic}/partitions/{p.partition}/records?offset={offset}&max_wait_ms={max_wait_ms}".encode(),
                 p,
             )
             for p in chunk

@@ -16,12 +16,12 @@ Figures:
 * RSS per waiter: the service's RSS growth from a warmed-up idle state to N registered, / N;
 * idle CPU: the service's user+system CPU over ``--idle-s`` seconds with N waiting, in % of a core;
 * produce → answer: one record appended to each partition (``acks=1``), then the time from that
-  partition's produce call to each of its long polls' answers (p50 / p99 / max). The producer is
-  made before the waiters register and is connected to every broker and knows the topic's
-  leaders by then (``enable.sparse.connections`` off, the topic's metadata asked for), as a
-  service's producer is: a producer made at the produce call paid its bootstrap — connection,
-  ApiVersion, metadata: 7-39 ms to the first acknowledgement here against 2-4 ms warm — inside
-  every answer's time;
+  partition's produce call to each of its long polls' answers (p50 / p99 / max). The long polls
+  wait at the end of a partition written before, as a service's do: the producer is made, and
+  has appended one record to each partition (acknowledged), before the waiters register at
+  offset 1. A producer made at the produce call paid its bootstrap (connection, ApiVersion,
+  metadata), and the broker its first append to a fresh partition, inside every answer's time:
+  the acknowledgement took 19-25 ms that way, 2-4 ms on a written partition with a warm producer;
 * produce → first answer: Kafka's and the change feed's part, which every answer pays once;
 * CPU per answer: the service's CPU from the produce to the last answer, / answers (on a shared
   machine the answer times move with the load, this figure much less), and of it the event-loop
@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from confluent_kafka import Producer
 
 from purgatory.settings import load_settings
 
@@ -68,6 +69,7 @@ from ._h2_bench_client import H2LongPoll, open_h2_long_polls
 __all__ = ["FanoutResult", "fanout", "run_case"]
 
 MAX_WAIT_MS = 60_000  # the service's limit: nothing may expire while a case runs
+WAIT_AT = 1  # the long polls' offset: the end of each partition, one record written before
 SERVICE_START_TIMEOUT_S = 60.0
 SERVICE_STOP_TIMEOUT_S = 20.0
 HEALTH_POLL_S = 0.1
@@ -258,6 +260,31 @@ def _create_topic(bootstrap: str, partitions: int) -> str:
     return topic
 
 
+def _written_with(bootstrap: str, topic: str, partitions: int) -> Producer:
+    """A producer connected to every broker that has appended one record to each partition of
+    ``topic`` (acknowledged): the long polls wait at offset :data:`WAIT_AT` (module docstring)."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "1",
+            "linger.ms": 0,
+            "log_level": 0,
+            "enable.sparse.connections": False,  # connections to every broker, not on first use
+        }
+    )
+    failed: list[str] = []
+
+    def delivered(error: object, _message: object) -> None:
+        if error is not None:
+            failed.append(str(error))
+
+    for partition in range(partitions):
+        producer.produce(topic, b"written-before", partition=partition, on_delivery=delivered)
+    if producer.flush(30) or failed:
+        raise RuntimeError(f"the warm-up records of {topic} were not acknowledged: {failed}")
+    return producer
+
+
 def _delete_topic(bootstrap: str, topic: str) -> None:
     from confluent_kafka.admin import AdminClient
 
@@ -274,7 +301,7 @@ def _warm_up(service: _Service, topic: str, partitions: int) -> None:
 
 async def _run_case_async(
     service: _Service,
-    bootstrap: str,
+    producer: Producer,
     topic: str,
     waiters: int,
     partitions: int,
@@ -289,14 +316,16 @@ async def _run_case_async(
     polls: list[H1LongPoll] | list[H2LongPoll]
     reader: AnswerReader | None = None
     if http2_streams:
-        polls = await open_h2_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS, http2_streams)
+        polls = await open_h2_long_polls(
+            port, topic, waiters, partitions, MAX_WAIT_MS, http2_streams, offset=WAIT_AT
+        )
     else:
-        polls = await open_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS)
+        polls = await open_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS, offset=WAIT_AT)
         reader = AnswerReader(polls, deadline)  # reads every answer on its own thread
         reader.start()
     try:
         return await _measure_case(
-            service, bootstrap, topic, waiters, partitions, idle_s, deadline, started, rss0, polls, reader,
+            service, producer, topic, waiters, partitions, idle_s, deadline, started, rss0, polls, reader,
             http2_streams,
         )  # fmt: skip
     finally:
@@ -309,7 +338,7 @@ async def _run_case_async(
 
 async def _measure_case(
     service: _Service,
-    bootstrap: str,
+    producer: Producer,
     topic: str,
     waiters: int,
     partitions: int,
@@ -321,8 +350,6 @@ async def _measure_case(
     reader: AnswerReader | None,
     http2_streams: int,
 ) -> FanoutResult:
-    from confluent_kafka import Producer
-
     registered = 0
     while time.monotonic() < deadline:
         try:
@@ -336,18 +363,6 @@ async def _measure_case(
     register_s = time.monotonic() - started
     rss1 = _rss_bytes(service.pid)
     task_free = await asyncio.to_thread(service.task_free_long_polls)
-    # Connected and knowing the topic before the timed produce (module docstring): its
-    # connections to the brokers open during the idle measurement, which is the service's CPU.
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "1",
-            "linger.ms": 0,
-            "log_level": 0,
-            "enable.sparse.connections": False,
-        }
-    )
-    await asyncio.to_thread(producer.list_topics, topic, 10)
     cpu0, t0 = _cpu_s(service.pid), time.monotonic()
     await asyncio.sleep(idle_s)
     idle_cpu_pct = 100.0 * (_cpu_s(service.pid) - cpu0) / (time.monotonic() - t0)
@@ -421,6 +436,7 @@ def run_case(
 ) -> FanoutResult:
     """One case on a fresh topic and a fresh service process (see the module docstring)."""
     topic = _create_topic(bootstrap, partitions)
+    producer = _written_with(bootstrap, topic, partitions)
     thresholds = gc.get_threshold()
     # The client holds N connections too: its own collector must not be what limits registration.
     gc.freeze()
@@ -430,7 +446,7 @@ def run_case(
             _warm_up(service, topic, partitions)
             return asyncio.run(
                 _run_case_async(
-                    service, bootstrap, topic, waiters, partitions, idle_s, timeout_s, http2_streams
+                    service, producer, topic, waiters, partitions, idle_s, timeout_s, http2_streams
                 )
             )
     finally:
