@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from purgatory.adapters.kafka import (
+    KafkaStartError,
     LocalKafkaCluster,
     ProducerRecord,
     RecordProducer,
@@ -116,10 +117,28 @@ def _exercise(cluster: LocalKafkaCluster, node: int, topic: str, fault: str, fee
         finally:
             if fault == "SIGSTOP":
                 cluster.resume_broker(node)
-                cluster.wait_ready()  # the next case starts on a cluster that serves admin calls
+                _ready_again(cluster, node)
             else:
                 cluster.start_broker(node)
     _check_bounds(answers)
+
+
+# The resumed node serves admin calls again within seconds here; once, deep in a full CI run,
+# it served no metadata request for 90 s after SIGCONT (a fresh admin client's list_topics
+# failed each time while its log showed it unfenced and leading). This is cleanup — the bounds
+# are checked afterwards — so such a node is restarted rather than failing the case unchecked.
+RESUMED_READY_S = 45.0
+
+
+def _ready_again(cluster: LocalKafkaCluster, node: int) -> None:
+    """Wait until the cluster serves admin calls after SIGCONT; restart ``node`` if it does not."""
+    try:
+        cluster.wait_ready(timeout_s=RESUMED_READY_S)
+    except KafkaStartError as exc:
+        print(f"node {node} did not serve again after SIGCONT, restarted: {str(exc)[:200]}")
+        cluster.kill_broker(node)
+        cluster.start_broker(node)
+        cluster.wait_ready()
 
 
 # Both change feeds: push (the tail's fetch long poll) must notice a stopped broker no later
