@@ -368,7 +368,14 @@ class RecordProducer:
         deadline = time.monotonic() + timeout_s
         while outstanding > 0 and time.monotonic() < deadline:
             producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))
-        if not refused and not unknown and outstanding == 0:
+        # One snapshot, under the lock: another thread's poll() may still run a late callback of
+        # ours (the producer is shared), which moves a record out of ``outstanding`` after this.
+        # New names: rebinding ``refused``/``unknown`` would hand the callback the copies.
+        with lock:
+            late_count = outstanding
+            refused_now = list(refused)
+            unknown_now = list(unknown)
+        if not refused_now and not unknown_now and late_count == 0:
             identities = {}
             for key, message in last_message.items():
                 first = first_message[key]
@@ -377,29 +384,23 @@ class RecordProducer:
                     RecordIdentity.of(m.offset() or 0, m.key(), m.value(), m.timestamp()[1]) for m in ends
                 )
             return last, identities
-        # Counted now, under the lock: another thread's poll() may still run a late callback of
-        # ours (the producer is shared), which moves a record out of ``outstanding`` after this.
-        with lock:
-            uncertain = len(unknown) + outstanding
-            refused = list(refused)
-            unknown = list(unknown)
-            late_count = outstanding
-        acknowledged = len(records) - len(refused) - not_queued - uncertain
+        uncertain = len(unknown_now) + late_count
+        acknowledged = len(records) - len(refused_now) - not_queued - uncertain
         if acknowledged == 0 and uncertain == 0:
-            raise refused[0]  # nothing was appended: the typed error of the first record
-        cause = str((unknown or refused)[0]) if unknown or refused else ""
+            raise refused_now[0]  # nothing was appended: the typed error of the first record
+        cause = str((unknown_now or refused_now)[0]) if unknown_now or refused_now else ""
         if late_count:
             late = f"{late_count} not acknowledged within {timeout_s:.1f} s"
             cause = f"{late}; {cause}" if cause else late
         raise AppendOutcomeUnknownError(
             f"the append of {len(records)} record(s) did not complete: {acknowledged} acknowledged "
             f"by the leader (acks=1, not known to be replicated), "
-            f"{len(refused) + not_queued} not appended, {uncertain} may or may not have been "
+            f"{len(refused_now) + not_queued} not appended, {uncertain} may or may not have been "
             f"appended (no answer came; none was resent, so none is in the log twice); resending the "
             f"request may duplicate "
             f"{acknowledged + uncertain} record(s) ({cause})",
             acknowledged=acknowledged,
-            refused=len(refused) + not_queued,
+            refused=len(refused_now) + not_queued,
             unknown=uncertain,
         )
 
