@@ -378,17 +378,21 @@ class ChangeFeed:
             if entry is None:
                 return
             if entry.indexed:
-                for key in entry.keys:
-                    if isinstance(key, TopicPartitionKey):
-                        left = self._indexed.get((entry.purgatory, key), 0) - 1
-                        if left > 0:
-                            self._indexed[entry.purgatory, key] = left
-                        else:
-                            self._indexed.pop((entry.purgatory, key), None)
+                self._unindex_locked(entry)
             if self._release_locked(entry.purgatory, entry.keys, entry.needs_log_start):
                 self._follow_partitions()
         for key, indexed in entry.entries:
             self.index.kill(entry.purgatory, key, indexed)
+
+    def _unindex_locked(self, entry: _Registration) -> None:
+        """Count ``entry``'s indexed operation out of ``_indexed`` (with ``self._lock`` held)."""
+        for key in entry.keys:
+            if isinstance(key, TopicPartitionKey):
+                left = self._indexed.get((entry.purgatory, key), 0) - 1
+                if left > 0:
+                    self._indexed[entry.purgatory, key] = left
+                else:
+                    self._indexed.pop((entry.purgatory, key), None)
 
     def _release_finished(self, ops: list[DelayedOperation]) -> None:
         """Release what ``ops`` (finished in one key event) held, as ``on_finished`` does for each,
@@ -406,13 +410,7 @@ class ChangeFeed:
                 if entry is None:
                     continue
                 if entry.indexed:
-                    for key in entry.keys:
-                        if isinstance(key, TopicPartitionKey):
-                            left = self._indexed.get((entry.purgatory, key), 0) - 1
-                            if left > 0:
-                                self._indexed[entry.purgatory, key] = left
-                            else:
-                                self._indexed.pop((entry.purgatory, key), None)
+                    self._unindex_locked(entry)
                 for key, indexed in entry.entries:
                     killed.append((entry.purgatory, key, indexed))
                 group = (entry.purgatory, id(entry.keys), entry.needs_log_start)
