@@ -12,14 +12,14 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from purgatory.adapters.kafka import ChangeFeed, DelayedFetch, FetchedRecord, KafkaOperation, _clients
+from purgatory.adapters.kafka import DelayedFetch, FetchedRecord, KafkaOperation, _clients
 from purgatory.adapters.kafka._record_cache import SharedReadReader
 
-from purgatory import DelayedOperationPurgatory, MockTimer, Outcome
+from purgatory import Outcome
 from purgatory._loop_handoff import BURST_CHUNK, handoff_for
 from purgatory.settings import KafkaSettings
 from tests.core.test_loop_handoff import CountingLoop
-from tests.kafka.test_offset_index import KEY, FakeView, _facts
+from tests.kafka.test_offset_index import KEY, FakeView, _facts, feed_on_mock_timer
 
 WAITERS = 1_000
 AT = 5  # the long polls wait at the partition's end: one record appended there answers them
@@ -27,21 +27,13 @@ AT = 5  # the long polls wait at the partition's end: one record appended there 
 
 @pytest.fixture
 def rig() -> Any:
-    view = FakeView()
-    feed = ChangeFeed(view, settings=KafkaSettings(), name="bulk")  # type: ignore[arg-type]
-    timer = MockTimer()
-    purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory(
-        "fetch", timer=timer, reaper_enabled=False
-    )
-    feed.attach(purgatory)
-    reader = SharedReadReader(KafkaSettings(), bootstrap_servers="127.0.0.1:1")  # served from memory only
-    view.partitions[KEY] = _facts(AT)
-    feed.poll_once()  # first facts: nothing to answer yet
-    loop = CountingLoop()
-    yield view, feed, purgatory, timer, reader, loop
-    loop.close()
-    feed.detach(purgatory)
-    purgatory.shutdown()
+    with feed_on_mock_timer("fetch", "bulk") as (view, feed, purgatory, timer):
+        reader = SharedReadReader(KafkaSettings(), bootstrap_servers="127.0.0.1:1")  # served from memory only
+        view.partitions[KEY] = _facts(AT)
+        feed.poll_once()  # first facts: nothing to answer yet
+        loop = CountingLoop()
+        yield view, feed, purgatory, timer, reader, loop
+        loop.close()
 
 
 def _park(loop: asyncio.AbstractEventLoop, purgatory: Any, ops: list[DelayedFetch]) -> Counter[int]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -66,19 +67,30 @@ class CountingProduce(DelayedProduce):
         return super().try_complete()
 
 
-@pytest.fixture
-def rig() -> Any:
+@contextmanager
+def feed_on_mock_timer(kind: str, name: str) -> Iterator[tuple[FakeView, ChangeFeed, Any, MockTimer]]:
+    """A change feed over a :class:`FakeView`, attached to a ``kind`` purgatory on a MockTimer
+    (no reaper: only the test moves time); detached and shut down on exit. Shared by the feed's
+    rigs here, in test_bulk_completion and in tests/service/test_shared_answer."""
     view = FakeView()
-    feed = ChangeFeed(view, settings=KafkaSettings(), name="idx")  # type: ignore[arg-type]
+    feed = ChangeFeed(view, settings=KafkaSettings(), name=name)  # type: ignore[arg-type]
     timer = MockTimer()
     purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory(
-        "produce", timer=timer, reaper_enabled=False
+        kind, timer=timer, reaper_enabled=False
     )
     feed.attach(purgatory)
-    CountingProduce.tries = 0
-    yield view, feed, purgatory, timer
-    feed.detach(purgatory)
-    purgatory.shutdown()
+    try:
+        yield view, feed, purgatory, timer
+    finally:
+        feed.detach(purgatory)
+        purgatory.shutdown()
+
+
+@pytest.fixture
+def rig() -> Any:
+    with feed_on_mock_timer("produce", "idx") as rigged:
+        CountingProduce.tries = 0
+        yield rigged
 
 
 def _submit(

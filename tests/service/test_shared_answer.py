@@ -11,14 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from purgatory.adapters.kafka import ChangeFeed, ErrorCode, FetchedRecord
+from purgatory.adapters.kafka import ErrorCode, FetchedRecord
 from purgatory.adapters.kafka._record_cache import SharedReadReader
 from purgatory.adapters.service import _fetch
 from purgatory.adapters.service._fetch import OffLoopFetch, SharedAnswerStats
 
-from purgatory import DelayedOperationPurgatory, MockTimer, Outcome
+from purgatory import Outcome
 from purgatory.settings import KafkaSettings
-from tests.kafka.test_offset_index import KEY, FakeView, _facts
+from tests.kafka.test_offset_index import KEY, _facts, feed_on_mock_timer
 
 AT = 5
 WAITERS = 200
@@ -26,22 +26,14 @@ WAITERS = 200
 
 @pytest.fixture
 def rig() -> Any:
-    view = FakeView()
-    feed = ChangeFeed(view, settings=KafkaSettings(), name="shared")  # type: ignore[arg-type]
-    timer = MockTimer()
-    purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory(
-        "fetch", timer=timer, reaper_enabled=False
-    )
-    feed.attach(purgatory)
-    reader = SharedReadReader(KafkaSettings(), bootstrap_servers="127.0.0.1:1")  # memory only
-    attempts = ThreadPoolExecutor(1)
-    view.partitions[KEY] = _facts(AT)
-    feed.poll_once()
-    _fetch._last_answer = None  # another test's answer must not be taken here
-    yield view, feed, purgatory, timer, reader, attempts
-    feed.detach(purgatory)
-    purgatory.shutdown()
-    attempts.shutdown()
+    with feed_on_mock_timer("fetch", "shared") as (view, feed, purgatory, timer):
+        reader = SharedReadReader(KafkaSettings(), bootstrap_servers="127.0.0.1:1")  # memory only
+        attempts = ThreadPoolExecutor(1)
+        view.partitions[KEY] = _facts(AT)
+        feed.poll_once()
+        _fetch._last_answer = None  # another test's answer must not be taken here
+        yield view, feed, purgatory, timer, reader, attempts
+        attempts.shutdown()
 
 
 def _fetches(
