@@ -62,12 +62,6 @@ _log = structlog.get_logger("purgatory.service")
 _last_answer: tuple[Any, ...] | None = None
 
 
-class SharedAnswerStats:
-    """How many long polls took the last answer instead of their own (tests and benches read it)."""
-
-    taken = 0
-
-
 class OffLoopFetch(DelayedFetch):
     """:class:`DelayedFetch` deferring every attempt made on ``loop_thread`` (see the module docstring)."""
 
@@ -107,7 +101,6 @@ class OffLoopFetch(DelayedFetch):
                 part.bytes_read = last[7]
                 part.read_from = last[8]
                 self.answered = True
-                SharedAnswerStats.taken += 1
                 return self.force_complete()
         return super().try_complete()
 
