@@ -396,8 +396,8 @@ class ChangeFeed:
 
     def _release_finished(self, ops: list[DelayedOperation]) -> None:
         """Release what ``ops`` (finished in one key event) held, as ``on_finished`` does for each,
-        under one lock: registrations alike (same purgatory, same keys object or equal keys) are
-        counted and released together."""
+        under one lock: registrations alike (same purgatory, the very same keys tuple, same
+        ``needs_log_start``) are counted and released together."""
         killed: list[tuple[str, TopicPartitionKey, Entry]] = []
         follow = False
         with self._lock:
