@@ -45,7 +45,13 @@ if TYPE_CHECKING:
     from ..kafka import DelayedFetch
     from ._app import RenderedFetches
 
-__all__ = ["SharedH2Answer", "SharedHeaderEncoder", "record_plain_answer"]
+__all__ = [
+    "SharedH2Answer",
+    "SharedHeaderEncoder",
+    "plain_answers_allowed",
+    "record_plain_answer",
+    "record_plain_stream",
+]
 
 # Distinct header lists kept encoded: a 200 differs from the next by its Date (one a second) and
 # its Content-Length; a few dozen cover every answer of a burst many times over.
@@ -190,16 +196,18 @@ class SharedH2Answer:
         return frames
 
 
-def record_plain_answer(conn: h2.connection.H2Connection, stream_id: int, frames: SharedAnswerFrames) -> bool:
-    """Record in ``h2``'s state the answer ``frames`` written past it on ``stream_id``; False if
-    it must go through ``h2`` instead (nothing recorded then). See the module docstring.
-    """
+def plain_answers_allowed(conn: h2.connection.H2Connection) -> bool:
+    """The connection-wide half of :func:`record_plain_answer`'s checks (once per batch of answers)."""
     encoder = conn.encoder
     if not (isinstance(encoder, SharedHeaderEncoder) and encoder.first_block_sent):
         return False
-    if conn.state_machine.state is ConnectionState.CLOSED:
-        return False  # the client's GOAWAY (or ours): h2 decides what may still be sent
-    stream = conn.streams.get(stream_id)
+    # The client's GOAWAY (or ours): h2 decides what may still be sent.
+    return conn.state_machine.state is not ConnectionState.CLOSED
+
+
+def record_plain_stream(conn: h2.connection.H2Connection, stream: Any, frames: SharedAnswerFrames) -> bool:
+    """The per-stream half: record the answer on ``stream`` (``conn.streams``' entry, or None);
+    False if it must go through ``h2`` instead (nothing recorded then)."""
     if stream is None:
         return False
     machine = stream.state_machine
@@ -222,3 +230,10 @@ def record_plain_answer(conn: h2.connection.H2Connection, stream_id: int, frames
     stream.outbound_flow_control_window -= size
     conn.outbound_flow_control_window -= size
     return True
+
+
+def record_plain_answer(conn: h2.connection.H2Connection, stream_id: int, frames: SharedAnswerFrames) -> bool:
+    """Record in ``h2``'s state the answer ``frames`` written past it on ``stream_id``; False if
+    it must go through ``h2`` instead (nothing recorded then). See the module docstring.
+    """
+    return plain_answers_allowed(conn) and record_plain_stream(conn, conn.streams.get(stream_id), frames)
