@@ -332,8 +332,9 @@ class ScaleOutSettings(_Section):
     @field_validator("advertised_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+$", value):
-            raise ValueError(f"must be http(s)://host:port without a path, got {value!r}")
+        # fullmatch: re.match's "$" also matches before a trailing newline ("http://a:1\n").
+        if value is not None and not re.fullmatch(r"https?://[^/\s]+", value):
+            raise ValueError(f"should be http(s)://host:port without a path, got {value!r}")
         return value
 
 

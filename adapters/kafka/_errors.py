@@ -78,7 +78,11 @@ class KafkaStartError(KafkaLauncherError):
 
 
 class InvalidTopicError(KafkaAdapterError, ValueError):
-    """Kafka refused a topic name (TOPIC_EXCEPTION: ``.``, ``..``, illegal characters, too long)."""
+    """A topic name Kafka refuses (TOPIC_EXCEPTION: ``.``, ``..``, illegal characters, too long).
+
+    Keys and records check the name when built (the rule is Kafka's ``Topic.validate``); Kafka's
+    own refusal of a name (a stricter broker) surfaces as this error too.
+    """
 
 
 class RecordTooLargeError(KafkaAdapterError, ValueError):

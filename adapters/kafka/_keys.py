@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from ._errors import InvalidTopicError
 
 __all__ = ["GroupPartitionKey", "KafkaKey", "TopicKey", "TopicPartitionKey"]
 
+# Kafka's legal topic names (Topic.validate): these characters, 1-249 of them, and not "." or "..".
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
 
 def _check_topic(topic: object) -> None:
+    """Refuse what Kafka would refuse, here: a key for a topic that cannot exist would otherwise
+    cost a Kafka round trip (or a watch that waits for nothing) before its error came back."""
     if not isinstance(topic, str) or not topic:
         raise ValueError(f"topic must be a non-empty string, got {topic!r}")
+    if _LEGAL_TOPIC.fullmatch(topic) is None or topic in (".", ".."):
+        raise InvalidTopicError(
+            f"topic {topic!r} is not a legal Kafka topic name ([a-zA-Z0-9._-], 1-249 characters, not . or ..)"
+        )
 
 
 # Kafka's partition is an int32: librdkafka cannot even carry a larger one to the broker.

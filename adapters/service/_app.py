@@ -156,7 +156,8 @@ def _topic(request: Request) -> str:
 
 def checked_topic(topic: str, policy: TopicPolicy) -> str:
     """``topic`` from a request path if it is a legal Kafka name the policy allows, else a 400/403."""
-    if not _TOPIC.match(topic) or topic in _DOT_TOPICS:
+    # fullmatch: match's "$" also matches before a trailing newline ("orders%0A" was legal).
+    if not _TOPIC.fullmatch(topic) or topic in _DOT_TOPICS:
         raise RequestError(
             400, "INVALID_TOPIC_EXCEPTION", "topic",
             f"topic {topic!r} is not a legal Kafka topic name ([a-zA-Z0-9._-], 1-249 chars, not . or ..)",

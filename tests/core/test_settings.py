@@ -69,6 +69,8 @@ def test_toml_file_with_per_purgatory_overrides_and_env_precedence(
         ("PURGATORY_ADMISSION__MAX_WAIT_MS", str(2**31), "admission.max_wait_ms"),
         ("PURGATORY_SERVICE__HEAD_READ_TIMEOUT_MS", str(2**40), "service.head_read_timeout_ms"),
         ("PURGATORY_TIMER__TICK_MS", "3600000", "timer.tick_ms"),
+        # re.match's "$" also matches before a trailing newline: this URL was accepted.
+        ("PURGATORY_SCALEOUT__ADVERTISED_URL", "http://127.0.0.1:8000\n", "scaleout.advertised_url"),
     ],
 )
 def test_invalid_values_fail_naming_field_value_and_reason(

@@ -10,12 +10,14 @@ import re
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 
 import pytest
 import structlog
 from purgatory.adapters.kafka import (
     ClusterView,
     GroupPartitionKey,
+    InvalidTopicError,
     KafkaConfigError,
     ProducerRecord,
     TopicKey,
@@ -115,6 +117,33 @@ def test_a_key_pickled_in_another_process_finds_equal_keys() -> None:
 def test_bad_keys_are_refused_naming_the_field(build: object, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         build()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "topic", ["..", ".", "a" * 250, "bad topic", "orders\n", "t\u00f3pico", "orders/1", "ord:ers"]
+)
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda topic: TopicPartitionKey(topic, 0),
+        lambda topic: TopicKey(topic),
+        lambda topic: GroupPartitionKey("g", topic, 0),
+        lambda topic: ProducerRecord(topic, b"v"),
+    ],
+)
+def test_a_topic_name_kafka_refuses_is_refused_when_the_key_or_record_is_built(
+    build: Callable[[str], object], topic: str
+) -> None:
+    # Before, the key was built and watched, and only Kafka's answer (a round trip later) said so.
+    with pytest.raises(InvalidTopicError, match="not a legal Kafka topic name") as info:
+        build(topic)
+    assert repr(topic) in str(info.value)
+    assert isinstance(info.value, ValueError), "still the ValueError a bad key always raised"
+
+
+def test_every_legal_topic_name_makes_a_key() -> None:
+    for topic in ("a", "A.b_c-9", "a" * 249, "__consumer_offsets", "..a", "..."):
+        assert TopicPartitionKey(topic, 0).topic == topic
 
 
 @pytest.mark.parametrize(
