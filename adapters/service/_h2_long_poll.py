@@ -428,26 +428,32 @@ class H2Session:
             stream_id = waiter.stream_id
             if waiters.get(stream_id) is not waiter:
                 continue  # the client reset the stream meanwhile: its op was cancelled
-            op = waiter.op
-            assert op is not None
-            part = op.parts[0]
-            completed = op.outcome is Outcome.COMPLETED and op.error is None
-            if plain and completed and part.status is ErrorCode.NONE:
-                if frames is None or part.records is not records or part.fetch_offset != offset:
-                    assert self.rendered is not None
-                    frames = _SHARED_ANSWER.frames_of(self.rendered, op, default_headers)
-                    records, offset = part.records, part.fetch_offset
-                if record_plain_stream(conn, streams.get(stream_id), frames):
-                    del waiters[stream_id]
-                    # h2's own bytes first (a SETTINGS ack, an answer sent through it): in order.
-                    if conn._data_to_send:  # read first: data_to_send() makes two objects even when empty
-                        self.out += conn.data_to_send()
-                    frames.write_to(self.out, stream_id)
-                    answered += 1
-                    continue
-            self.answer(waiter)
-            if not plain:  # the connection's first header block may have gone out through h2 just now
-                plain = not self.transport.is_closing() and plain_answers_allowed(conn)
+            try:
+                op = waiter.op
+                assert op is not None
+                part = op.parts[0]
+                completed = op.outcome is Outcome.COMPLETED and op.error is None
+                if plain and completed and part.status is ErrorCode.NONE:
+                    if frames is None or part.records is not records or part.fetch_offset != offset:
+                        assert self.rendered is not None
+                        frames = _SHARED_ANSWER.frames_of(self.rendered, op, default_headers)
+                        records, offset = part.records, part.fetch_offset
+                    if record_plain_stream(conn, streams.get(stream_id), frames):
+                        del waiters[stream_id]
+                        # h2's own bytes first (a SETTINGS ack, an answer sent through it): in order.
+                        if conn._data_to_send:  # read first: data_to_send() makes two objects when empty
+                            self.out += conn.data_to_send()
+                        frames.write_to(self.out, stream_id)
+                        answered += 1
+                        continue
+                self.answer(waiter)
+                if not plain:  # the connection's first header block may have gone out through h2 now
+                    plain = not self.transport.is_closing() and plain_answers_allowed(conn)
+            except Exception:
+                # A bug: this stream hears a 500 (as CatchAll answers one); the rest of the batch,
+                # taken off the list already, must still be answered.
+                if waiters.pop(stream_id, None) is waiter:
+                    self._respond_with(stream_id, self._unexpected())
         _SHARED_ANSWER.answers += answered
         self.flush()
         self._close_if_done()

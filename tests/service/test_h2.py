@@ -12,6 +12,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -21,7 +22,7 @@ import hpack
 import httpx
 import pytest
 from purgatory.adapters.service import _h2_long_poll
-from purgatory.adapters.service._h2_answers import SharedHeaderEncoder
+from purgatory.adapters.service._h2_answers import SharedH2Answer, SharedHeaderEncoder
 from purgatory.adapters.service._h2_bench_client import open_h2_long_polls
 from purgatory.adapters.service._h2_long_poll import H2PriorKnowledge
 from purgatory.adapters.service._server import uvicorn_options
@@ -129,6 +130,37 @@ async def test_many_streams_on_one_connection_are_each_answered_once(served: Ser
     assert {a.status_code for a in answers} == {200}
     assert {a.content for a in answers} == {answers[0].content}, "one answer, shared"
     assert answers[0].json()["records"][0]["value"] == "fan-out"
+
+
+async def test_a_bug_answering_one_stream_is_its_500_and_the_rest_of_the_batch_is_answered(
+    served: Served, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The streams a key event finished are answered in one loop callback (answer_finished): a
+    # failure on one must not leave the others, already taken off the list, unanswered forever.
+    real = SharedH2Answer.frames_of
+    calls = 0
+
+    def first_call_fails(self: SharedH2Answer, *args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug rendering the shared frames")
+        return real(self, *args)
+
+    monkeypatch.setattr(SharedH2Answer, "frames_of", first_call_fails)
+    unexpected_before = served.app.state.unexpected_errors.count
+    async with _h2_client(served) as client:
+        polls = [
+            asyncio.create_task(client.get(_records(topic), params={"offset": 0, "max_wait_ms": 30_000}))
+            for _ in range(STREAMS)
+        ]
+        await until(lambda: served.pending == STREAMS, f"{STREAMS} h2 long polls waiting")
+        await _produce(served, topic, "one-fails")
+        answers = await asyncio.wait_for(asyncio.gather(*polls), WAIT_S)
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200] * (STREAMS - 1) + [500], statuses
+    assert served.app.state.unexpected_errors.count == unexpected_before + 1, "counted as a bug"
+    assert {a.json()["records"][0]["value"] for a in answers if a.status_code == 200} == {"one-fails"}
 
 
 async def test_a_thousand_streams_on_one_connection_are_each_answered_once(
