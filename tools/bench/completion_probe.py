@@ -11,6 +11,9 @@ watermark moves, and the feed's key event runs on a thread of its own, as the ta
 it in the service. Printed per run and as medians: the feed thread's CPU per completed long poll
 (``time.thread_time``) and the loop thread's (hand-offs and the trivial callbacks: no HTTP).
 No Kafka, no sockets; the median of several runs, since the machine may be shared.
+
+``--trivial``: the same key event over operations that complete when tried and answer nothing,
+the cost of one operation per request in the core alone (the floor under the figure above).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from purgatory.adapters.kafka._facts import ClusterFacts
 from purgatory.adapters.kafka._record_cache import SharedReadReader
 from purgatory.adapters.service._fetch import OffLoopFetch
 
-from purgatory import DelayedOperationPurgatory
+from purgatory import DelayedOperation, DelayedOperationPurgatory
+from purgatory._loop_handoff import handoff_burst
 from purgatory.settings import KafkaSettings
 
 __all__ = ["main", "probe_once"]
@@ -60,6 +64,61 @@ class _View:
 
     def reconnect(self) -> None:
         pass
+
+
+class _Trivial(DelayedOperation):
+    """The floor: an operation that completes as soon as it is tried and answers nothing."""
+
+    __slots__ = ()
+
+    ready = False  # set once the waiters are registered: the key event's try completes them
+
+    def try_complete(self) -> bool:
+        return self.force_complete() if _Trivial.ready else False
+
+    def on_complete(self) -> None:
+        pass
+
+
+async def trivial_once(n: int) -> tuple[float, float]:
+    """``n`` trivial operations on one key, one key event: (feed thread µs, loop µs) per operation.
+
+    What one operation per request costs in the core alone (``check_and_complete``, the claim,
+    the timer's cancel, the hand-off): the floor under :func:`probe_once`'s figure.
+    """
+    purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory("floor", reaper_enabled=False)
+    answered = 0
+    done = asyncio.Event()
+
+    def callback(_: Any) -> None:
+        nonlocal answered
+        answered += 1
+        if answered == n:
+            done.set()
+
+    _Trivial.ready = False
+    try:
+        for _ in range(n):
+            purgatory.watch_then_call(_Trivial(60_000), (KEY,), callback)
+        _Trivial.ready = True
+        feed_cpu: list[float] = []
+
+        def key_event() -> None:
+            started = time.thread_time()
+            with handoff_burst():  # as the change feed wraps its key events
+                purgatory.check_and_complete(KEY)
+            feed_cpu.append(time.thread_time() - started)
+
+        loop_started = time.thread_time()
+        event = threading.Thread(target=key_event, name="probe-floor")
+        event.start()
+        await asyncio.wait_for(done.wait(), DONE_TIMEOUT_S)
+        event.join(DONE_TIMEOUT_S)
+        loop_cpu = time.thread_time() - loop_started
+        return 1e6 * feed_cpu[0] / n, 1e6 * loop_cpu / n
+    finally:
+        _Trivial.ready = False
+        purgatory.shutdown()
 
 
 async def probe_once(n: int) -> tuple[float, float]:
@@ -113,11 +172,16 @@ async def probe_once(n: int) -> tuple[float, float]:
 def main(
     waiters: Annotated[int, typer.Option("--waiters", "-n", min=1, max=100_000)] = 10_000,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1, max=50)] = 7,
+    trivial: Annotated[
+        bool, typer.Option("--trivial", help="Trivial operations instead: the core's floor per operation.")
+    ] = False,
 ) -> None:
     """Feed-thread and loop-thread CPU per long poll completed by one key event (module docstring)."""
-    runs = [asyncio.run(probe_once(waiters)) for _ in range(repeats)]
+    once = trivial_once if trivial else probe_once
+    runs = [asyncio.run(once(waiters)) for _ in range(repeats)]
+    what = "trivial operation" if trivial else "long poll"
     for i, (feed_us, loop_us) in enumerate(runs, 1):
-        print(f"run {i}: feed thread {feed_us:.2f} µs, loop {loop_us:.2f} µs per long poll")
+        print(f"run {i}: feed thread {feed_us:.2f} µs, loop {loop_us:.2f} µs per {what}")
     feed_median = statistics.median(f for f, _ in runs)
     loop_median = statistics.median(lp for _, lp in runs)
     medians = f"feed thread {feed_median:.2f} µs, loop {loop_median:.2f} µs"
