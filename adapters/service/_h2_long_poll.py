@@ -43,8 +43,13 @@ connection may hold what the whole process admits, and past it still hears the 4
 rather than queueing in its client), SETTINGS_MAX_HEADER_LIST_SIZE
 is ``service.max_header_bytes``. A graceful shutdown refuses new streams (RST_STREAM
 REFUSED_STREAM), lets the drain answer the waiting ones, then sends GOAWAY and closes.
-Not (yet) over HTTP/2: the request-head time bound (h2 has no slowly trickled head; a stream whose
-body never ends holds its buffered part until the connection closes), uvicorn's access log lines.
+Requests that do not finish are bounded per connection as HTTP/1.1 bounds its one: a request
+(HEADERS without END_STREAM, then its body) not ended within ``service.body_read_timeout_ms`` is
+answered 408 and its stream reset (NO_ERROR: stop sending); at most
+:data:`MAX_INCOMPLETE_REQUESTS` are held at once (more are refused with REFUSED_STREAM, safe to
+retry); and past :data:`BUFFERED_BODY_BYTES` of buffered bodies the client's flow-control window
+is no longer given back until requests leave. (tests/service/test_h2_request_bounds.py)
+Not (yet) over HTTP/2: uvicorn's access log lines.
 
 Concurrency contract: the event loop's thread only, as uvicorn's protocols; an operation may
 finish on any thread, and its callback reaches the loop through the gateway's handoff.
@@ -54,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote
@@ -69,7 +75,7 @@ import structlog
 from starlette.responses import JSONResponse, Response
 
 from purgatory import Outcome
-from purgatory.settings import Settings
+from purgatory.settings import ServiceSettings, Settings
 
 from ..kafka import DelayedFetch, ErrorCode
 from ._app import (
@@ -100,6 +106,17 @@ H2_PREFACE = (
 # A bridged request's body is read in full before the app runs: bounded (the produce route's own
 # limit is 1 MiB; the margin lets the app give its own 413 with the field named).
 MAX_BRIDGED_BODY_BYTES = 2 * 1024 * 1024
+# A connection's streams whose request has not ended yet (HEADERS without END_STREAM, a body
+# still arriving): past this many a new one is refused (RST_STREAM REFUSED_STREAM: safe to retry).
+# A long poll ends its request with its HEADERS, so it never counts; this bounds what one
+# connection holds of requests that never finish (their header fields: at most
+# service.max_header_bytes each). HTTP/1.1 holds one such request per connection.
+MAX_INCOMPLETE_REQUESTS = 100
+# Request-body bytes one connection buffers before its client's flow-control window is no longer
+# given back: past this the client can send at most the connection's window (64 KiB) more until
+# a request ends, is refused or times out. Without it the window went back at once and one
+# connection could buffer MAX_BRIDGED_BODY_BYTES on each of its ~60,000 streams.
+BUFFERED_BODY_BYTES = 8 * 1024 * 1024
 # SETTINGS_MAX_CONCURRENT_STREAMS is the process's waiter budget plus this: a client that has
 # filled the budget can still open streams and hear 429 + Retry-After (and reach /healthz),
 # instead of queueing unseen in its own connection pool.
@@ -183,12 +200,14 @@ class _H2Waiter:
 class _H2Request:
     """A stream whose request is still arriving: its header fields and body so far."""
 
-    __slots__ = ("body", "headers", "refused")
+    __slots__ = ("body", "deadline", "headers", "refused", "started")
 
-    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self, headers: list[tuple[bytes, bytes]], started: float, deadline: float) -> None:
         self.headers = headers
         self.body = bytearray()
         self.refused = False  # answered 413 already: the rest of its body is dropped
+        self.started = started
+        self.deadline = deadline  # the loop's time by which the request must have ended (else 408)
 
 
 class _Bridged:
@@ -271,6 +290,17 @@ class H2Session:
         self.bridged: dict[int, _Bridged] = {}
         self.blocked: dict[int, memoryview] = {}
         self.closing = False  # graceful shutdown: new streams refused, GOAWAY once the last is answered
+        # Requests still arriving (``requests``): their time bound (as HTTP/1.1's body timeout),
+        # the body bytes they buffer, and the flow-control acknowledgements held back past
+        # BUFFERED_BODY_BYTES (given back, oldest first, as buffered requests leave).
+        self.body_timeout_ms = (
+            settings.service.body_read_timeout_ms
+            if settings is not None
+            else ServiceSettings().body_read_timeout_ms
+        )
+        self.buffered = 0
+        self.held_acks: deque[tuple[int, int]] = deque()
+        self._request_timer: asyncio.TimerHandle | None = None
         # Bytes to write with the next flush: h2's, then the shared answers' frames, in order.
         self.out = bytearray()
         self._flush_scheduled = False
@@ -297,8 +327,13 @@ class H2Session:
                 self._data_received(event)
             elif isinstance(event, h2.events.StreamEnded):
                 request = self.requests.pop(event.stream_id, None)
-                if request is not None and not request.refused:
-                    self._dispatch(event.stream_id, request)
+                if request is not None:
+                    body = request.body
+                    if body:
+                        self._forget_body(request)  # handed on whole (bytes) or dropped
+                    if not request.refused:
+                        request.body = body
+                        self._dispatch(event.stream_id, request)
             elif isinstance(event, h2.events.StreamReset):
                 self._released(event.stream_id)
             elif isinstance(event, h2.events.WindowUpdated):
@@ -308,31 +343,84 @@ class H2Session:
                     self._unblock(0)
             elif isinstance(event, h2.events.ConnectionTerminated):
                 self.closing = True
+        if self.requests and self._request_timer is None:
+            self._arm_request_timer()
         self.flush()
         self._close_if_done()
 
     def _request_received(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
-        if self.closing:
-            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)  # retry elsewhere
+        if self.closing or len(self.requests) >= MAX_INCOMPLETE_REQUESTS:
+            # Shutting down (retry elsewhere), or too many unfinished requests (retry later).
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
-        self.requests[stream_id] = _H2Request(list(event.headers or ()))
+        now = self.loop.time()
+        self.requests[stream_id] = _H2Request(
+            list(event.headers or ()), now, now + self.body_timeout_ms / 1000
+        )
 
     def _data_received(self, event: h2.events.DataReceived) -> None:
         stream_id = event.stream_id
-        # Give the window back at once: the body is bounded below, not by flow control.
-        self.conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
+        length = event.flow_controlled_length
         request = self.requests.get(stream_id)
         if request is None or request.refused:
+            self.conn.acknowledge_received_data(length, stream_id)  # dropped: the window goes back
             return
-        request.body += event.data or b""
+        data = event.data or b""
+        request.body += data
+        self.buffered += len(data)
         if len(request.body) > MAX_BRIDGED_BODY_BYTES:
+            self.conn.acknowledge_received_data(length, stream_id)
             request.refused = True
-            request.body = bytearray()
+            self._forget_body(request)
             error = RequestError(
                 413, "PAYLOAD_TOO_LARGE", "body", f"request body over {MAX_BRIDGED_BODY_BYTES} bytes"
             )
             self._respond_with(stream_id, error_response(error))
+        elif self.buffered <= BUFFERED_BODY_BYTES and not self.held_acks:
+            self.conn.acknowledge_received_data(length, stream_id)
+        else:
+            # Buffered enough: the window stays spent until requests leave (_forget_body).
+            self.held_acks.append((stream_id, length))
+
+    def _forget_body(self, request: _H2Request) -> None:
+        """``request``'s body is no longer buffered here: give back the windows held for it."""
+        self.buffered -= len(request.body)
+        request.body = bytearray()
+        held = self.held_acks
+        while held and self.buffered <= BUFFERED_BODY_BYTES:
+            stream_id, length = held.popleft()
+            self.conn.acknowledge_received_data(length, stream_id)  # a closed stream: the connection's only
+
+    def _arm_request_timer(self) -> None:
+        # Requests arrive in time order with one timeout: the first one held ends first.
+        first = min(request.deadline for request in self.requests.values())
+        self._request_timer = self.loop.call_at(first, self._expire_requests)
+
+    def _expire_requests(self) -> None:
+        """408 each request not ended within ``body_read_timeout_ms`` (as HTTP/1.1 answers a body
+        not received in time); its stream is then reset (NO_ERROR: stop sending, RFC 9113 §8.1)."""
+        self._request_timer = None
+        now = self.loop.time()
+        for stream_id, request in list(self.requests.items()):
+            if request.deadline > now:
+                continue
+            del self.requests[stream_id]
+            received = len(request.body)
+            self._forget_body(request)
+            if not request.refused:
+                error = RequestError(
+                    408,
+                    "REQUEST_TIMEOUT",
+                    "body",
+                    f"{received} body byte(s) received in {now - request.started:.1f} s; "
+                    f"the whole request must arrive within {self.body_timeout_ms} ms",
+                )
+                self._respond_with(stream_id, error_response(error))
+            self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+        if self.requests:
+            self._arm_request_timer()
+        self.flush()
 
     # -- a complete request --------------------------------------------------------------------
 
@@ -627,13 +715,18 @@ class H2Session:
         waiter = self.waiters.pop(stream_id, None)
         if waiter is not None and waiter.op is not None:
             waiter.gateway.abandon_fetch(waiter.op)  # no-op if it finished meanwhile
-        self.requests.pop(stream_id, None)
+        request = self.requests.pop(stream_id, None)
+        if request is not None:
+            self._forget_body(request)
         exchange = self.bridged.pop(stream_id, None)
         if exchange is not None:
             exchange.left.set()  # the app's disconnect watcher cancels its wait
         self.blocked.pop(stream_id, None)
 
     def connection_lost(self) -> None:
+        if self._request_timer is not None:
+            self._request_timer.cancel()
+            self._request_timer = None
         for stream_id in [*self.waiters, *self.requests, *self.bridged, *self.blocked]:
             self._released(stream_id)
 

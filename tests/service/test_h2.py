@@ -318,6 +318,20 @@ async def test_other_routes_are_bridged_to_the_asgi_app(
     assert unknown.status_code == 404
 
 
+async def test_produce_bodies_past_the_flow_control_windows_arrive_whole_over_h2(
+    served: Served, kafka_topic_factory: TopicFactory
+) -> None:
+    # Several bodies larger than the connection's initial window (64 KiB), sent at once on one
+    # connection: the session gives the window back as they arrive (up to its buffered bound).
+    topic = kafka_topic_factory(1)
+    values = [[f"{i}-{n}-" + "v" * 1_000 for n in range(300)] for i in range(4)]  # ~300 KB each
+    async with _h2_client(served) as client:
+        bodies = [{"records": [{"value": v} for v in vs]} for vs in values]
+        produced = await asyncio.gather(*(client.post(f"/topics/{topic}/records", json=b) for b in bodies))
+    assert [p.status_code for p in produced] == [200] * 4, [p.text[:200] for p in produced]
+    assert {p.http_version for p in produced} == {"HTTP/2"}
+
+
 def test_http2_is_a_setting_and_http11_stays_beside_it() -> None:
     assert ServiceSettings().http2 is True
     assert issubclass(uvicorn_options(ServiceSettings())["http"], H2PriorKnowledge)

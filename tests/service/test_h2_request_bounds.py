@@ -1,0 +1,162 @@
+"""What one HTTP/2 connection may hold of requests that do not finish (:class:`H2Session`).
+
+HTTP/1.1 holds one unfinished request per connection, for at most ``service.body_read_timeout_ms``.
+Over HTTP/2 one connection multiplexes up to ~60,000 streams: without bounds a client could open
+them all with HEADERS and never end them, and push a body into each (the window went back at
+once), holding unbounded memory. Here, without sockets or Kafka: the ``h2`` library's client and
+the service's session, bytes carried between them in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+from purgatory.adapters.service._h2_long_poll import (
+    BUFFERED_BODY_BYTES,
+    MAX_BRIDGED_BODY_BYTES,
+    MAX_INCOMPLETE_REQUESTS,
+    H2Session,
+)
+
+from .conftest import until
+
+INITIAL_WINDOW = 65_535  # RFC 9113 §6.9.2: the connection's receive window until it is opened
+POST = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":authority", b"127.0.0.1"),
+    (b":path", b"/topics/t/records"),
+    (b"content-type", b"application/json"),
+]
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Link:
+    """A client connection of the ``h2`` library and a service session, bytes carried in memory."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = _Transport()
+        protocol = SimpleNamespace(
+            transport=self.transport,
+            loop=loop,
+            app=object(),  # no app behind: these requests never finish, nothing is dispatched
+            server_state=SimpleNamespace(default_headers=[(b"server", b"test")]),
+            tasks=set(),
+        )
+        self.session = H2Session(protocol)
+        self.client = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
+        self.client.initiate_connection()
+        self.events: list[h2.events.Event] = []
+        self.carry()
+
+    def carry(self) -> None:
+        """The client's bytes to the session, then the session's answers back to the client."""
+        self.session.data_received(self.client.data_to_send())
+        self.read()
+
+    def read(self) -> None:
+        written, self.transport.written = bytes(self.transport.written), bytearray()
+        self.events += self.client.receive_data(written)
+
+    def open(self) -> int:
+        stream_id = self.client.get_next_available_stream_id()
+        self.client.send_headers(stream_id, POST, end_stream=False)
+        return stream_id
+
+    def resets(self) -> dict[int, h2.errors.ErrorCodes | int]:
+        return {
+            e.stream_id: e.error_code
+            for e in self.events
+            if isinstance(e, h2.events.StreamReset) and e.error_code is not None
+        }
+
+
+async def test_unfinished_requests_past_the_limit_are_refused_as_retriable() -> None:
+    link = _Link(asyncio.get_running_loop())
+    held = [link.open() for _ in range(MAX_INCOMPLETE_REQUESTS)]
+    link.carry()
+    assert sorted(link.session.requests) == held
+    refused = link.open()
+    link.carry()
+    assert link.resets() == {refused: h2.errors.ErrorCodes.REFUSED_STREAM}, "retry later, not an error"
+    assert len(link.session.requests) == MAX_INCOMPLETE_REQUESTS
+    link.client.reset_stream(held[0], h2.errors.ErrorCodes.CANCEL)  # one leaves: room for one more
+    accepted = link.open()
+    link.carry()
+    assert accepted in link.session.requests and accepted not in link.resets()
+    link.session.connection_lost()
+
+
+async def test_buffered_bodies_are_bounded_by_withholding_the_clients_window() -> None:
+    link = _Link(asyncio.get_running_loop())
+    client, session = link.client, link.session
+    # Streams enough to reach the bound, each body under the per-request limit (so no 413).
+    per_stream = MAX_BRIDGED_BODY_BYTES - 1024
+    streams = [link.open() for _ in range(BUFFERED_BODY_BYTES // per_stream + 2)]
+    link.carry()
+    sent = dict.fromkeys(streams, 0)
+    chunk = b"x" * client.max_outbound_frame_size
+    progress = True
+    while progress:  # send what the windows allow, carry it, read the window updates; until stuck
+        progress = False
+        for stream_id in streams:
+            size = min(client.local_flow_control_window(stream_id), len(chunk), per_stream - sent[stream_id])
+            if size > 0:
+                client.send_data(stream_id, chunk[:size])
+                sent[stream_id] += size
+                progress = True
+        link.carry()
+        assert session.buffered <= BUFFERED_BODY_BYTES + INITIAL_WINDOW, "buffered past the bound"
+    assert session.buffered == sum(sent.values()), "every byte the client could send is held"
+    assert session.buffered > BUFFERED_BODY_BYTES and session.held_acks, "the bound was reached"
+    assert client.outbound_flow_control_window == 0, "the client has no window left"
+    assert sum(sent.values()) < len(streams) * per_stream, "the client could not send everything"
+    # A request leaving (the client resets it) frees its body: the held windows go back.
+    client.reset_stream(streams[0], h2.errors.ErrorCodes.CANCEL)
+    link.carry()
+    assert session.buffered == sum(sent.values()) - sent[streams[0]]
+    assert client.outbound_flow_control_window > 0, "the window was given back"
+    session.connection_lost()
+    assert session.buffered == 0 and not session.held_acks
+
+
+async def test_a_request_not_finished_in_time_is_answered_408_and_its_stream_reset() -> None:
+    link = _Link(asyncio.get_running_loop())
+    link.session.body_timeout_ms = 50  # the service's body_read_timeout_ms, shortened
+    stream_id = link.open()
+    link.client.send_data(stream_id, b'{"records": [')  # ... and never the rest
+    link.carry()
+    assert link.session._request_timer is not None, "a time bound is armed"
+    await until(lambda: bool(link.transport.written), "the session's answer to the unfinished request")
+    link.read()
+    (response,) = [e for e in link.events if isinstance(e, h2.events.ResponseReceived)]
+    assert response.stream_id == stream_id and dict(response.headers or ())[b":status"] == b"408"  # type: ignore[arg-type]
+    body = b"".join(e.data or b"" for e in link.events if isinstance(e, h2.events.DataReceived))
+    error = json.loads(body)
+    assert error["error"] == "REQUEST_TIMEOUT" and error["field"] == "body", error
+    assert "13 body byte(s)" in error["message"], error["message"]
+    assert link.resets() == {stream_id: h2.errors.ErrorCodes.NO_ERROR}, "told to stop sending (RFC 9113 §8.1)"
+    assert link.session.requests == {} and link.session.buffered == 0
+    assert link.session._request_timer is None, "nothing left to time"
