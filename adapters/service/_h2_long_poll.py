@@ -48,7 +48,9 @@ Requests that do not finish are bounded per connection as HTTP/1.1 bounds its on
 answered 408 and its stream reset (NO_ERROR: stop sending); at most
 :data:`MAX_INCOMPLETE_REQUESTS` are held at once (more are refused with REFUSED_STREAM, safe to
 retry); and past :data:`BUFFERED_BODY_BYTES` of buffered bodies the client's flow-control window
-is no longer given back until requests leave. (tests/service/test_h2_request_bounds.py)
+is no longer given back until requests leave. A client resetting more than
+:data:`RAPID_RESETS_PER_SECOND` young streams a second (opened and reset at once: "rapid reset")
+is sent GOAWAY ENHANCE_YOUR_CALM. (tests/service/test_h2_request_bounds.py)
 Not (yet) over HTTP/2: uvicorn's access log lines.
 
 Concurrency contract: the event loop's thread only, as uvicorn's protocols; an operation may
@@ -117,6 +119,16 @@ MAX_INCOMPLETE_REQUESTS = 100
 # a request ends, is refused or times out. Without it the window went back at once and one
 # connection could buffer MAX_BRIDGED_BODY_BYTES on each of its ~60,000 streams.
 BUFFERED_BODY_BYTES = 8 * 1024 * 1024
+# Streams a client may reset within one second while they are still being served (a waiting
+# long poll, a request arriving, a bridged exchange) and younger than RAPID_RESET_AGE_S, before
+# its connection is closed with GOAWAY ENHANCE_YOUR_CALM: each such stream cost the service a
+# request's work (parse, checks, an operation made and cancelled), and opening then resetting
+# streams at once costs the client nothing ("rapid reset", CVE-2023-44487). A proxy cancelling
+# long polls its own clients gave up on resets streams that have waited: those never count.
+RAPID_RESETS_PER_SECOND = 1_000
+RAPID_RESET_AGE_S = 1.0
+# Granularity of a stream's age: the highest stream id opened is noted once per this long.
+_STREAM_MARK_S = 0.25
 # SETTINGS_MAX_CONCURRENT_STREAMS is the process's waiter budget plus this: a client that has
 # filled the budget can still open streams and hear 429 + Retry-After (and reach /healthz),
 # instead of queueing unseen in its own connection pool.
@@ -301,6 +313,12 @@ class H2Session:
         self.buffered = 0
         self.held_acks: deque[tuple[int, int]] = deque()
         self._request_timer: asyncio.TimerHandle | None = None
+        self._resets_since = 0.0  # start of the current second of counted resets (rapid reset)
+        self._resets = 0
+        # Stream ages without a timestamp per stream: [time, highest id opened since] every
+        # _STREAM_MARK_S; ids up to ``_old_id`` were opened at least RAPID_RESET_AGE_S ago.
+        self._id_marks: deque[list[float]] = deque()
+        self._old_id = 0
         # Bytes to write with the next flush: h2's, then the shared answers' frames, in order.
         self.out = bytearray()
         self._flush_scheduled = False
@@ -335,7 +353,8 @@ class H2Session:
                         request.body = body
                         self._dispatch(event.stream_id, request)
             elif isinstance(event, h2.events.StreamReset):
-                self._released(event.stream_id)
+                if self._released(event.stream_id) and self._too_many_resets(event.stream_id):
+                    return
             elif isinstance(event, h2.events.WindowUpdated):
                 self._unblock(event.stream_id)
             elif isinstance(event, h2.events.RemoteSettingsChanged):
@@ -350,11 +369,17 @@ class H2Session:
 
     def _request_received(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
+        now = self.loop.time()
+        marks = self._id_marks
+        if marks and now - marks[-1][0] < _STREAM_MARK_S:
+            marks[-1][1] = stream_id
+        else:
+            marks.append([now, stream_id])
+            self._age_marks(now)
         if self.closing or len(self.requests) >= MAX_INCOMPLETE_REQUESTS:
             # Shutting down (retry elsewhere), or too many unfinished requests (retry later).
             self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
-        now = self.loop.time()
         self.requests[stream_id] = _H2Request(
             list(event.headers or ()), now, now + self.body_timeout_ms / 1000
         )
@@ -710,8 +735,11 @@ class H2Session:
 
     # -- streams and the connection going away --------------------------------------------------
 
-    def _released(self, stream_id: int) -> None:
-        """The client reset the stream: its operation is finished CANCELLED now, not at max_wait_ms."""
+    def _released(self, stream_id: int) -> bool:
+        """The client reset the stream: its operation is finished CANCELLED now, not at max_wait_ms.
+
+        True if the stream was still being served (what a rapid reset is counted by).
+        """
         waiter = self.waiters.pop(stream_id, None)
         if waiter is not None and waiter.op is not None:
             waiter.gateway.abandon_fetch(waiter.op)  # no-op if it finished meanwhile
@@ -721,7 +749,31 @@ class H2Session:
         exchange = self.bridged.pop(stream_id, None)
         if exchange is not None:
             exchange.left.set()  # the app's disconnect watcher cancels its wait
-        self.blocked.pop(stream_id, None)
+        blocked = self.blocked.pop(stream_id, None)
+        return waiter is not None or request is not None or exchange is not None or blocked is not None
+
+    def _age_marks(self, now: float) -> None:
+        marks = self._id_marks
+        while marks and marks[0][0] + _STREAM_MARK_S <= now - RAPID_RESET_AGE_S:
+            self._old_id = int(marks.popleft()[1])
+
+    def _too_many_resets(self, stream_id: int) -> bool:
+        """Count a reset of a young served stream; past RAPID_RESETS_PER_SECOND, GOAWAY and close (True)."""
+        now = self.loop.time()
+        self._age_marks(now)
+        if stream_id <= self._old_id:
+            return False  # it had been served for a while: a client giving up, not a rapid reset
+        if now - self._resets_since >= 1.0:
+            self._resets_since, self._resets = now, 0
+        self._resets += 1
+        if self._resets <= RAPID_RESETS_PER_SECOND:
+            return False
+        _log.warning("h2_rapid_reset", resets=self._resets, client=str(self.protocol.client)[:100])
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.conn.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self.flush()
+        self.transport.close()  # connection_lost releases every stream still held
+        return True
 
     def connection_lost(self) -> None:
         if self._request_timer is not None:

@@ -12,15 +12,20 @@ from __future__ import annotations
 import asyncio
 import json
 from types import SimpleNamespace
+from typing import Any
 
 import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import pytest
+from purgatory.adapters.service import _h2_long_poll
 from purgatory.adapters.service._h2_long_poll import (
     BUFFERED_BODY_BYTES,
     MAX_BRIDGED_BODY_BYTES,
     MAX_INCOMPLETE_REQUESTS,
+    RAPID_RESET_AGE_S,
+    RAPID_RESETS_PER_SECOND,
     H2Session,
 )
 
@@ -51,10 +56,26 @@ class _Transport:
         self.closed = True
 
 
+class _Clock:
+    """An event loop whose time the test moves; its timers and calls are taken, never run."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Any, *args: Any) -> Any:
+        return SimpleNamespace(cancel=lambda: None)
+
+    def call_soon(self, callback: Any, *args: Any) -> Any:
+        return SimpleNamespace(cancel=lambda: None)
+
+
 class _Link:
     """A client connection of the ``h2`` library and a service session, bytes carried in memory."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | _Clock) -> None:
         self.transport = _Transport()
         protocol = SimpleNamespace(
             transport=self.transport,
@@ -62,6 +83,7 @@ class _Link:
             app=object(),  # no app behind: these requests never finish, nothing is dispatched
             server_state=SimpleNamespace(default_headers=[(b"server", b"test")]),
             tasks=set(),
+            client=("127.0.0.1", 50000),
         )
         self.session = H2Session(protocol)
         self.client = h2.connection.H2Connection(
@@ -160,3 +182,52 @@ async def test_a_request_not_finished_in_time_is_answered_408_and_its_stream_res
     assert link.resets() == {stream_id: h2.errors.ErrorCodes.NO_ERROR}, "told to stop sending (RFC 9113 §8.1)"
     assert link.session.requests == {} and link.session.buffered == 0
     assert link.session._request_timer is None, "nothing left to time"
+
+
+async def test_a_client_resetting_served_streams_past_the_rate_is_sent_away_with_enhance_your_calm() -> None:
+    # "Rapid reset" (CVE-2023-44487): each stream opened and reset at once cost the service a
+    # request's work and the client nothing. Rounds of 50 (under the unfinished-request bound).
+    link = _Link(asyncio.get_running_loop())
+    resets = 0
+
+    def reset_round() -> None:
+        nonlocal resets
+        streams = [link.open() for _ in range(50)]
+        for stream_id in streams:
+            link.client.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        resets += len(streams)
+        link.carry()
+
+    while resets + 50 <= RAPID_RESETS_PER_SECOND:
+        reset_round()
+    assert not link.transport.closed, f"{resets} resets are within the rate"
+    assert link.session.requests == {}, "every reset stream released"
+    reset_round()
+    terminated = [e for e in link.events if isinstance(e, h2.events.ConnectionTerminated)]
+    assert [e.error_code for e in terminated] == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM]
+    assert link.transport.closed, "the connection is closed after its GOAWAY"
+
+
+async def test_resets_of_streams_that_have_waited_are_a_client_giving_up_not_a_rapid_reset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A proxy cancels the long polls its own clients gave up on: many resets, of old streams.
+    monkeypatch.setattr(_h2_long_poll, "MAX_INCOMPLETE_REQUESTS", 2 * RAPID_RESETS_PER_SECOND)
+    clock = _Clock()
+    link = _Link(clock)
+    streams = [link.open() for _ in range(RAPID_RESETS_PER_SECOND + 100)]
+    link.carry()
+    assert len(link.session.requests) == len(streams)
+    clock.now += RAPID_RESET_AGE_S + 0.5  # they have been served a while
+    for stream_id in streams:
+        link.client.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+    link.carry()
+    assert not link.transport.closed, "old streams reset: not a rapid reset"
+    assert link.session.requests == {}
+    # The same count of streams opened and reset at once on it is one.
+    for _ in range(2):
+        fresh = [link.open() for _ in range(RAPID_RESETS_PER_SECOND // 2 + 1)]
+        for stream_id in fresh:
+            link.client.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        link.carry()
+    assert link.transport.closed
