@@ -50,7 +50,8 @@ answered 408 and its stream reset (NO_ERROR: stop sending); at most
 retry); and past :data:`BUFFERED_BODY_BYTES` of buffered bodies the client's flow-control window
 is no longer given back until requests leave. A client resetting more than
 :data:`RAPID_RESETS_PER_SECOND` young streams a second (opened and reset at once: "rapid reset")
-is sent GOAWAY ENHANCE_YOUR_CALM. (tests/service/test_h2_request_bounds.py)
+is sent GOAWAY ENHANCE_YOUR_CALM. A connection that opens no stream and holds none for
+:data:`H2_IDLE_TIMEOUT_S` is closed (GOAWAY NO_ERROR). (tests/service/test_h2_request_bounds.py)
 Not (yet) over HTTP/2: uvicorn's access log lines.
 
 Concurrency contract: the event loop's thread only, as uvicorn's protocols; an operation may
@@ -129,6 +130,10 @@ RAPID_RESETS_PER_SECOND = 1_000
 RAPID_RESET_AGE_S = 1.0
 # Granularity of a stream's age: the highest stream id opened is noted once per this long.
 _STREAM_MARK_S = 0.25
+# A connection that opened no stream and holds none for this long is closed (GOAWAY NO_ERROR):
+# HTTP/1.1's idle connections close after uvicorn's keep-alive timeout, and an HTTP/2 one held a
+# socket forever (PINGs do not count). Long enough that a client between long polls keeps it.
+H2_IDLE_TIMEOUT_S = 60.0
 # SETTINGS_MAX_CONCURRENT_STREAMS is the process's waiter budget plus this: a client that has
 # filled the budget can still open streams and hear 429 + Retry-After (and reach /healthz),
 # instead of queueing unseen in its own connection pool.
@@ -319,6 +324,12 @@ class H2Session:
         # _STREAM_MARK_S; ids up to ``_old_id`` were opened at least RAPID_RESET_AGE_S ago.
         self._id_marks: deque[list[float]] = deque()
         self._old_id = 0
+        # Idle connections: streams opened so far, and as of the last idle check.
+        self._opened = 0
+        self._opened_at_check = 0
+        self._idle_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            H2_IDLE_TIMEOUT_S, self._idle_check
+        )
         # Bytes to write with the next flush: h2's, then the shared answers' frames, in order.
         self.out = bytearray()
         self._flush_scheduled = False
@@ -369,6 +380,7 @@ class H2Session:
 
     def _request_received(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
+        self._opened += 1
         now = self.loop.time()
         marks = self._id_marks
         if marks and now - marks[-1][0] < _STREAM_MARK_S:
@@ -775,10 +787,24 @@ class H2Session:
         self.transport.close()  # connection_lost releases every stream still held
         return True
 
+    def _idle_check(self) -> None:
+        """Close the connection if it opened no stream since the last check and holds none."""
+        self._idle_timer = None
+        held = self.waiters or self.requests or self.bridged or self.blocked
+        if not held and self._opened == self._opened_at_check and not self.transport.is_closing():
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.conn.close_connection()  # GOAWAY NO_ERROR: the client opens a new one when needed
+            self.flush()
+            self.transport.close()
+            return
+        self._opened_at_check = self._opened
+        self._idle_timer = self.loop.call_later(H2_IDLE_TIMEOUT_S, self._idle_check)
+
     def connection_lost(self) -> None:
-        if self._request_timer is not None:
-            self._request_timer.cancel()
-            self._request_timer = None
+        for timer in (self._request_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._request_timer = self._idle_timer = None
         for stream_id in [*self.waiters, *self.requests, *self.bridged, *self.blocked]:
             self._released(stream_id)
 

@@ -68,6 +68,9 @@ class _Clock:
     def call_at(self, when: float, callback: Any, *args: Any) -> Any:
         return SimpleNamespace(cancel=lambda: None)
 
+    def call_later(self, delay: float, callback: Any, *args: Any) -> Any:
+        return SimpleNamespace(cancel=lambda: None)
+
     def call_soon(self, callback: Any, *args: Any) -> Any:
         return SimpleNamespace(cancel=lambda: None)
 
@@ -231,3 +234,28 @@ async def test_resets_of_streams_that_have_waited_are_a_client_giving_up_not_a_r
             link.client.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
         link.carry()
     assert link.transport.closed
+
+
+async def test_a_connection_that_opens_and_holds_no_stream_is_closed_after_the_idle_timeout() -> None:
+    # HTTP/1.1's idle connections close after the keep-alive timeout; an HTTP/2 one held its
+    # socket forever. The check runs every H2_IDLE_TIMEOUT_S (called here instead of waiting).
+    quiet = _Link(_Clock())
+    quiet.session._idle_check()
+    assert quiet.transport.closed, "opened no stream: closed"
+    goaway = [
+        e
+        for e in quiet.events + quiet.client.receive_data(bytes(quiet.transport.written))
+        if isinstance(e, h2.events.ConnectionTerminated)
+    ]
+    assert [e.error_code for e in goaway] == [h2.errors.ErrorCodes.NO_ERROR], "told why: a clean GOAWAY"
+
+    busy = _Link(_Clock())
+    stream_id = busy.open()
+    busy.carry()
+    busy.session._idle_check()  # a stream opened since the last check
+    busy.session._idle_check()  # none opened since, but one is held (its request still arriving)
+    assert not busy.transport.closed, "a connection holding a stream is not idle"
+    busy.client.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+    busy.carry()
+    busy.session._idle_check()
+    assert busy.transport.closed, "nothing opened, nothing held: idle"
