@@ -11,7 +11,7 @@ Why it is still HTTP/2 as ``h2`` would write it:
 
 * HPACK: the header block comes from :class:`SharedHeaderEncoder` (no dynamic table), so equal
   headers are equal bytes on every connection once the connection's first block — the one that
-  carries the table-size update — has gone out through ``h2`` (:func:`record_plain_answer`
+  carries the table-size update — has gone out through ``h2`` (:func:`plain_answers_allowed`
   refuses a connection whose first block is still to come).
 * Flow control: the body is sent only if it fits the stream's and the connection's send windows
   (and one frame); both windows are debited as ``h2`` debits them, so what ``h2`` sends later on
@@ -49,7 +49,6 @@ __all__ = [
     "SharedH2Answer",
     "SharedHeaderEncoder",
     "plain_answers_allowed",
-    "record_plain_answer",
     "record_plain_stream",
 ]
 
@@ -128,7 +127,7 @@ class SharedAnswerFrames:
             self.tail = block
 
     def write_to(self, out: bytearray, stream_id: int) -> None:
-        """Append the frames for ``stream_id`` (its h2 state recorded by :func:`record_plain_answer`)."""
+        """Append the frames for ``stream_id`` (its h2 state recorded by :func:`record_plain_stream`)."""
         sid = stream_id.to_bytes(4, "big")
         out += self.headers_head
         out += sid
@@ -197,7 +196,7 @@ class SharedH2Answer:
 
 
 def plain_answers_allowed(conn: h2.connection.H2Connection) -> bool:
-    """The connection-wide half of :func:`record_plain_answer`'s checks (once per batch of answers)."""
+    """The connection-wide checks before any stream's shared frames (once per batch of answers)."""
     encoder = conn.encoder
     if not (isinstance(encoder, SharedHeaderEncoder) and encoder.first_block_sent):
         return False
@@ -230,10 +229,3 @@ def record_plain_stream(conn: h2.connection.H2Connection, stream: Any, frames: S
     stream.outbound_flow_control_window -= size
     conn.outbound_flow_control_window -= size
     return True
-
-
-def record_plain_answer(conn: h2.connection.H2Connection, stream_id: int, frames: SharedAnswerFrames) -> bool:
-    """Record in ``h2``'s state the answer ``frames`` written past it on ``stream_id``; False if
-    it must go through ``h2`` instead (nothing recorded then). See the module docstring.
-    """
-    return plain_answers_allowed(conn) and record_plain_stream(conn, conn.streams.get(stream_id), frames)

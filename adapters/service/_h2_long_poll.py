@@ -91,7 +91,6 @@ from ._errors import RequestError
 from ._gateway import Gateway
 from ._guards import UNEXPECTED_ERROR_BODY
 from ._h2_answers import (
-    SharedAnswerFrames,
     SharedH2Answer,
     SharedHeaderEncoder,
     plain_answers_allowed,
@@ -310,10 +309,10 @@ class H2Session:
         # Requests still arriving (``requests``): their time bound (as HTTP/1.1's body timeout),
         # the body bytes they buffer, and the flow-control acknowledgements held back past
         # BUFFERED_BODY_BYTES (given back, oldest first, as buffered requests leave).
-        self.body_timeout_ms = (
+        self.body_timeout_ms: int = (
             settings.service.body_read_timeout_ms
             if settings is not None
-            else ServiceSettings().body_read_timeout_ms
+            else ServiceSettings.model_fields["body_read_timeout_ms"].default
         )
         self.buffered = 0
         self.held_acks: deque[tuple[int, int]] = deque()
@@ -357,12 +356,9 @@ class H2Session:
             elif isinstance(event, h2.events.StreamEnded):
                 request = self.requests.pop(event.stream_id, None)
                 if request is not None:
-                    body = request.body
-                    if body:
-                        self._forget_body(request)  # handed on whole (bytes) or dropped
+                    body = self._forget_body(request)
                     if not request.refused:
-                        request.body = body
-                        self._dispatch(event.stream_id, request)
+                        self._dispatch(event.stream_id, request.headers, body)
             elif isinstance(event, h2.events.StreamReset):
                 if self._released(event.stream_id) and self._too_many_resets(event.stream_id):
                     return
@@ -420,14 +416,15 @@ class H2Session:
             # Buffered enough: the window stays spent until requests leave (_forget_body).
             self.held_acks.append((stream_id, length))
 
-    def _forget_body(self, request: _H2Request) -> None:
-        """``request``'s body is no longer buffered here: give back the windows held for it."""
-        self.buffered -= len(request.body)
-        request.body = bytearray()
+    def _forget_body(self, request: _H2Request) -> bytearray:
+        """Take ``request``'s body out of the buffered count and give back the windows held for it."""
+        body, request.body = request.body, bytearray()
+        self.buffered -= len(body)
         held = self.held_acks
         while held and self.buffered <= BUFFERED_BODY_BYTES:
             stream_id, length = held.popleft()
             self.conn.acknowledge_received_data(length, stream_id)  # a closed stream: the connection's only
+        return body
 
     def _arm_request_timer(self) -> None:
         # Requests arrive in time order with one timeout: the first one held ends first.
@@ -443,8 +440,7 @@ class H2Session:
             if request.deadline > now:
                 continue
             del self.requests[stream_id]
-            received = len(request.body)
-            self._forget_body(request)
+            received = len(self._forget_body(request))
             if not request.refused:
                 error = RequestError(
                     408,
@@ -461,23 +457,23 @@ class H2Session:
 
     # -- a complete request --------------------------------------------------------------------
 
-    def _dispatch(self, stream_id: int, request: _H2Request) -> None:
+    def _dispatch(self, stream_id: int, fields: list[tuple[bytes, bytes]], body: bytearray) -> None:
         pseudo: dict[bytes, bytes] = {}
         headers: list[tuple[bytes, bytes]] = []
-        for name, value in request.headers:
+        for name, value in fields:
             if name[:1] == b":":
                 pseudo[name] = value
             else:
                 headers.append((name, value))
         if b"host" not in (name for name, _ in headers) and b":authority" in pseudo:
             headers.insert(0, (b"host", pseudo[b":authority"]))  # as HTTP/1.1 clients send it
-        if self.route is not None and not request.body and pseudo.get(b":method") == b"GET":
+        if self.route is not None and not body and pseudo.get(b":method") == b"GET":
             try:
                 if self._take(stream_id, pseudo, headers):
                     return
             except Exception:  # a bug: the ASGI path answers the request instead
                 _log.exception("h2_long_poll_take_failed", path=pseudo.get(b":path", b"")[:200])
-        self._bridge(stream_id, pseudo, headers, bytes(request.body))
+        self._bridge(stream_id, pseudo, headers, bytes(body))
 
     def _scope(self, pseudo: dict[bytes, bytes], headers: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
         protocol = self.protocol
@@ -542,13 +538,10 @@ class H2Session:
         finished, self.finished = self.finished, []
         waiters = self.waiters
         conn = self.conn
-        plain = self.rendered is not None and not self.transport.is_closing() and plain_answers_allowed(conn)
+        plain = self._plain_possible()
         default_headers = self.protocol.server_state.default_headers
         streams = conn.streams
         answered = 0
-        frames: SharedAnswerFrames | None = None
-        records: Any = None  # the records list ``frames`` answer (one per key event: shared)
-        offset = -1
         for waiter in finished:
             stream_id = waiter.stream_id
             if waiters.get(stream_id) is not waiter:
@@ -559,10 +552,8 @@ class H2Session:
                 part = op.parts[0]
                 completed = op.outcome is Outcome.COMPLETED and op.error is None
                 if plain and completed and part.status is ErrorCode.NONE:
-                    if frames is None or part.records is not records or part.fetch_offset != offset:
-                        assert self.rendered is not None
-                        frames = _SHARED_ANSWER.frames_of(self.rendered, op, default_headers)
-                        records, offset = part.records, part.fetch_offset
+                    assert self.rendered is not None
+                    frames = _SHARED_ANSWER.frames_of(self.rendered, op, default_headers)  # identity-cached
                     if record_plain_stream(conn, streams.get(stream_id), frames):
                         del waiters[stream_id]
                         # h2's own bytes first (a SETTINGS ack, an answer sent through it): in order.
@@ -573,7 +564,7 @@ class H2Session:
                         continue
                 self.answer(waiter)
                 if not plain:  # the connection's first header block may have gone out through h2 now
-                    plain = not self.transport.is_closing() and plain_answers_allowed(conn)
+                    plain = self._plain_possible()
             except Exception:
                 # A bug: this stream hears a 500 (as CatchAll answers one); the rest of the batch,
                 # taken off the list already, must still be answered.
@@ -582,6 +573,12 @@ class H2Session:
         _SHARED_ANSWER.answers += answered
         self.flush()
         self._close_if_done()
+
+    def _plain_possible(self) -> bool:
+        """Whether this connection's answers may be the shared frames (their stream's state aside)."""
+        if self.rendered is None or self.transport.is_closing():
+            return False
+        return plain_answers_allowed(self.conn)
 
     def answer_if_waiting(self, waiter: _H2Waiter) -> None:
         if self.waiters.get(waiter.stream_id) is waiter:

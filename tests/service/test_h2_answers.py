@@ -22,7 +22,8 @@ from purgatory.adapters.service._app import RenderedFetches
 from purgatory.adapters.service._h2_answers import (
     SharedH2Answer,
     SharedHeaderEncoder,
-    record_plain_answer,
+    plain_answers_allowed,
+    record_plain_stream,
 )
 
 from purgatory import Outcome
@@ -88,7 +89,9 @@ def _through_h2(pair: _Pair, stream_id: int, body: bytes) -> None:
 
 def _shared(pair: _Pair, shared: SharedH2Answer, stream_id: int, body: bytes) -> bool:
     frames = shared.frames_for(body, DEFAULT_HEADERS)
-    if not record_plain_answer(pair.server, stream_id, frames):
+    server = pair.server
+    stream = server.streams.get(stream_id)
+    if not (plain_answers_allowed(server) and record_plain_stream(server, stream, frames)):
         return False
     out = bytearray()
     frames.write_to(out, stream_id)
