@@ -61,7 +61,7 @@ from ._errors import (
 )
 from ._facts import ClusterFacts, ErrorFact, FactSource, GroupFacts, PartitionFacts, TopicFacts
 from ._feed import ChangeFeed, FeedStats
-from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
+from ._keys import LEGAL_TOPIC_RULE, GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey, is_legal_topic
 from ._moved import Moved, MovedReason
 from ._operations import (
     DelayedConsumerCommit,
@@ -115,6 +115,7 @@ __all__ = [
     "DEFAULT_KAFKA_VERSION",
     "DIGEST_BYTES",
     "ERROR",
+    "LEGAL_TOPIC_RULE",
     "PURGATORY_NAMES",
     "REPLY_FROM",
     "REPLY_PARTITION",
@@ -206,6 +207,7 @@ __all__ = [
     "encode_partition",
     "header",
     "headers_of",
+    "is_legal_topic",
     "moved_answer",
     "provide_cluster",
     "redacted",

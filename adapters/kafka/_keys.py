@@ -7,10 +7,24 @@ from dataclasses import dataclass
 
 from ._errors import InvalidTopicError
 
-__all__ = ["GroupPartitionKey", "KafkaKey", "TopicKey", "TopicPartitionKey"]
+__all__ = [
+    "LEGAL_TOPIC_RULE",
+    "GroupPartitionKey",
+    "KafkaKey",
+    "TopicKey",
+    "TopicPartitionKey",
+    "is_legal_topic",
+]
 
-# Kafka's legal topic names (Topic.validate): these characters, 1-249 of them, and not "." or "..".
+# Kafka's legal topic names (Topic.validate): these characters, 1-249 of them, and not "." or ".."
+# (legal characters, but the broker answers TOPIC_EXCEPTION).
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+LEGAL_TOPIC_RULE = "[a-zA-Z0-9._-], 1-249 characters, not . or .."
+
+
+def is_legal_topic(topic: str) -> bool:
+    """True if Kafka accepts ``topic`` as a topic name (fullmatch: no trailing newline slips by)."""
+    return _LEGAL_TOPIC.fullmatch(topic) is not None and topic not in (".", "..")
 
 
 def _check_topic(topic: object) -> None:
@@ -18,10 +32,8 @@ def _check_topic(topic: object) -> None:
     cost a Kafka round trip (or a watch that waits for nothing) before its error came back."""
     if not isinstance(topic, str) or not topic:
         raise ValueError(f"topic must be a non-empty string, got {topic!r}")
-    if _LEGAL_TOPIC.fullmatch(topic) is None or topic in (".", ".."):
-        raise InvalidTopicError(
-            f"topic {topic!r} is not a legal Kafka topic name ([a-zA-Z0-9._-], 1-249 characters, not . or ..)"
-        )
+    if not is_legal_topic(topic):
+        raise InvalidTopicError(f"topic {topic!r} is not a legal Kafka topic name ({LEGAL_TOPIC_RULE})")
 
 
 # Kafka's partition is an int32: librdkafka cannot even carry a larger one to the broker.

@@ -79,7 +79,15 @@ from starlette.routing import Route
 from purgatory.metrics import register_metrics
 from purgatory.settings import Settings, load_settings
 
-from ..kafka import DelayedFetch, DelayedProduce, ErrorCode, FetchedRecord, check_client_config
+from ..kafka import (
+    LEGAL_TOPIC_RULE,
+    DelayedFetch,
+    DelayedProduce,
+    ErrorCode,
+    FetchedRecord,
+    check_client_config,
+    is_legal_topic,
+)
 from ._auth import Authenticator, RequireAuth, TopicPolicy, is_authenticated
 from ._errors import RequestError, from_validation_error
 from ._gateway import Gateway, resolve_bootstrap
@@ -89,7 +97,6 @@ from ._requests import (
     MAX_PARTITION,
     MAX_PRODUCE_BODY_BYTES,
     MAX_PRODUCE_TIMEOUT_MS,
-    TOPIC_PATTERN,
     FetchParams,
     ProduceRequest,
 )
@@ -103,10 +110,6 @@ from ._scaleout import (
 
 __all__ = ["LongPollRoute", "create_app"]
 
-_TOPIC = re.compile(TOPIC_PATTERN)
-# Kafka refuses "." and ".." although their characters are legal (Topic.validate): they would
-# come back from the broker as TOPIC_EXCEPTION. ("%2e%2e" in a path arrives here as "..".)
-_DOT_TOPICS = frozenset({".", ".."})
 # A partition in the path: ASCII digits only. str.isdigit() also accepts superscript two (U+00B2),
 # Arabic-Indic three (U+0663) and fullwidth three (U+FF13); int() fails on the first (a 500 once)
 # and reads the others as 3: a request would silently name another partition.
@@ -156,11 +159,11 @@ def _topic(request: Request) -> str:
 
 def checked_topic(topic: str, policy: TopicPolicy) -> str:
     """``topic`` from a request path if it is a legal Kafka name the policy allows, else a 400/403."""
-    # fullmatch: match's "$" also matches before a trailing newline ("orders%0A" was legal).
-    if not _TOPIC.fullmatch(topic) or topic in _DOT_TOPICS:
+    # The keys' rule ("%2e%2e" in a path arrives here as "..", "%0A" as a newline).
+    if not is_legal_topic(topic):
         raise RequestError(
             400, "INVALID_TOPIC_EXCEPTION", "topic",
-            f"topic {topic!r} is not a legal Kafka topic name ([a-zA-Z0-9._-], 1-249 chars, not . or ..)",
+            f"topic {topic!r} is not a legal Kafka topic name ({LEGAL_TOPIC_RULE})",
         )  # fmt: skip
     policy.check(topic)
     return topic

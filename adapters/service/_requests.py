@@ -19,14 +19,11 @@ __all__ = [
     "MAX_PRODUCE_TIMEOUT_MS",
     "MAX_RECORDS_PER_PRODUCE",
     "MAX_WAIT_MS_LIMIT",
-    "TOPIC_PATTERN",
     "FetchParams",
     "ProduceRecordIn",
     "ProduceRequest",
 ]
 
-# Kafka's legal topic names (Topic.java: [a-zA-Z0-9._-], at most 249 characters).
-TOPIC_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"
 # A long poll is held open this long at most: under the 60 s idle timeout of common HTTP proxies
 # and load balancers, so the client hears an answer rather than a dropped connection.
 MAX_WAIT_MS_LIMIT = 60_000
