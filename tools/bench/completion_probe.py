@@ -23,7 +23,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
@@ -80,6 +80,39 @@ class _Trivial(DelayedOperation):
         pass
 
 
+class _Answered:
+    """The waiters' callback: counts calls and sets ``done`` at the ``n``-th."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.count = 0
+        self.done = asyncio.Event()
+
+    def __call__(self, _: Any) -> None:
+        self.count += 1
+        if self.count == self.n:
+            self.done.set()
+
+
+async def _timed_key_event(key_event: Callable[[], object], answered: _Answered) -> tuple[float, float]:
+    """Run ``key_event`` on a thread of its own until every waiter is called back on this loop:
+    (its thread's CPU µs, the loop thread's CPU µs) per waiter."""
+    feed_cpu: list[float] = []
+
+    def timed() -> None:
+        started = time.thread_time()
+        key_event()
+        feed_cpu.append(time.thread_time() - started)
+
+    loop_started = time.thread_time()
+    event = threading.Thread(target=timed, name="probe-feed")
+    event.start()
+    await asyncio.wait_for(answered.done.wait(), DONE_TIMEOUT_S)
+    event.join(DONE_TIMEOUT_S)
+    loop_cpu = time.thread_time() - loop_started
+    return 1e6 * feed_cpu[0] / answered.n, 1e6 * loop_cpu / answered.n
+
+
 async def trivial_once(n: int) -> tuple[float, float]:
     """``n`` trivial operations on one key, one key event: (feed thread µs, loop µs) per operation.
 
@@ -87,35 +120,18 @@ async def trivial_once(n: int) -> tuple[float, float]:
     the timer's cancel, the hand-off): the floor under :func:`probe_once`'s figure.
     """
     purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory("floor", reaper_enabled=False)
-    answered = 0
-    done = asyncio.Event()
-
-    def callback(_: Any) -> None:
-        nonlocal answered
-        answered += 1
-        if answered == n:
-            done.set()
-
+    answered = _Answered(n)
     _Trivial.ready = False
     try:
         for _ in range(n):
-            purgatory.watch_then_call(_Trivial(60_000), (KEY,), callback)
+            purgatory.watch_then_call(_Trivial(60_000), (KEY,), answered)
         _Trivial.ready = True
-        feed_cpu: list[float] = []
 
         def key_event() -> None:
-            started = time.thread_time()
             with handoff_burst():  # as the change feed wraps its key events
                 purgatory.check_and_complete(KEY)
-            feed_cpu.append(time.thread_time() - started)
 
-        loop_started = time.thread_time()
-        event = threading.Thread(target=key_event, name="probe-floor")
-        event.start()
-        await asyncio.wait_for(done.wait(), DONE_TIMEOUT_S)
-        event.join(DONE_TIMEOUT_S)
-        loop_cpu = time.thread_time() - loop_started
-        return 1e6 * feed_cpu[0] / n, 1e6 * loop_cpu / n
+        return await _timed_key_event(key_event, answered)
     finally:
         _Trivial.ready = False
         purgatory.shutdown()
@@ -132,37 +148,16 @@ async def probe_once(n: int) -> tuple[float, float]:
     attempts = ThreadPoolExecutor(1)
     try:
         feed.poll_once()  # first facts of the key
-        answered = 0
-        done = asyncio.Event()
-
-        def callback(_: Any) -> None:
-            nonlocal answered
-            answered += 1
-            if answered == n:
-                done.set()
-
+        answered = _Answered(n)
         loop_thread = threading.get_ident()
         for _ in range(n):
             op = OffLoopFetch(
                 feed, reader, {KEY: AT}, max_wait_ms=60_000, loop_thread=loop_thread, attempts=attempts
             )
-            purgatory.watch_then_call(op, op.watch_keys(), callback)
+            purgatory.watch_then_call(op, op.watch_keys(), answered)
         reader.append(KEY, [FetchedRecord(AT, b"k", b"v" * RECORD_BYTES, 0)])
         view.high_watermark = AT + 1
-        feed_cpu: list[float] = []
-
-        def key_event() -> None:
-            started = time.thread_time()
-            feed.poll_once()
-            feed_cpu.append(time.thread_time() - started)
-
-        loop_started = time.thread_time()
-        event = threading.Thread(target=key_event, name="probe-feed")
-        event.start()
-        await asyncio.wait_for(done.wait(), DONE_TIMEOUT_S)
-        event.join(DONE_TIMEOUT_S)
-        loop_cpu = time.thread_time() - loop_started
-        return 1e6 * feed_cpu[0] / n, 1e6 * loop_cpu / n
+        return await _timed_key_event(feed.poll_once, answered)
     finally:
         feed.detach(purgatory)
         purgatory.shutdown()
