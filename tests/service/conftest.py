@@ -82,6 +82,28 @@ def serving(settings: Settings) -> Iterator[Served]:
         yield Served(server, app)
 
 
+class RecordingTransport:
+    """A fake transport for protocol tests without sockets: what was written, whether closed."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def take(self) -> bytes:
+        """What was written since the last take."""
+        data, self.written = bytes(self.written), bytearray()
+        return data
+
+
 async def until(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
     """Poll a fact that has no event to await (purgatory counters, cluster state); bounded."""
     deadline = time.monotonic() + timeout_s

@@ -17,27 +17,11 @@ import h2.events
 import pytest
 from purgatory.adapters.service._h2_bench_client import H2LongPoll, _H2Connection
 
+from .conftest import RecordingTransport
+
 SMALL = b'{"outcome":"COMPLETED","records":[]}'
 LARGE = bytes(range(256)) * 600  # 153,600 B: several DATA frames, past a stream's 65,535 window
 LONG_VALUE = b"x" * 20_000  # a header past one frame (16,384): HEADERS + CONTINUATION
-
-
-class _Wire:
-    """A fake transport: what the client wrote, for the server to read."""
-
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def take(self) -> bytes:
-        data, self.written = bytes(self.written), bytearray()
-        return data
 
 
 class _Exchange:
@@ -46,7 +30,7 @@ class _Exchange:
     def __init__(self, streams: int, cut: Callable[[bytes], list[bytes]]) -> None:
         self.polls = [H2LongPoll(0) for _ in range(streams)]
         self.client = _H2Connection(b"test", [(f"/r?i={i}".encode(), p) for i, p in enumerate(self.polls)])
-        self.wire = _Wire()
+        self.wire = RecordingTransport()  # what the client wrote, for the server to read
         self.server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
         self.server.initiate_connection()
         self.cut = cut  # how the server's bytes are split into the client's reads
@@ -174,7 +158,7 @@ async def test_a_block_without_indexing_is_decoded_once_and_reused() -> None:
 
 async def test_a_frame_split_across_reads_is_answered_once_whole() -> None:
     connection = _H2Connection(b"test", [])
-    wire = _Wire()
+    wire = RecordingTransport()
     connection.transport = wire  # type: ignore[assignment]
     ping = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"12345678"
     connection.data_received(ping[:7])  # the frame header cut short

@@ -29,7 +29,7 @@ from purgatory.adapters.service._h2_long_poll import (
     H2Session,
 )
 
-from .conftest import until
+from .conftest import RecordingTransport, until
 
 INITIAL_WINDOW = 65_535  # RFC 9113 §6.9.2: the connection's receive window until it is opened
 POST = [
@@ -39,21 +39,6 @@ POST = [
     (b":path", b"/topics/t/records"),
     (b"content-type", b"application/json"),
 ]
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class _Clock:
@@ -79,7 +64,7 @@ class _Link:
     """A client connection of the ``h2`` library and a service session, bytes carried in memory."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | _Clock) -> None:
-        self.transport = _Transport()
+        self.transport = RecordingTransport()
         protocol = SimpleNamespace(
             transport=self.transport,
             loop=loop,
@@ -102,8 +87,7 @@ class _Link:
         self.read()
 
     def read(self) -> None:
-        written, self.transport.written = bytes(self.transport.written), bytearray()
-        self.events += self.client.receive_data(written)
+        self.events += self.client.receive_data(self.transport.take())
 
     def open(self) -> int:
         stream_id = self.client.get_next_available_stream_id()
