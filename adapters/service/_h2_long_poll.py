@@ -216,14 +216,13 @@ class _H2Waiter:
 class _H2Request:
     """A stream whose request is still arriving: its header fields and body so far."""
 
-    __slots__ = ("body", "deadline", "headers", "refused", "started")
+    __slots__ = ("body", "headers", "refused", "started")
 
-    def __init__(self, headers: list[tuple[bytes, bytes]], started: float, deadline: float) -> None:
+    def __init__(self, headers: list[tuple[bytes, bytes]], started: float) -> None:
         self.headers = headers
         self.body = bytearray()
         self.refused = False  # answered 413 already: the rest of its body is dropped
-        self.started = started
-        self.deadline = deadline  # the loop's time by which the request must have ended (else 408)
+        self.started = started  # the loop's time its HEADERS arrived (it has body_read_timeout_ms to end)
 
 
 class _Bridged:
@@ -388,9 +387,7 @@ class H2Session:
             # Shutting down (retry elsewhere), or too many unfinished requests (retry later).
             self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
-        self.requests[stream_id] = _H2Request(
-            list(event.headers or ()), now, now + self.body_timeout_ms / 1000
-        )
+        self.requests[stream_id] = _H2Request(list(event.headers or ()), now)
 
     def _data_received(self, event: h2.events.DataReceived) -> None:
         stream_id = event.stream_id
@@ -427,18 +424,19 @@ class H2Session:
         return body
 
     def _arm_request_timer(self) -> None:
-        # Requests arrive in time order with one timeout: the first one held ends first.
-        first = min(request.deadline for request in self.requests.values())
-        self._request_timer = self.loop.call_at(first, self._expire_requests)
+        # Requests are held in arrival order with one timeout: the first one held is due first.
+        due = next(iter(self.requests.values())).started + self.body_timeout_ms / 1000
+        self._request_timer = self.loop.call_at(due, self._expire_requests)
 
     def _expire_requests(self) -> None:
         """408 each request not ended within ``body_read_timeout_ms`` (as HTTP/1.1 answers a body
         not received in time); its stream is then reset (NO_ERROR: stop sending, RFC 9113 §8.1)."""
         self._request_timer = None
         now = self.loop.time()
+        started_by = now - self.body_timeout_ms / 1000
         for stream_id, request in list(self.requests.items()):
-            if request.deadline > now:
-                continue
+            if request.started > started_by:
+                break  # held in arrival order: the rest are later still
             del self.requests[stream_id]
             received = len(self._forget_body(request))
             if not request.refused:
