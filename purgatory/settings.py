@@ -233,9 +233,19 @@ class KafkaSettings(_Section):
         5000, description="Bound on one batched admin request of the cluster view (then: unavailable)."
     )
     append_timeout_ms: DurationMs = Field(
-        10000, description="Bound on the service's acks=1 append (metadata, leader epochs, the append)."
+        10000, description="Delivery bound of a request-reply request or reply (the sender's message.timeout.ms)."
     )
-    produce_timeout_ms: DurationMs = Field(30000, description="Default delay_ms of DelayedProduce.")
+    produce_timeout_ms: DurationMs = Field(
+        30000,
+        description="Default timeout of a produce (DelayedProduce); also its producer's message.timeout.ms, "
+        "the longest the producer retries a record across leader changes.",
+    )
+    produce_linger_ms: int = Field(
+        5,
+        ge=0,
+        le=1000,
+        description="linger.ms of the produce producer: how long a record waits for others to share its batch.",
+    )
     fetch_max_wait_ms: DurationMs = Field(500, description="Default DelayedFetch max_wait_ms (Kafka: 500).")
     commit_timeout_ms: DurationMs = Field(30000, description="Default delay_ms of DelayedConsumerCommit.")
     topic_ready_timeout_ms: DurationMs = Field(30000, description="Default delay_ms of DelayedTopicReady.")

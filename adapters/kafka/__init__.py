@@ -21,14 +21,13 @@ Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap
 """
 
 from ._admin import create_topic, delete_records
-from ._append import Appended, FencedAppender
+from ._append import Appended
 from ._calls import KafkaCalls
 from ._clients import (
     DIGEST_BYTES,
     FetchedRecord,
     ProducerRecord,
     RecordIdentity,
-    RecordProducer,
     RecordReader,
 )
 from ._config import check_client_config, client_config, redacted
@@ -47,7 +46,6 @@ from ._correlation import (
     headers_of,
 )
 from ._errors import (
-    AppendOutcomeUnknownError,
     InvalidOffsetError,
     InvalidTopicError,
     KafkaAdapterError,
@@ -67,7 +65,7 @@ from ._operations import (
     DelayedConsumerCommit,
     DelayedDeleteRecords,
     DelayedFetch,
-    DelayedProduce,
+    DelayedReplication,
     DelayedTopicReady,
     KafkaOperation,
     PartitionRead,
@@ -83,6 +81,7 @@ from ._ownership import (
     describe_owners,
 )
 from ._ownership_guard import OwnedOperation, OwnershipGuard, WatchedKeys
+from ._produce import DelayedProduce, ProduceRequestKey
 from ._provider import (
     BOOTSTRAP_ENV,
     KafkaClusterHandle,
@@ -101,6 +100,7 @@ from ._results import (
     ErrorCode,
     FetchResult,
     ProduceResult,
+    ReplicationResult,
     TopicReadyResult,
 )
 from ._sender import RecordSender
@@ -120,7 +120,6 @@ __all__ = [
     "REPLY_FROM",
     "REPLY_PARTITION",
     "REPLY_TOPIC",
-    "AppendOutcomeUnknownError",
     "Appended",
     "AsyncKafkaPurgatory",
     "ChangeFeed",
@@ -132,6 +131,7 @@ __all__ = [
     "DelayedDeleteRecords",
     "DelayedFetch",
     "DelayedProduce",
+    "DelayedReplication",
     "DelayedRequest",
     "DelayedTopicReady",
     "DeleteRecordsResult",
@@ -139,7 +139,6 @@ __all__ = [
     "ErrorFact",
     "FactSource",
     "FeedStats",
-    "FencedAppender",
     "FetchResult",
     "FetchedRecord",
     "GroupFacts",
@@ -171,14 +170,15 @@ __all__ = [
     "PartitionFacts",
     "PartitionOwnership",
     "PartitionRead",
+    "ProduceRequestKey",
     "ProduceResult",
     "ProducerRecord",
     "RecordIdentity",
-    "RecordProducer",
     "RecordReader",
     "RecordSender",
     "RecordTooLargeError",
     "Redirect",
+    "ReplicationResult",
     "Reply",
     "ReplyAddress",
     "ReplyRouter",

@@ -1,10 +1,10 @@
 """Thin, lazy, typed wrappers over confluent-kafka's Producer and Consumer for the operations.
 
-:class:`RecordProducer` appends records with ``acks=1`` (the leader's append, as a Kafka producer
-request that a ``DelayedProduce`` then holds until replication) and returns the offsets.
-:class:`RecordReader` reads ``[start, end)`` of a partition for ``DelayedFetch``.
+:class:`ProducerRecord` is a checked record to produce (``KafkaPurgatory.produce`` sends it
+through the idempotent producer, ``_sender.RecordSender``). :class:`RecordReader` reads
+``[start, end)`` of a partition for ``DelayedFetch``.
 
-Both create their client on first use (no network in ``__init__``) and translate librdkafka
+The reader creates its client on first use (no network in ``__init__``) and translate librdkafka
 errors to the adapter's typed errors. Concurrency: thread-safe; the reader serialises reads on
 one consumer with a lock (a fetch response is assembled on the thread that completes it).
 """
@@ -15,17 +15,15 @@ import hashlib
 import threading
 import time
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from purgatory._loop_handoff import release_burst
 from purgatory.settings import KafkaSettings
 
-from ._config import APPEND_GUARANTEES, client_config
+from ._config import client_config
 from ._errors import (
-    AppendOutcomeUnknownError,
     InvalidOffsetError,
     InvalidTopicError,
     KafkaAdapterError,
@@ -42,9 +40,7 @@ __all__ = [
     "FetchedRecord",
     "ProducerRecord",
     "RecordIdentity",
-    "RecordProducer",
     "RecordReader",
-    "producer_config",
 ]
 
 READ_BATCH = 500  # messages per consume() call: amortises the call without holding much memory
@@ -188,227 +184,6 @@ def _typed(error: KafkaError, what: str) -> KafkaAdapterError:
     ):
         return KafkaUnavailableError(f"{what}: Kafka did not answer ({error.str()})")
     return KafkaAdapterError(f"{what}: {error.str()}")
-
-
-# Delivery errors after which a record may be in the log although no answer said so: the request
-# was sent, then its connection dropped or its time ran out (librdkafka knows "possibly persisted"
-# but does not expose it to Python). Any other error is the broker's refusal: nothing appended.
-_OUTCOME_UNKNOWN = frozenset(
-    {
-        KafkaError._MSG_TIMED_OUT,
-        KafkaError._TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._PURGE_INFLIGHT,
-        KafkaError._DESTROY,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError.NETWORK_EXCEPTION,
-    }
-)
-
-
-def _outcome_unknown(error: KafkaError) -> bool:
-    return error.code() in _OUTCOME_UNKNOWN
-
-
-def producer_config(
-    settings: KafkaSettings, bootstrap_servers: str | None = None
-) -> dict[str, str | int | bool]:
-    """The append producer's librdkafka config: ``client_config`` and then, over it, the
-    :data:`APPEND_GUARANTEES` (acks=1; why no idempotence and no retries: docs/design.md §4)."""
-    return {
-        **client_config(settings, bootstrap_servers),
-        # acks=1: the leader's append answers the produce; DelayedProduce waits for the rest.
-        # Idempotence would drop resent duplicates, but librdkafka (like the Java client) allows
-        # it only with acks=all, which would move the replication wait into the broker. So: one
-        # request in flight per connection (a request's records cannot be reordered), and no
-        # retries — a batch whose connection dropped or timed out may have been appended anyway,
-        # and resending it could append it twice. It fails instead, and produce() says its
-        # outcome is unknown (AppendOutcomeUnknownError): never a silent duplicate.
-        **APPEND_GUARANTEES,
-        "linger.ms": "0",
-        "log_level": "0",
-        "socket.nagle.disable": True,  # latency over packet count: one record per produce
-        # librdkafka gives up on a queued record when the append's bound has passed: a record
-        # reported as failed must not land much later, behind the records of the next request
-        # (or of the client's retry of this one).
-        "message.timeout.ms": settings.append_timeout_ms,
-    }
-
-
-class RecordProducer:
-    """Produces records with ``acks=1`` and reports each partition's last offset."""
-
-    def __init__(
-        self, settings: KafkaSettings | None = None, *, bootstrap_servers: str | None = None
-    ) -> None:
-        self._settings = settings or KafkaSettings()
-        self._bootstrap = bootstrap_servers
-        self._lock = threading.Lock()
-        self._producer: Producer | None = None
-
-    @property
-    def producer(self) -> Producer:
-        with self._lock:
-            if self._producer is None:
-                self._producer = Producer(producer_config(self._settings, self._bootstrap))
-            return self._producer
-
-    def produce(
-        self, records: Iterable[ProducerRecord], timeout_s: float = 10.0
-    ) -> dict[TopicPartitionKey, int]:
-        """Append ``records``; return the last offset appended per partition.
-
-        Raises as :meth:`produce_identified`.
-        """
-        return self.produce_identified(records, timeout_s)[0]
-
-    def produce_identified(
-        self, records: Iterable[ProducerRecord], timeout_s: float = 10.0
-    ) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, tuple[RecordIdentity, ...]]]:
-        """Append ``records``; return the last offset appended per partition, and per partition
-        the identities (:class:`RecordIdentity`) of the first and the last record appended there.
-
-        Why the first too: one request's records to a partition may go out in several batches;
-        should the producer learn of a new leader between two of them (another request's error
-        refreshes its metadata), the first batch may have gone to a deposed leader and be lost
-        while the last reached the new one.
-
-        Raises the typed error of the first record if the broker refused every record (unknown
-        topic, too large, ...: nothing was appended), else :class:`AppendOutcomeUnknownError`
-        if any record was not acknowledged: some of the request may be in the log, and resending
-        it may append those twice.
-
-        **Withdrawn after an unknown outcome.** Once a record's outcome is unknown (its produce
-        request timed out or its connection dropped), that request may still sit in the broker's
-        socket buffer — a frozen leader appends it when it resumes — while librdkafka sends the
-        records queued behind it on a *new* connection. The broker reads its connections in no
-        set order, so those later records could land first: the request's records reordered in
-        the log (CI saw it once in ~10 runs of the frozen-leader test). So on the first unknown
-        outcome while the request still has records queued, the producer's queue is purged
-        (``purge(in_queue=True)``: never what is in flight) before librdkafka can reconnect
-        (``reconnect.backoff.ms``, >= 75 ms, against a callback served within a poll), and no
-        further record of the request is queued. The withdrawn records are reported not
-        appended (``_PURGE_QUEUE``): nothing after the unknown one reaches the log. The purge
-        is producer-wide — other requests' queued records are withdrawn too and told so
-        (retrying them is safe) — and happens only when a multi-record request meets a fault.
-        """
-        records = list(records)
-        producer = self.producer
-        last: dict[TopicPartitionKey, int] = {}
-        # The records at the first and the last offset per partition: identified at the end.
-        first_message: dict[TopicPartitionKey, Message] = {}
-        last_message: dict[TopicPartitionKey, Message] = {}
-        refused: list[KafkaAdapterError] = []  # the broker (or librdkafka) refused: not appended
-        unknown: list[KafkaAdapterError] = []  # sent, then no answer: may or may not be appended
-        outstanding = 0
-        withdrawn = False  # an outcome became unknown: queue nothing more (docstring)
-        # Guards ``outstanding`` and ``withdrawn``: callbacks run on whichever thread polls the
-        # shared producer, possibly while this one is still queueing the request. Re-entrant:
-        # librdkafka reports purged records from a later poll, never from inside purge(), but a
-        # callback that did run nested must not deadlock.
-        lock = threading.RLock()
-
-        def delivered(error: KafkaError | None, message: Message) -> None:
-            nonlocal outstanding, withdrawn
-            with lock:
-                outstanding -= 1
-                if error is not None:
-                    typed = _typed(error, f"topic {message.topic()!r}")
-                    if not _outcome_unknown(error):
-                        refused.append(typed)
-                        return
-                    unknown.append(typed)
-                    if not withdrawn:
-                        withdrawn = True
-                        if outstanding > 0:  # records queued behind it: withdraw them (docstring)
-                            producer.purge(in_queue=True, in_flight=False, blocking=True)
-                    return
-                key = TopicPartitionKey(message.topic() or "", message.partition() or 0)
-                offset = message.offset() or 0
-                if offset > last.get(key, -1):
-                    last[key] = offset
-                    last_message[key] = message
-                first = first_message.get(key)
-                if first is None or offset < (first.offset() or 0):
-                    first_message[key] = message
-
-        not_queued = 0
-        for index, record in enumerate(records):
-            with lock:
-                if withdrawn:  # never handed to librdkafka: not appended
-                    not_queued = len(records) - index
-                    break
-                try:
-                    if record.partition is None:
-                        producer.produce(
-                            record.topic,
-                            value=record.value,
-                            key=record.key,
-                            headers=list(record.headers) or None,
-                            on_delivery=delivered,
-                        )
-                    else:
-                        producer.produce(
-                            record.topic,
-                            record.value,
-                            record.key,
-                            record.partition,
-                            headers=list(record.headers) or None,
-                            on_delivery=delivered,
-                        )
-                except KafkaException as exc:  # refused before queueing (too large, bad partition): typed
-                    error = _typed(exc.args[0], f"topic {record.topic!r}")
-                    if index == 0:
-                        raise error from None
-                    # The records queued before this one are sent anyway: the request is split.
-                    refused.append(error)
-                    not_queued = len(records) - index - 1  # never handed to librdkafka: not appended
-                    break
-                outstanding += 1
-        deadline = time.monotonic() + timeout_s
-        while outstanding > 0 and time.monotonic() < deadline:
-            producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))
-        # One snapshot, under the lock: another thread's poll() may still run a late callback of
-        # ours (the producer is shared), which moves a record out of ``outstanding`` after this.
-        # New names: rebinding ``refused``/``unknown`` would hand the callback the copies.
-        with lock:
-            late_count = outstanding
-            refused_now = list(refused)
-            unknown_now = list(unknown)
-        if not refused_now and not unknown_now and late_count == 0:
-            identities = {}
-            for key, message in last_message.items():
-                first = first_message[key]
-                ends = (message,) if first.offset() == message.offset() else (first, message)
-                identities[key] = tuple(
-                    RecordIdentity.of(m.offset() or 0, m.key(), m.value(), m.timestamp()[1]) for m in ends
-                )
-            return last, identities
-        uncertain = len(unknown_now) + late_count
-        acknowledged = len(records) - len(refused_now) - not_queued - uncertain
-        if acknowledged == 0 and uncertain == 0:
-            raise refused_now[0]  # nothing was appended: the typed error of the first record
-        cause = str((unknown_now or refused_now)[0]) if unknown_now or refused_now else ""
-        if late_count:
-            late = f"{late_count} not acknowledged within {timeout_s:.1f} s"
-            cause = f"{late}; {cause}" if cause else late
-        raise AppendOutcomeUnknownError(
-            f"the append of {len(records)} record(s) did not complete: {acknowledged} acknowledged "
-            f"by the leader (acks=1, not known to be replicated), "
-            f"{len(refused_now) + not_queued} not appended, {uncertain} may or may not have been "
-            f"appended (no answer came; none was resent, so none is in the log twice); resending the "
-            f"request may duplicate "
-            f"{acknowledged + uncertain} record(s) ({cause})",
-            acknowledged=acknowledged,
-            refused=len(refused_now) + not_queued,
-            unknown=uncertain,
-        )
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        with self._lock:
-            producer, self._producer = self._producer, None
-        if producer is not None:
-            producer.flush(timeout_s)
 
 
 class RecordReader:

@@ -14,7 +14,7 @@ from purgatory.settings import KafkaSettings, is_secret_name
 from ._errors import KafkaConfigError
 
 __all__ = [
-    "APPEND_GUARANTEES",
+    "PRODUCE_GUARANTEES",
     "SECRET_CONFIG_KEYS",
     "check_client_config",
     "client_config",
@@ -68,17 +68,16 @@ def redacted(config: Mapping[str, object]) -> dict[str, object]:
     }
 
 
-# What the records of one append may rely on (docs/design.md §4, "Appends: order and
-# duplicates"): the leader's answer (acks=1; DelayedProduce waits for the rest), one request in
-# flight per connection (a request's records keep their order), and no resend of a batch whose
-# answer was lost (it may have been appended: a resend could append it twice). The append
-# producer sets these over kafka.client_config, and check_client_config refuses a client_config
-# that names them (or librdkafka's aliases of them) rather than ignoring it.
-APPEND_GUARANTEES: dict[str, str | int | bool] = {
-    "acks": "1",
-    "enable.idempotence": False,
-    "max.in.flight.requests.per.connection": 1,
-    "message.send.max.retries": 0,
+# What a produce's records rely on (docs/design.md §4): the idempotent producer — acks=all, so
+# the leader answers once every in-sync replica has a record, and retries that the broker
+# de-duplicates by producer id and sequence number, in order (at most 5 requests in flight).
+# The produce producer sets these over kafka.client_config, and check_client_config refuses a
+# client_config that names them (or librdkafka's aliases of them) rather than ignoring it.
+PRODUCE_GUARANTEES: dict[str, str | int | bool] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "max.in.flight.requests.per.connection": 5,
+    "message.send.max.retries": 2147483647,
 }
 _GUARANTEE_ALIASES = {
     "request.required.acks": "acks",
@@ -110,11 +109,11 @@ def check_client_config(settings: KafkaSettings, bootstrap_servers: str | None =
             raise KafkaConfigError(f"kafka.client_config[{name!r}]: not a librdkafka property; {hint}")
     for name in settings.client_config:
         fixed = _GUARANTEE_ALIASES.get(name, name)
-        if fixed in APPEND_GUARANTEES:
+        if fixed in PRODUCE_GUARANTEES:
             raise KafkaConfigError(
-                f"kafka.client_config[{name!r}]: the append producer fixes {fixed}="
-                f"{APPEND_GUARANTEES[fixed]!r} (acks=1 without idempotence: no retries, one request "
-                "in flight, so a batch is never appended twice nor reordered; docs/design.md §4)"
+                f"kafka.client_config[{name!r}]: the produce producer fixes {fixed}="
+                f"{PRODUCE_GUARANTEES[fixed]!r} (the idempotent producer: acks=all, retries the "
+                "broker de-duplicates, records kept in order; docs/design.md §4)"
             )
     try:
         Producer({**config, "log_level": "0"}).flush(0)

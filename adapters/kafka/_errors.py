@@ -5,7 +5,6 @@ from __future__ import annotations
 from purgatory import PurgatoryError
 
 __all__ = [
-    "AppendOutcomeUnknownError",
     "InvalidOffsetError",
     "InvalidTopicError",
     "KafkaAdapterError",
@@ -25,26 +24,6 @@ class KafkaAdapterError(PurgatoryError):
 
 class KafkaUnavailableError(KafkaAdapterError):
     """The cluster did not answer (unreachable, timed out, or every broker down)."""
-
-
-class AppendOutcomeUnknownError(KafkaUnavailableError):
-    """An append failed part-way: some records may or may not be in the log (retriable, with care).
-
-    The producer does not retry on its own (``retries=0``, see ``_clients.RecordProducer``): a
-    produce whose connection dropped or timed out after it was sent may have been appended
-    anyway, and a silent retry would append it twice. The caller hears instead how many records
-    the leader acknowledged (``acknowledged``: ``acks=1``, so a leader change may still discard
-    them — nobody waits for their replication after this error), how many were refused
-    (``refused``: not appended) and how many are of unknown outcome (``unknown``). Resending the
-    request may duplicate the acknowledged and the unknown ones (consumers that must not see
-    duplicates dedupe by a key of their own).
-    """
-
-    def __init__(self, message: str, *, acknowledged: int, refused: int, unknown: int) -> None:
-        super().__init__(message)
-        self.acknowledged = acknowledged
-        self.refused = refused
-        self.unknown = unknown
 
 
 class UnknownTopicError(KafkaAdapterError, LookupError):

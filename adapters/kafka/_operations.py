@@ -5,7 +5,7 @@ Each operation reads facts from a :class:`FactSource` (the change feed's snapsho
 ``watch_keys()``. Submit with ``purgatory.try_complete_else_watch(op, op.watch_keys())`` (or
 ``await purgatory.watch(op, op.watch_keys())``) on a purgatory the feed is attached to.
 
-Results: ``op.result()`` returns a frozen snapshot (:class:`ProduceResult`, :class:`FetchResult`,
+Results: ``op.result()`` returns a frozen snapshot (:class:`ReplicationResult`, :class:`FetchResult`,
 :class:`CommitResult`, :class:`TopicReadyResult`, :class:`DeleteRecordsResult`; each documents its
 fields) once the operation finished. The same fields live on the operation while it runs.
 ``op.error`` is the typed error that ended it early (unknown topic, bad offset), or, for an
@@ -37,7 +37,7 @@ from ._results import (
     DeleteRecordsResult,
     ErrorCode,
     FetchResult,
-    ProduceResult,
+    ReplicationResult,
     TopicReadyResult,
 )
 
@@ -45,7 +45,7 @@ __all__ = [
     "DelayedConsumerCommit",
     "DelayedDeleteRecords",
     "DelayedFetch",
-    "DelayedProduce",
+    "DelayedReplication",
     "DelayedTopicReady",
     "ErrorCode",
     "KafkaOperation",
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 DEFAULT_FETCH_MAX_BYTES = 1 << 20  # Kafka's fetch.max.bytes per partition default is 1 MiB
-# A produce's read-back reads on to the high watermark, this far (DelayedProduce._read_back).
+# A produce's read-back reads on to the high watermark, this far (DelayedReplication._read_back).
 READ_BACK_MAX_BYTES = 64 << 10
 # Guards the lazy creation of an operation's completion event against its setting: held for a
 # few bytecodes, once per operation that finishes and once per first use of ``op.done``.
@@ -216,31 +216,38 @@ class KafkaOperation(DelayedOperation):
         return self.force_complete()
 
 
-class DelayedProduce(KafkaOperation):
-    """Holds a produce response until every partition's high watermark passes the appended offset.
+class DelayedReplication(KafkaOperation):
+    """Holds an answer until every partition's high watermark passes an offset someone appended.
 
-    ``appended`` says, per partition, the last offset the leader appended (``acks=1``) and the
-    leader epoch known before the append (an :class:`Appended` from :class:`FencedAppender`). A
-    partition is done when the high watermark of the *same* leader epoch passes the offset —
-    every in-sync replica has the record — with status ``NONE``; with ``NOT_LEADER_OR_FOLLOWER``
-    as soon as the facts show another epoch (the leader changed: a record only the old leader
-    had is lost, and the new leader's watermark counts other records at its offset — Kafka's
-    broker fails such a produce the same way); or with ``NOT_ENOUGH_REPLICAS`` as soon as its
-    ISR is smaller than ``min.insync.replicas`` (Kafka 4 then keeps the high watermark still, see
-    ``_status``). An unknown partition is done with ``UNKNOWN_TOPIC_OR_PARTITION``. On expiry the
-    partitions still waiting get ``REQUEST_TIMED_OUT``. ``statuses`` holds the per-partition result.
+    (Until 2026-11 this was ``DelayedProduce`` itself, behind an ``acks=1`` append; a produce now
+    waits for the idempotent producer's ``acks=all`` delivery reports, :class:`DelayedProduce`
+    in ``_produce.py``. What stays here is the wait for offsets appended elsewhere:
+    ``GET /topics/{t}/replicated``, ``kp.wait_replicated``.)
 
-    When ``appended`` carries the identities of each partition's first and last record and a
-    reader (as :class:`FencedAppender` builds it), ``NONE`` also needs those records read back at
-    their offsets (below the high watermark, so replicated): the epoch noted before an append cannot name a
-    deposed leader that appended it without knowing it was deposed (see :class:`FencedAppender`);
-    another record there is ``NOT_LEADER_OR_FOLLOWER``. A read that brings nothing now (a
-    stalled broker) leaves the partition waiting for the next change of its facts.
+    ``appended`` says, per partition, the last offset to wait for and, when the caller knows it,
+    the leader epoch that offset was appended in (an :class:`Appended`). A partition is done when
+    the high watermark of that leader epoch passes the offset — every in-sync replica has the
+    record — with status ``NONE``; with ``NOT_LEADER_OR_FOLLOWER`` as soon as the facts show
+    another epoch (the leader changed: a record only the old leader had may be lost, and the new
+    leader's watermark counts other records at its offset — Kafka's broker fails a waiting
+    produce the same way); or with ``NOT_ENOUGH_REPLICAS`` as soon as its ISR is smaller than
+    ``min.insync.replicas`` (Kafka 4 then keeps the high watermark still, see ``_status``). An
+    unknown partition is done with ``UNKNOWN_TOPIC_OR_PARTITION``. On expiry the partitions still
+    waiting get ``REQUEST_TIMED_OUT``. ``statuses`` holds the per-partition result.
+
+    What the epoch fence protects, now that produces are ``acks=all``: a caller that appended
+    with ``acks=1`` itself (or learnt an offset and epoch from one who did) is told when its
+    record may have been lost to a leader change instead of being told a watermark passed.
+    When ``appended`` also carries the identities of each partition's first and last record and
+    a reader, ``NONE`` needs those records read back at their offsets (below the high watermark,
+    so replicated): an epoch noted before an ``acks=1`` append cannot name a deposed leader that
+    appended it without knowing it was deposed; another record there is
+    ``NOT_LEADER_OR_FOLLOWER``. A read that brings nothing now (a stalled broker) leaves the
+    partition waiting for the next change of its facts.
 
     ``appended`` may also be a plain mapping of *target* offsets (wait until the watermark
     reaches a position, whoever writes there): the epoch is then the one the facts show at
-    construction, or the first one they show. That cannot see a leader change between an append
-    and the construction — records you appended yourself go through :class:`FencedAppender`.
+    construction, or the first one they show.
 
     Attributes:
         appended: last offset the leader appended per partition.
@@ -248,7 +255,7 @@ class DelayedProduce(KafkaOperation):
         statuses: per partition, ``None`` while waiting, then the final :class:`ErrorCode`.
         succeeded: True iff every partition ended ``NONE``.
 
-    ``result()`` returns these as a :class:`ProduceResult` once finished.
+    ``result()`` returns these as a :class:`ReplicationResult` once finished.
     """
 
     def __init__(
@@ -276,7 +283,7 @@ class DelayedProduce(KafkaOperation):
         if isinstance(appended, Appended):
             if appended.reader is not None:
                 self.read_back, self.reader = appended.read_back, appended.reader
-            self.appended = _require_offsets("DelayedProduce.appended", appended.offsets)
+            self.appended = _require_offsets("DelayedReplication.appended", appended.offsets)
             self.leader_epochs = {k: appended.leader_epochs.get(k) for k in self.appended}
             # A partition whose epoch before the append is unknown (it did not exist yet when
             # the epochs were taken) cannot be vouched for: the client must retry.
@@ -285,7 +292,7 @@ class DelayedProduce(KafkaOperation):
                 for k, e in self.leader_epochs.items()
             }
         else:
-            self.appended = _require_offsets("DelayedProduce.appended", appended)
+            self.appended = _require_offsets("DelayedReplication.appended", appended)
             self.leader_epochs = {k: _epoch_of(facts.partition(k)) for k in self.appended}
             self.statuses = dict.fromkeys(self.appended)
         self._single: tuple[TopicPartitionKey, int, int | None] | None = None
@@ -402,11 +409,11 @@ class DelayedProduce(KafkaOperation):
         """True iff every partition ended ``NONE`` (replicated to every in-sync replica)."""
         return all(status is ErrorCode.NONE for status in self.statuses.values())
 
-    def result(self) -> ProduceResult:
+    def result(self) -> ReplicationResult:
         """The finished operation's answer (raises ``RuntimeError`` before it finished)."""
         outcome = self._finished_outcome()
         statuses = {key: status or ErrorCode.REQUEST_TIMED_OUT for key, status in self.statuses.items()}
-        return ProduceResult(outcome, dict(self.appended), statuses, self.error)
+        return ReplicationResult(outcome, dict(self.appended), statuses, self.error)
 
 
 _LOG_END = LOG_END  # an end offset past any log: read up to what the partition holds

@@ -25,6 +25,7 @@ __all__ = [
     "ErrorCode",
     "FetchResult",
     "ProduceResult",
+    "ReplicationResult",
     "TopicReadyResult",
 ]
 
@@ -34,6 +35,11 @@ class ErrorCode(StrEnum):
 
     NONE = "NONE"
     NOT_ENOUGH_REPLICAS = "NOT_ENOUGH_REPLICAS"
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
+    MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+    TOPIC_AUTHORIZATION_FAILED = "TOPIC_AUTHORIZATION_FAILED"
+    # A refusal without a name of its own above; the result's ``error`` says what it was.
+    UNKNOWN_SERVER_ERROR = "UNKNOWN_SERVER_ERROR"
     NOT_LEADER_OR_FOLLOWER = "NOT_LEADER_OR_FOLLOWER"
     REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"
     UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
@@ -46,15 +52,60 @@ def _all_none(statuses: Mapping[TopicPartitionKey, ErrorCode | None]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ProduceResult:
-    """The answer to a produce held until replicated (:class:`DelayedProduce`).
+    """The answer to a produce held until Kafka acknowledged it with ``acks=all`` (:class:`DelayedProduce`).
+
+    A record is delivered when the partition leader answered the idempotent producer's request
+    with success: every in-sync replica has it, and there are at least ``min.insync.replicas``
+    of them (the leader's own purgatory did that wait).
+
+    Attributes:
+        outcome: ``COMPLETED`` once every record was reported, ``EXPIRED`` at the timeout (the
+            records not reported then are ``REQUEST_TIMED_OUT``), ``CANCELLED`` if the awaiting
+            task was cancelled.
+        appended: the last offset delivered per partition (only partitions with a delivered record).
+        statuses: per partition a record was delivered to or refused on: ``NONE`` when all of
+            its records were delivered, else the first error among them — ``NOT_ENOUGH_REPLICAS``
+            / ``NOT_ENOUGH_REPLICAS_AFTER_APPEND`` (ISR below ``min.insync.replicas``),
+            ``MESSAGE_TOO_LARGE``, ``UNKNOWN_TOPIC_OR_PARTITION``, ``TOPIC_AUTHORIZATION_FAILED``,
+            ``REQUEST_TIMED_OUT`` (not acknowledged in time: it may still be written, once), or
+            ``UNKNOWN_SERVER_ERROR`` (see ``error``).
+        offsets: per record, in request order, the offset it was written at (None: not delivered).
+        record_statuses: per record, in request order, its :class:`ErrorCode` (a record refused
+            before a partition was chosen for it, as for an unknown topic, appears only here).
+        error: the typed error of the first record that failed, or ``None``.
+        succeeded: True iff every record was delivered.
+        delivered: how many records were delivered.
+    """
+
+    outcome: Outcome
+    appended: Mapping[TopicPartitionKey, int]
+    statuses: Mapping[TopicPartitionKey, ErrorCode]
+    error: KafkaAdapterError | None = None
+    offsets: tuple[int | None, ...] = ()
+    record_statuses: tuple[ErrorCode, ...] = ()
+
+    @property
+    def succeeded(self) -> bool:
+        """True iff every record was delivered (``acks=all``)."""
+        return bool(self.record_statuses) and all(s is ErrorCode.NONE for s in self.record_statuses)
+
+    @property
+    def delivered(self) -> int:
+        """How many of the request's records were delivered."""
+        return sum(1 for offset in self.offsets if offset is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationResult:
+    """The answer to a wait for offsets someone appended to be replicated (:class:`DelayedReplication`).
 
     Attributes:
         outcome: ``COMPLETED`` once every partition has a final status, ``EXPIRED`` at the
             timeout, ``CANCELLED`` if the awaiting task was cancelled.
-        appended: last offset the leader appended per partition (the ``acks=1`` write).
-        statuses: per partition: ``NONE`` (every in-sync replica has the records),
+        appended: the offset waited for per partition.
+        statuses: per partition: ``NONE`` (every in-sync replica has the offset),
             ``NOT_ENOUGH_REPLICAS`` (ISR below ``min.insync.replicas``), ``NOT_LEADER_OR_FOLLOWER``
-            (the leader changed after the append: the record may be lost, retry),
+            (the leader changed since the epoch given: the record may be lost),
             ``UNKNOWN_TOPIC_OR_PARTITION``, or ``REQUEST_TIMED_OUT`` (not replicated in time).
         error: the typed error that ended it early, or a ``KafkaUnavailableError`` when it
             expired while Kafka was unreachable; ``None`` otherwise.

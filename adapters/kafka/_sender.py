@@ -165,7 +165,11 @@ class RecordSender:
         bootstrap_servers: str | None = None,
         name: str = "kafka",
         linger_ms: int = DEFAULT_LINGER_MS,
+        message_timeout_ms: int | None = None,
     ) -> None:
+        # A record not delivered within message_timeout_ms (default kafka.append_timeout_ms) is
+        # reported failed and never lands later; until then the producer retries it.
+        timeout_ms = settings.append_timeout_ms if message_timeout_ms is None else message_timeout_ms
         self._config: dict[str, str | int | float | bool] = {
             **client_config(settings, bootstrap_servers),
             "enable.idempotence": True,  # acks=all, retries without duplicates or reordering
@@ -177,12 +181,12 @@ class RecordSender:
             "socket.nagle.disable": True,  # small records, latency first
             # A record not delivered by the deadline of an append is reported failed (and never
             # lands later): the request it belongs to is failed with that error.
-            "message.timeout.ms": settings.append_timeout_ms,
+            "message.timeout.ms": timeout_ms,
             "log_level": 0,
         }
         self.name = name
         self.stats = SenderStats()
-        self._message_timeout_s = settings.append_timeout_ms / 1000.0
+        self._message_timeout_s = timeout_ms / 1000.0
         # Guards the window and the producer calls it orders; taken on the caller's thread
         # (send) and the sender thread (reports). librdkafka never calls back into Python from
         # produce(), so holding it across produce() cannot deadlock.
@@ -273,7 +277,8 @@ class RecordSender:
                 f"topic {topic!r}: the producer's queue is full (Kafka is not keeping up)"
             ) from None
         except KafkaException as exc:
-            raise KafkaAdapterError(f"topic {topic!r}: record refused ({exc.args[0].str()})") from None
+            # Typed (too large, unknown partition...): a produce turns it into the record's status.
+            raise _typed(exc.args[0], f"topic {topic!r}: record refused") from None
         except (TypeError, ValueError) as exc:
             # confluent_kafka checks the value's and headers' types only here: for a held record
             # that is at its release, on the sender thread, where only a typed refusal is reported.

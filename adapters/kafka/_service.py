@@ -1,7 +1,8 @@
 """KafkaPurgatory: purgatories, their change feed, and the clients, wired for a service.
 
 ``KafkaPurgatory.connect(settings)`` builds a :class:`ClusterView`, a :class:`ChangeFeed`, a
-:class:`RecordProducer` and a :class:`RecordReader`, and starts the feed (no Kafka request until
+:class:`RecordSender` (the idempotent producer behind produces) and a :class:`RecordReader`, and
+starts the feed (no Kafka request until
 work arrives). Each kind of operation gets its own purgatory, named as the broker names its
 purgatories (``produce``, ``fetch``, ``commit``, ``topic_ready``, ``delete_records``: the
 ``delayedOperation`` label of the metrics), created on first use.
@@ -33,10 +34,12 @@ caller: logging (``log.level``, ``log.format``; unless structlog is already conf
 Prometheus collector (when ``prometheus-client`` is installed; ``purgatory.metrics``), and the
 journal (``journal.enabled``).
 
-``kp.append(records)`` appends only (:class:`FencedAppender`: offsets and leader epochs).
+A produce is sent through the idempotent producer (``acks=all``) and held in the ``produce``
+purgatory until each record's delivery report came (:class:`DelayedProduce`); waiting for offsets
+someone else appended is :class:`DelayedReplication`, in the ``replication`` purgatory.
 
 Concurrency contract: all methods are thread-safe; the async ones never block the event loop:
-their blocking Kafka calls (validation, the append, admin requests) run on the purgatory's own
+their blocking Kafka calls (validation, admin requests) run on the purgatory's own
 bounded pool (:class:`KafkaCalls`), never the loop's default executor, each awaited with its
 deadline; ``aclose`` (which closes that pool) drains on the default executor.
 """
@@ -50,33 +53,33 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import structlog
+from confluent_kafka import Message
 
 from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError
 from purgatory.journal import Journal
 from purgatory.settings import ConfigError, KafkaSettings, Settings, load_settings
 
 from ._admin import BROKER_DEFAULT, create_topic, delete_records
-from ._append import Appended, FencedAppender
 from ._calls import KafkaCalls
-from ._clients import ProducerRecord, RecordProducer, RecordReader
+from ._clients import ProducerRecord, RecordReader
 from ._errors import KafkaAdapterError, UnknownTopicError
 from ._feed import ChangeFeed
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
-from ._off_loop import OffLoopProduce
 from ._operations import (
     DEFAULT_FETCH_MAX_BYTES,
     DelayedConsumerCommit,
     DelayedDeleteRecords,
     DelayedFetch,
-    DelayedProduce,
+    DelayedReplication,
     DelayedTopicReady,
     KafkaOperation,
 )
+from ._produce import DelayedProduce
 from ._record_cache import SharedReadReader
 from ._reply_router import DEFAULT_REPLY_PARTITIONS, ReplyRouter
 from ._request import DelayedRequest, RequestResult
 from ._results import CommitResult, DeleteRecordsResult, FetchResult, ProduceResult, TopicReadyResult
-from ._sender import DEFAULT_LINGER_MS
+from ._sender import DEFAULT_LINGER_MS, DeliveryCallback, RecordSender
 from ._view import ClusterView
 
 __all__ = ["PURGATORY_NAMES", "AsyncKafkaPurgatory", "KafkaPurgatory"]
@@ -89,6 +92,7 @@ Op = TypeVar("Op", bound=KafkaOperation)
 # connect(name=...).
 PURGATORY_NAMES: dict[type[KafkaOperation], str] = {
     DelayedProduce: "produce",
+    DelayedReplication: "replication",
     DelayedFetch: "fetch",
     DelayedConsumerCommit: "commit",
     DelayedTopicReady: "topic_ready",
@@ -96,7 +100,6 @@ PURGATORY_NAMES: dict[type[KafkaOperation], str] = {
 }
 # The read-back cache of connect(shared_reads=False): recent records of the watched partitions.
 READ_BACK_CACHE_BYTES = 8 << 20
-PRODUCE_APPEND_TIMEOUT_S = 10.0  # the leader's acks=1 append; replication is the purgatory's job
 ADMIN_TIMEOUT_S = 30.0  # CreateTopics / DeleteRecords: a metadata round trip and the controller's work
 # The async methods' pool: threads blocked at most a client timeout each, and the calls admitted.
 ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG = 4, 1024
@@ -137,8 +140,8 @@ class KafkaPurgatory:
         feed: the :class:`ChangeFeed` (a :class:`FactSource`): operations read their facts from
             it; build your own ``KafkaOperation(kp.feed, ...)`` and :meth:`submit` it.
         view: the :class:`ClusterView` the feed polls (batched admin requests).
-        producer: the :class:`RecordProducer` behind :meth:`produce` (``acks=1`` appends).
-        appender: the :class:`FencedAppender` that notes leader epochs before each append.
+        sender: the idempotent producer (``acks=all``, a :class:`RecordSender`) behind
+            :meth:`produce`; its delivery reports complete each :class:`DelayedProduce`.
         calls: the bounded :class:`KafkaCalls` pool the async methods run blocking calls on.
         reader: the :class:`RecordReader` behind :meth:`fetch` (a :class:`SharedReadReader` with
             ``connect(shared_reads=True)``).
@@ -151,7 +154,7 @@ class KafkaPurgatory:
     def __init__(
         self,
         feed: ChangeFeed,
-        producer: RecordProducer,
+        sender: RecordSender,
         reader: RecordReader,
         *,
         settings: Settings | None = None,
@@ -162,11 +165,7 @@ class KafkaPurgatory:
     ) -> None:
         self.feed = feed
         self.view = feed.view
-        self.producer = producer
-        # Notes each partition's leader epoch before appending, and returns what each appended
-        # record is and the reader to read it back: DelayedProduce must not answer NONE for a
-        # record a leader change discarded (see FencedAppender).
-        self.appender = FencedAppender(producer, feed, feed.view, read_back or reader)
+        self.sender = sender
         self.reader = reader
         self._read_back = read_back if read_back is not reader else None  # closed with the rest
         self.calls = KafkaCalls(f"purgatory-{name}", ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG)
@@ -242,7 +241,13 @@ class KafkaPurgatory:
             journal = build_journal(full, bootstrap_servers or kafka.bootstrap_servers)
         service = cls(
             feed,
-            RecordProducer(kafka, bootstrap_servers=bootstrap_servers),
+            RecordSender(
+                kafka,
+                bootstrap_servers=bootstrap_servers,
+                name=f"{name}-produce",
+                linger_ms=kafka.produce_linger_ms,
+                message_timeout_ms=kafka.produce_timeout_ms,
+            ),
             reader,
             settings=full,
             name=name,
@@ -366,42 +371,48 @@ class KafkaPurgatory:
             self.feed.on_finished(purgatory.name, op)  # as in submit(); a no-op once finished
             raise
 
-    def append(
-        self, records: Iterable[ProducerRecord], *, timeout_s: float = PRODUCE_APPEND_TIMEOUT_S
-    ) -> Appended:
-        """Append ``records`` (acks=1), noting the leader epochs first (what DelayedProduce needs)."""
-        return self.appender.append(records, timeout_s=timeout_s)
-
-    def produce(
-        self,
-        records: Iterable[ProducerRecord],
-        *,
-        delay_ms: int | None = None,
-        timeout_s: float = PRODUCE_APPEND_TIMEOUT_S,
-    ) -> DelayedProduce:
-        """Append ``records`` (acks=1), then hold a :class:`DelayedProduce` until they are replicated."""
-        appended = self.append(records, timeout_s=timeout_s)
-        return self.submit(DelayedProduce(self.feed, appended, delay_ms=delay_ms), validate=False)
+    def produce(self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None) -> DelayedProduce:
+        """Send ``records`` through the idempotent producer (``acks=all``) and hold a
+        :class:`DelayedProduce` until each has its delivery report (or ``delay_ms`` passed)."""
+        op = DelayedProduce(self.feed, list(records), delay_ms=delay_ms)
+        self._send(op)
+        return self.submit(op, validate=False)
 
     async def produce_async(
-        self,
-        records: Iterable[ProducerRecord],
-        *,
-        delay_ms: int | None = None,
-        timeout_s: float = PRODUCE_APPEND_TIMEOUT_S,
+        self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None
     ) -> DelayedProduce:
-        """asyncio: append on ``self.calls`` (bounded), then await replication; the finished op."""
-        records = list(records)
-        appended = await self.calls.run(
-            self.appender.append, records, timeout_s, timeout_s=timeout_s, what="the append"
-        )
-        # The watch's first attempt runs on this loop's thread: a read-back due then (the high
-        # watermark passed already) goes to self.calls instead of blocking the loop on Kafka.
-        op = OffLoopProduce(
-            self.feed, appended, delay_ms=delay_ms, loop_thread=threading.get_ident(), attempts=self.calls
-        )
-        await self.watch(op, validate=False)  # releases the feed's keys if the watch fails
+        """asyncio: :meth:`produce`, awaited (queueing a record never blocks: librdkafka sends it)."""
+        op = DelayedProduce(self.feed, list(records), delay_ms=delay_ms)
+        self._send(op)
+        await self.watch(op, validate=False)
         return op
+
+    def _send(self, op: DelayedProduce) -> None:
+        """Queue ``op``'s records in order; each delivery report counts one down.
+
+        Sent *before* the op is watched: a report that comes first leaves its count for the
+        submission's first ``try_complete`` (which then completes it), and one that comes after
+        finds the op watched on its key — Kafka's tryCompleteElseWatch argument, no lost wake-up.
+        A record the producer refuses at once (queue full, too large, unknown partition) is
+        reported failed now, and so are the records after it, unsent: a request's records are
+        never written out of order around a gap the client did not ask for.
+        """
+        purgatory = self.purgatory_for(op)
+        send = self.sender.send
+        for index, record in enumerate(op.records):
+            try:
+                send(
+                    record.topic,
+                    record.value,
+                    key=record.key,
+                    partition=record.partition,
+                    headers=record.headers,
+                    on_delivery=_delivery_callback(op, index, purgatory),
+                )
+            except KafkaAdapterError as exc:
+                for rest in range(index, len(op.records)):
+                    op.report(rest, exc, None)
+                return
 
     def fetch(self, fetch_offsets: Mapping[TopicPartitionKey, int], **options: Any) -> DelayedFetch:
         """Submit a long poll :class:`DelayedFetch` (min_records, min_bytes, max_bytes, max_wait_ms)."""
@@ -576,7 +587,7 @@ class KafkaPurgatory:
         if self.journal is not None:
             self.journal.close()
         self.calls.close()
-        self.producer.close()
+        self.sender.close()
         self.reader.close()
         if self._read_back is not None:
             self._read_back.close()
@@ -658,15 +669,17 @@ class AsyncKafkaPurgatory:
         records: Iterable[ProducerRecord],
         *,
         timeout_ms: int | None = None,
-        append_timeout_s: float = PRODUCE_APPEND_TIMEOUT_S,
     ) -> ProduceResult:
-        """Append ``records`` (acks=1) and answer once every in-sync replica has them.
+        """Produce ``records`` with ``acks=all`` (idempotent) and answer once Kafka acknowledged
+        each of them: every in-sync replica has it, and there are ``min.insync.replicas``.
 
-        ``timeout_ms`` (default ``kafka.produce_timeout_ms``) bounds the wait for replication;
-        partitions not replicated by then answer ``REQUEST_TIMED_OUT``. A failed append raises
-        its typed error (:class:`UnknownTopicError`, :class:`KafkaUnavailableError`).
+        ``timeout_ms`` (default ``kafka.produce_timeout_ms``) bounds the wait; records not
+        acknowledged by then answer ``REQUEST_TIMED_OUT`` (they may still be written, once).
+        Leader changes and broker restarts within it are ridden out by the producer's retries.
+        Kafka's refusals come back as statuses (``result.statuses``, ``result.record_statuses``);
+        a bad record raises when it is built (:class:`ProducerRecord`).
         """
-        op = await self.sync.produce_async(records, delay_ms=timeout_ms, timeout_s=append_timeout_s)
+        op = await self.sync.produce_async(records, delay_ms=timeout_ms)
         return op.result()
 
     async def fetch(
@@ -788,3 +801,14 @@ class AsyncKafkaPurgatory:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+
+def _delivery_callback(
+    op: DelayedProduce, index: int, purgatory: DelayedOperationPurgatory[Any]
+) -> DeliveryCallback:
+    # On the sender's thread: the last report of the request is its key event.
+    def delivered(error: KafkaAdapterError | None, message: Message | None) -> None:
+        if op.report(index, error, message):
+            purgatory.check_and_complete(op.key)
+
+    return delivered
