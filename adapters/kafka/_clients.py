@@ -156,10 +156,12 @@ class RecordIdentity:
         return _digest(record.key, record.value) == self.digest
 
 
-def _typed(error: KafkaError, what: str) -> KafkaAdapterError:
+def _typed(error: KafkaError, what: str, *, topic: str | None = None) -> KafkaAdapterError:
+    """``error`` as the adapter's typed error; ``what`` prefixes the message (``topic``, when
+    given, names the topic of an unknown-topic error)."""
     code = error.code()
     if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION):
-        return UnknownTopicError(what, detail=error.str())
+        return UnknownTopicError(what if topic is None else topic, detail=error.str())
     if code == KafkaError.OFFSET_OUT_OF_RANGE:
         return InvalidOffsetError(f"{what}: offset out of range ({error.str()})")
     if code == KafkaError.TOPIC_EXCEPTION:
@@ -167,15 +169,10 @@ def _typed(error: KafkaError, what: str) -> KafkaAdapterError:
     if code == KafkaError.MSG_SIZE_TOO_LARGE:
         return RecordTooLargeError(f"{what}: record too large ({error.str()})")
     if code in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE):
-        # The producer does not retry (see RecordProducer): the caller does, at the new leader.
+        # Reported only once the producer's retries gave up: the caller may retry.
         return KafkaUnavailableError(f"{what}: the partition's leadership is moving, retry ({error.str()})")
     if code == KafkaError._PURGE_QUEUE:
-        # Withdrawn unsent (RecordProducer.produce_identified, "withdrawn"): not in the log.
-        return KafkaUnavailableError(
-            f"{what}: not sent: withdrawn from the producer's queue after an earlier record's "
-            "outcome became unknown (an append to a broker timed out or its connection dropped); "
-            "retrying it is safe"
-        )
+        return KafkaUnavailableError(f"{what}: not sent: withdrawn from the producer's queue; retrying it is safe")
     if code in (
         KafkaError._MSG_TIMED_OUT,
         KafkaError._TRANSPORT,

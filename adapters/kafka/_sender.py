@@ -166,6 +166,7 @@ class RecordSender:
         name: str = "kafka",
         linger_ms: int = DEFAULT_LINGER_MS,
         message_timeout_ms: int | None = None,
+        window: bool = True,
     ) -> None:
         # A record not delivered within message_timeout_ms (default kafka.append_timeout_ms) is
         # reported failed and never lands later; until then the producer retries it.
@@ -192,6 +193,11 @@ class RecordSender:
         # produce(), so holding it across produce() cannot deadlock.
         self._window_lock = threading.Lock()
         self._window = InFlightWindow()
+        # False: every record goes to librdkafka at once, as a plain producer's would. The
+        # produce path needs that: its windows are per lane, so a record held behind a full
+        # partition lane could be overtaken by a later record of the same request whose
+        # partition the partitioner picks — records of one request must keep their order.
+        self._windowed = window
         self._lock = threading.Lock()
         self._producer: Producer | None = None
         self._stopping = threading.Event()
@@ -238,6 +244,10 @@ class RecordSender:
                 _log.exception("kafka_sender_report_failed", sender=self.name, topic=topic)
 
         record = HeldRecord(topic, value, key, partition, list(headers), report, time.monotonic())
+        if not self._windowed:
+            self._produce(producer, record)
+            self.stats.sent += 1
+            return
         with self._window_lock:
             if not self._window.admit(record):
                 self.stats.held += 1
@@ -256,11 +266,12 @@ class RecordSender:
         def delivered(error: KafkaError | None, message: Message) -> None:
             # On the sender thread (poll) or a flushing caller. The window moves first, so a
             # callback that sends again finds room in it.
-            self._released(producer, topic, partition)
+            if self._windowed:
+                self._released(producer, topic, partition)
             # Typed as the append's errors are: unavailable (worth another try) or a refusal
             # that will repeat (unknown topic or partition, too large).
             record.report(
-                None if error is None else _typed(error, f"topic {topic!r}: record not delivered"), message
+                None if error is None else _typed(error, f"topic {topic!r}: record not delivered", topic=topic), message
             )
 
         try:
@@ -278,7 +289,7 @@ class RecordSender:
             ) from None
         except KafkaException as exc:
             # Typed (too large, unknown partition...): a produce turns it into the record's status.
-            raise _typed(exc.args[0], f"topic {topic!r}: record refused") from None
+            raise _typed(exc.args[0], f"topic {topic!r}: record refused", topic=topic) from None
         except (TypeError, ValueError) as exc:
             # confluent_kafka checks the value's and headers' types only here: for a held record
             # that is at its release, on the sender thread, where only a typed refusal is reported.

@@ -247,6 +247,7 @@ class KafkaPurgatory:
                 name=f"{name}-produce",
                 linger_ms=kafka.produce_linger_ms,
                 message_timeout_ms=kafka.produce_timeout_ms,
+                window=False,  # exactly librdkafka's order and batching (RecordSender)
             ),
             reader,
             settings=full,
@@ -373,27 +374,45 @@ class KafkaPurgatory:
 
     def produce(self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None) -> DelayedProduce:
         """Send ``records`` through the idempotent producer (``acks=all``) and hold a
-        :class:`DelayedProduce` until each has its delivery report (or ``delay_ms`` passed)."""
+        :class:`DelayedProduce` until each has its delivery report (or ``delay_ms`` passed).
+
+        Watched first, then sent: a refusal of the submission (``PurgatoryFullError``, closed)
+        sends nothing, and a delivery report always finds the operation watched.
+        """
         op = DelayedProduce(self.feed, list(records), delay_ms=delay_ms)
+        self.submit(op, validate=False)
         self._send(op)
-        return self.submit(op, validate=False)
+        return op
 
     async def produce_async(
         self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None
     ) -> DelayedProduce:
-        """asyncio: :meth:`produce`, awaited (queueing a record never blocks: librdkafka sends it)."""
+        """asyncio: :meth:`produce`, awaited; queueing never blocks the loop (librdkafka sends).
+
+        Cancelling the awaiting task finishes the operation ``CANCELLED``; records already
+        queued are still delivered (nothing takes back a sent record).
+        """
         op = DelayedProduce(self.feed, list(records), delay_ms=delay_ms)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def finished(_: DelayedProduce) -> None:
+            if not future.done():
+                future.set_result(None)
+
+        self.watch_then_call(op, finished)
         self._send(op)
-        await self.watch(op, validate=False)
+        try:
+            await future
+        except asyncio.CancelledError:
+            self.purgatory_for(op).abandon(op)
+            raise
         return op
 
     def _send(self, op: DelayedProduce) -> None:
         """Queue ``op``'s records in order; each delivery report counts one down.
 
-        Sent *before* the op is watched: a report that comes first leaves its count for the
-        submission's first ``try_complete`` (which then completes it), and one that comes after
-        finds the op watched on its key — Kafka's tryCompleteElseWatch argument, no lost wake-up.
-        A record the producer refuses at once (queue full, too large, unknown partition) is
+        The op is watched on its key before this runs, so the report that counts the last record
+        down finds it there (``check_and_complete``). A record the producer refuses at once (queue full, too large, unknown partition) is
         reported failed now, and so are the records after it, unsent: a request's records are
         never written out of order around a gap the client did not ask for.
         """
@@ -410,8 +429,11 @@ class KafkaPurgatory:
                     on_delivery=_delivery_callback(op, index, purgatory),
                 )
             except KafkaAdapterError as exc:
+                last = False
                 for rest in range(index, len(op.records)):
-                    op.report(rest, exc, None)
+                    last |= op.report(rest, exc, None)
+                if last:  # every record is reported now: this is the key event
+                    purgatory.check_and_complete(op.key)
                 return
 
     def fetch(self, fetch_offsets: Mapping[TopicPartitionKey, int], **options: Any) -> DelayedFetch:
