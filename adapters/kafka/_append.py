@@ -22,7 +22,6 @@ from ._keys import TopicPartitionKey
 __all__ = ["Appended", "RecordReading"]
 
 
-
 class RecordReading(Protocol):
     """Reads a range of a partition's records (:class:`RecordReader`, :class:`SharedReadReader`)."""
 

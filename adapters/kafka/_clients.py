@@ -172,7 +172,9 @@ def _typed(error: KafkaError, what: str, *, topic: str | None = None) -> KafkaAd
         # Reported only once the producer's retries gave up: the caller may retry.
         return KafkaUnavailableError(f"{what}: the partition's leadership is moving, retry ({error.str()})")
     if code == KafkaError._PURGE_QUEUE:
-        return KafkaUnavailableError(f"{what}: not sent: withdrawn from the producer's queue; retrying it is safe")
+        return KafkaUnavailableError(
+            f"{what}: not sent: withdrawn from the producer's queue; retrying it is safe"
+        )
     if code in (
         KafkaError._MSG_TIMED_OUT,
         KafkaError._TRANSPORT,

@@ -221,7 +221,7 @@ class RecordSender:
         *,
         key: bytes | None = None,
         partition: int | None = None,
-        headers: Sequence[tuple[str, bytes]] = (),
+        headers: Sequence[tuple[str, bytes | None]] = (),
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         """Queue one record; ``on_delivery(error, message)`` runs on the sender thread.
@@ -271,7 +271,10 @@ class RecordSender:
             # Typed as the append's errors are: unavailable (worth another try) or a refusal
             # that will repeat (unknown topic or partition, too large).
             record.report(
-                None if error is None else _typed(error, f"topic {topic!r}: record not delivered", topic=topic), message
+                None
+                if error is None
+                else _typed(error, f"topic {topic!r}: record not delivered", topic=topic),
+                message,
             )
 
         try:

@@ -411,10 +411,11 @@ class KafkaPurgatory:
     def _send(self, op: DelayedProduce) -> None:
         """Queue ``op``'s records in order; each delivery report counts one down.
 
-        The op is watched on its key before this runs, so the report that counts the last record
-        down finds it there (``check_and_complete``). A record the producer refuses at once (queue full, too large, unknown partition) is
-        reported failed now, and so are the records after it, unsent: a request's records are
-        never written out of order around a gap the client did not ask for.
+        The op is watched on its key before this runs, so the report that counts the last
+        record down finds it there (``check_and_complete``). A record the producer refuses at
+        once (queue full, too large, unknown partition) is reported failed now, and so are the
+        records after it, unsent: a request's records are never written out of order around a
+        gap the client did not ask for.
         """
         purgatory = self.purgatory_for(op)
         send = self.sender.send

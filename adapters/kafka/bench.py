@@ -1,6 +1,6 @@
 """``purgatory bench kafka``: completion lag and request rate of the change feed on a real cluster.
 
-Workload: one topic with ``partitions`` partitions; ``pending`` ``DelayedProduce`` operations
+Workload: one topic with ``partitions`` partitions; ``pending`` ``DelayedReplication`` operations
 spread evenly, each waiting for a *future* offset of its partition (so it completes when that
 record is appended). A producer thread appends records to random partitions at ``rate`` per
 second; each record completes exactly one operation, which is immediately replaced by one
@@ -85,7 +85,7 @@ from ._broker_pauses import (
 )
 from ._feed import ChangeFeed
 from ._keys import TopicPartitionKey
-from ._operations import DelayedProduce, DelayedTopicReady, KafkaOperation
+from ._operations import DelayedReplication, DelayedTopicReady, KafkaOperation
 from ._provider import provide_cluster
 from ._service import KafkaPurgatory
 from .local import DEFAULT_HEAP_MB, FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
@@ -282,12 +282,14 @@ class _Workload:
             target = self.next_target[partition]
             self.next_target[partition] += 1
         key = self.keys[partition]
-        op = DelayedProduce(self.kp.feed, {key: target}, delay_ms=OP_TIMEOUT_MS, on_response=self._completed)
+        op = DelayedReplication(
+            self.kp.feed, {key: target}, delay_ms=OP_TIMEOUT_MS, on_response=self._completed
+        )
         self.kp.submit(op, validate=False)
 
     def _completed(self, op: KafkaOperation) -> None:
         now = time.monotonic_ns()
-        assert isinstance(op, DelayedProduce)
+        assert isinstance(op, DelayedReplication)
         ((key, offset),) = op.appended.items()
         if self.measuring:
             self.done.append((key.partition, offset, now))

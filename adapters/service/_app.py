@@ -9,15 +9,19 @@ Routes:
   ``offset`` only new records count (it starts at the high watermark). Keys and values are
   UTF-8 text, or ``key_b64``/``value_b64`` when they are not.
 * ``POST /topics/{topic}/records`` ``{"records": [{"value": "...", "key": "...", "partition": 0}],
-  "timeout_ms": 30000}`` — appends, then answers once every in-sync replica has the records:
-  200 with per-partition ``NONE``; 504 ``REQUEST_TIMED_OUT`` or 503 ``NOT_ENOUGH_REPLICAS``
-  (the records *were* appended; they are not known to be safely replicated); 503
-  ``NOT_LEADER_OR_FOLLOWER`` when the partition's leader changed while they waited (a record
-  only the old leader had is lost: retry).
+  "timeout_ms": 30000}`` — produces with ``acks=all`` through the idempotent producer and answers
+  once Kafka acknowledged every record (each in-sync replica has it, and there are at least
+  ``min.insync.replicas``): 200 with per-partition ``NONE`` and each record's offset; else the
+  first failure names the answer — 503 ``NOT_ENOUGH_REPLICAS`` (retry later), 413
+  ``MESSAGE_TOO_LARGE``, 404 ``UNKNOWN_TOPIC_OR_PARTITION``, 504 ``REQUEST_TIMED_OUT`` (not
+  acknowledged in time: it may still be written, once) — with every record's status, so a
+  partly delivered request says which records made it. Leader changes and broker restarts
+  within ``timeout_ms`` are retried by the producer, without duplicates or reordering.
 * ``GET /topics/{topic}/replicated?offsets=p:o[,...]&epochs=p:e[,...]&records=p:o:t:d[,...]&timeout_ms=``
-  — a produce's replication wait without producing (where a produce answered MOVED continues:
-  the leader epochs before the append, and each partition's first and last record — offset,
-  timestamp, digest — to read back before NONE); answers as the produce does.
+  — wait until offsets someone appended are on every in-sync replica (the high watermark passes
+  them); with the leader epochs they were appended in (and each partition's first and last
+  record — offset, timestamp, digest — to read back before NONE), a leader change since is
+  answered 503 ``NOT_LEADER_OR_FOLLOWER`` instead of "replicated".
 * ``GET /owners`` — the scale-out ownership group: members, their URLs and partitions.
 * ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
   (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations) and
@@ -83,6 +87,7 @@ from ..kafka import (
     LEGAL_TOPIC_RULE,
     DelayedFetch,
     DelayedProduce,
+    DelayedReplication,
     ErrorCode,
     FetchedRecord,
     check_client_config,
@@ -332,9 +337,58 @@ def _json_bytes(content: Any) -> bytes:
     return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
-def _produce_json(topic: str, op: DelayedProduce, *, produced: bool = True) -> tuple[int, dict[str, Any]]:
-    """The answer of a produce's replication wait; ``produced`` False for ``/replicated``, whose
-    client names offsets it appended elsewhere (or not yet: a future offset waits like any)."""
+# A produce's failure names its answer: the first of these codes among its records.
+_PRODUCE_FAILURES: tuple[tuple[ErrorCode, int], ...] = (
+    (ErrorCode.MESSAGE_TOO_LARGE, 413),
+    (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 404),
+    (ErrorCode.TOPIC_AUTHORIZATION_FAILED, 403),
+    (ErrorCode.NOT_ENOUGH_REPLICAS, 503),
+    (ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, 503),
+    (ErrorCode.UNKNOWN_SERVER_ERROR, 503),
+    (ErrorCode.REQUEST_TIMED_OUT, 504),
+)
+
+
+def _produce_json(topic: str, op: DelayedProduce) -> tuple[int, dict[str, Any]]:
+    """The answer of a produce: per partition and per record, what Kafka acknowledged."""
+    result = op.result()
+    body: dict[str, Any] = {
+        "topic": topic,
+        "outcome": result.outcome.name,
+        "offsets": {str(k.partition): offset for k, offset in result.appended.items()},
+        "statuses": {str(k.partition): s.value for k, s in result.statuses.items()},
+        "records": [
+            {"partition": partition, "offset": offset, "status": status.value}
+            for partition, offset, status in zip(
+                op.partitions, result.offsets, result.record_statuses, strict=True
+            )
+        ],
+    }
+    if result.succeeded:
+        return 200, body
+    codes = set(result.record_statuses)
+    code, status = next(
+        ((c, st) for c, st in _PRODUCE_FAILURES if c in codes), (ErrorCode.UNKNOWN_SERVER_ERROR, 503)
+    )
+    delivered, total = result.delivered, len(result.record_statuses)
+    body |= {
+        "error": code.value,
+        "field": None,
+        "message": (
+            f"{delivered} of {total} record(s) acknowledged (acks=all); "
+            + (
+                "the others were not written"
+                if code is not ErrorCode.REQUEST_TIMED_OUT
+                else "the others were not acknowledged in time and may still be written, once"
+            )
+            + (f": {result.error}" if result.error is not None else "")
+        ),
+    }
+    return status, body
+
+
+def _replication_json(topic: str, op: DelayedReplication) -> tuple[int, dict[str, Any]]:
+    """The answer of ``/replicated``: whether every in-sync replica has the offsets named."""
     statuses = {str(k.partition): (s.value if s is not None else None) for k, s in op.statuses.items()}
     body = {
         "topic": topic,
@@ -345,8 +399,8 @@ def _produce_json(topic: str, op: DelayedProduce, *, produced: bool = True) -> t
     if op.succeeded:
         return 200, body
     codes = set(op.statuses.values())
-    # The most telling failure names the answer: a leader change (the records may be lost:
-    # retry), too few in-sync replicas (retry later), else a timeout.
+    # The most telling failure names the answer: a leader change (the records may be lost),
+    # too few in-sync replicas (retry later), else a timeout.
     code = next(
         (c for c in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NOT_ENOUGH_REPLICAS) if c in codes),
         ErrorCode.REQUEST_TIMED_OUT,
@@ -355,13 +409,8 @@ def _produce_json(topic: str, op: DelayedProduce, *, produced: bool = True) -> t
     body |= {
         "error": code.value,
         "field": None,
-        "message": (
-            "the records were appended by the leader but are not known to be replicated: "
-            if produced
-            else "the offsets are not known to be replicated (not yet in the log, or not yet on every "
-            "in-sync replica): "
-        )
-        + ", ".join(f"{p}={s}" for p, s in statuses.items()),
+        "message": "the offsets are not known to be replicated (not yet in the log, or not yet on every "
+        "in-sync replica): " + ", ".join(f"{p}={s}" for p, s in statuses.items()),
     }
     return status, body
 
@@ -465,32 +514,17 @@ async def produce_records(request: Request) -> Response:
         produce = ProduceRequest.model_validate(document)
     except ValidationError as exc:
         raise from_validation_error(exc, where="body") from None
-    started = time.monotonic()
-    scaleout = gateway.scaleout
-    if scaleout is not None:  # every record's partition decided here, then: is it ours?
-        produce = scaleout.assign_partitions(topic, await gateway.partitions(topic), produce)
-        partitions = {r.partition for r in produce.records if r.partition is not None}
-        elsewhere = await _routed(request, scaleout, topic, partitions, bytes(body))
-        if elsewhere is not None:
-            return elsewhere
+    # Served by any instance, scaled out or not: the partition's leader answers acks=all.
     op = await _unless_disconnected(request, gateway.produce(topic, produce))
     if op is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    if op.moved is not None and scaleout is not None:
-        timeout_ms = produce.timeout_ms or gateway.settings.kafka.produce_timeout_ms
-        moved = scaleout.moved_produce(topic, op, started, timeout_ms)
-        if moved is not None:
-            return moved  # else its fence could not go along: answered here, NOT_LEADER_OR_FOLLOWER
     status, payload = _produce_json(topic, op)
     return JSONResponse(payload, status_code=status)
 
 
 async def await_replicated(request: Request) -> Response:
-    """``GET /topics/{topic}/replicated?offsets=p:o[,...]&timeout_ms=``: a produce's wait, without producing.
-
-    Where a produce answered MOVED continues (its records were appended already); answers as
-    ``POST /topics/{topic}/records`` does.
-    """
+    """``GET /topics/{topic}/replicated?offsets=p:o[,...]&timeout_ms=``: wait until offsets someone
+    appended are on every in-sync replica (see the module docstring)."""
     gateway = _gateway(request)
     topic = _topic(request)
     _single_known_parameters(request.query_params, _REPLICATED_PARAMETERS)
@@ -531,12 +565,12 @@ async def await_replicated(request: Request) -> Response:
     if op is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if op.moved is not None and scaleout is not None:
-        moved = scaleout.moved_produce(
+        moved = scaleout.moved_replication(
             topic, op, started, timeout_ms or gateway.settings.kafka.produce_timeout_ms
         )
         if moved is not None:
             return moved  # else its fence could not go along: answered here, NOT_LEADER_OR_FOLLOWER
-    status, payload = _produce_json(topic, op, produced=False)
+    status, payload = _replication_json(topic, op)
     return JSONResponse(payload, status_code=status)
 
 

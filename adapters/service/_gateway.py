@@ -1,16 +1,16 @@
 """Gateway: the example service's HTTP-facing layer over one :class:`KafkaPurgatory`.
 
 ``await gateway.fetch(topic, partition, params)`` submits a :class:`DelayedFetch` (a long poll)
-to the ``fetch`` purgatory and ``await gateway.produce(topic, request)`` appends records
-(``acks=1``) and holds a :class:`DelayedProduce` in the ``produce`` purgatory until every
-in-sync replica has them — Kafka's broker does the same with its Fetch and Produce purgatories.
-Both await ``kafka.watch(op)`` (``purgatory.watch`` in the op's purgatory): the event loop
-never blocks on the purgatory, and one change feed (one batched admin request per kind of fact
-per interval) completes them all.
+to the ``fetch`` purgatory and ``await gateway.produce(topic, request)`` sends records through
+the idempotent producer (``acks=all``) and holds a :class:`DelayedProduce` in the ``produce``
+purgatory until Kafka acknowledged each — the leader's own Produce purgatory waits for the
+in-sync replicas. The event loop never blocks on the purgatory; one change feed (one batched
+admin request per kind of fact per interval) completes the long polls, delivery reports the
+produces.
 
 Wiring: the gateway holds one :class:`KafkaPurgatory` (``gateway.kafka``, connected with
 ``shared_reads=True`` and named ``service``): the cluster view, the change feed, the producer
-and its fenced appender, the shared reader, the journal and the ``fetch`` / ``produce``
+(``sender``), the shared reader, the journal and the ``fetch`` / ``produce``
 purgatories are its, built once there (``gateway.view``, ``.feed``, ``.reader`` and the
 others are those very objects).
 What is the gateway's is the HTTP side: cached metadata, admission, the bounded call pools,
@@ -24,14 +24,14 @@ client's answer, never a 500 (:func:`_kafka_error`): an unknown topic 404, a nam
 400, a record over the topic's ``max.message.bytes`` 413, anything else 503.
 
 Answer bounds (each Kafka call has its own deadline, see :class:`KafkaCalls`): a produce is
-answered within ``kafka.append_timeout_ms`` (metadata, leader epochs and the leader's append
-together) plus its ``timeout_ms``; a long poll within ``kafka.request_timeout_ms`` (metadata, or
+answered within ``kafka.request_timeout_ms`` (the topic's metadata, when not cached) plus its
+``timeout_ms``; a long poll within ``kafka.request_timeout_ms`` (metadata, or
 the high watermark when no offset is given) plus ``max_wait_ms`` plus one read of what arrived
 (``READ_TIMEOUT_S``, 2 s). Slow or unreachable Kafka gives a 503, never a later answer.
 
 Concurrency contract: one gateway per event loop. ``fetch``/``produce`` may run concurrently
 (any number of awaiting requests); blocking Kafka calls run on the gateway's own bounded pools
-(metadata, appends, reads: one stalled kind never delays another), never on the loop's default
+(metadata, reads: one stalled kind never delays another), never on the loop's default
 executor, and each is awaited with its deadline. The first completion attempt of an operation
 runs on the loop thread, inside ``purgatory.watch``; a fetch declines it there and, only when its
 facts say it could complete now, is attempted at once on the gateway's small ``fetch-attempt``
@@ -62,13 +62,12 @@ from purgatory.settings import BOOTSTRAP_ENV, ConfigError, Settings
 from ..kafka import (
     PURGATORY_NAMES,
     Appended,
-    AppendOutcomeUnknownError,
     ChangeFeed,
     ClusterView,
     DelayedFetch,
     DelayedProduce,
+    DelayedReplication,
     ErrorCode,
-    FencedAppender,
     InvalidTopicError,
     KafkaAdapterError,
     KafkaCalls,
@@ -76,7 +75,7 @@ from ..kafka import (
     KafkaUnavailableError,
     ProducerRecord,
     RecordIdentity,
-    RecordProducer,
+    RecordSender,
     RecordTooLargeError,
     SharedReadReader,
     TopicKey,
@@ -84,11 +83,11 @@ from ..kafka import (
     UnknownTopicError,
     configured_bootstrap,
 )
+from ..kafka._off_loop import OffLoopReplication
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
-from ._produce import OffLoopProduce
 from ._requests import FetchParams, ProduceRequest
-from ._scaleout import OwnedFetch, OwnedProduce, ScaleOut
+from ._scaleout import OwnedFetch, OwnedReplication, ScaleOut
 
 __all__ = ["FETCH_PURGATORY", "PRODUCE_PURGATORY", "Gateway", "resolve_bootstrap"]
 
@@ -105,7 +104,6 @@ METADATA_MAX_AGE_S = 5.0
 # Threads per pool: calls block a thread for up to their client timeout while Kafka hangs, and
 # the backlog each pool admits before refusing (503) rather than queueing without end.
 METADATA_THREADS, METADATA_BACKLOG = 4, 256
-APPEND_THREADS, APPEND_BACKLOG = 8, 1024
 READ_THREADS, READ_BACKLOG = 4, 1024
 # Threads attempting fetches whose records are already there (each attempt reads, within the
 # reader's READ_TIMEOUT_S when the record cache misses): a few, so a burst of catching-up
@@ -173,6 +171,9 @@ class Gateway:
         self.produce_purgatory: DelayedOperationPurgatory[DelayedProduce] = self.kafka.purgatory_for_kind(
             DelayedProduce
         )
+        self.replication_purgatory: DelayedOperationPurgatory[DelayedReplication] = (
+            self.kafka.purgatory_for_kind(DelayedReplication)
+        )
         for purgatory in self.purgatories:
             if purgatory.max_pending_per_key is None:  # purgatories.<name>.max_pending_per_key wins
                 purgatory.max_pending_per_key = settings.admission.max_waiters_per_key
@@ -181,7 +182,6 @@ class Gateway:
         self._interned_keys: dict[TopicPartitionKey, TopicPartitionKey] = {}
         self._last_thread = 0  # see _loop_thread
         self.metadata_calls = KafkaCalls("metadata", METADATA_THREADS, METADATA_BACKLOG)
-        self.append_calls = KafkaCalls("append", APPEND_THREADS, APPEND_BACKLOG)
         self.read_calls = KafkaCalls("read", READ_THREADS, READ_BACKLOG)
         # The view gives up on an admin request after its request timeout (plus its own margin).
         self._metadata_timeout_s = self.view.request_timeout_s + 1.0
@@ -206,7 +206,7 @@ class Gateway:
 
     @property
     def purgatories(self) -> tuple[DelayedOperationPurgatory[Any], ...]:
-        return (self.fetch_purgatory, self.produce_purgatory)
+        return (self.fetch_purgatory, self.produce_purgatory, self.replication_purgatory)
 
     @property
     def view(self) -> ClusterView:
@@ -223,14 +223,8 @@ class Gateway:
         return reader
 
     @property
-    def producer(self) -> RecordProducer:
-        return self.kafka.producer
-
-    @property
-    def appender(self) -> FencedAppender:
-        # Notes each partition's leader epoch before appending: DelayedProduce must not answer
-        # NONE for a record a leader change discarded (see FencedAppender).
-        return self.kafka.appender
+    def sender(self) -> RecordSender:
+        return self.kafka.sender
 
     @property
     def journal(self) -> Journal | None:
@@ -268,7 +262,7 @@ class Gateway:
             gc.set_threshold(*self._gc_before)
             gc.unfreeze()
             self._gc_before = None
-        for calls in (self.metadata_calls, self.append_calls, self.read_calls):
+        for calls in (self.metadata_calls, self.read_calls):
             calls.close()
         self.kafka.close()  # flushes the journal, closes the clients
         _log.info("service_stopped", drained=drain)
@@ -527,7 +521,8 @@ class Gateway:
         return start is not None and high is not None and start <= offset <= high
 
     async def produce(self, topic: str, request: ProduceRequest) -> DelayedProduce:
-        """Append the records (acks=1), then wait until every in-sync replica has them (or time out)."""
+        """Produce the records (``acks=all``, idempotent); the finished operation once each has its
+        delivery report, or at ``timeout_ms`` with the ones not reported ``REQUEST_TIMED_OUT``."""
         count = await self.partitions(topic)
         for i, record in enumerate(request.records):
             value = len(record.value.encode()) if record.value is not None else 0
@@ -557,21 +552,9 @@ class Gateway:
             )
             for r in request.records
         ]
-        try:
-            append_timeout_s = self.settings.kafka.append_timeout_ms / 1000.0
-            appended = await self.append_calls.run(
-                self.appender.append,
-                records,
-                append_timeout_s,
-                timeout_s=append_timeout_s,
-                what=f"the append of {len(records)} record(s) to {topic!r} (they may still be appended)",
-            )
-        except UnknownTopicError as exc:
-            self._topics.pop(topic, None)
-            raise RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", str(exc), value=topic) from None
-        except KafkaAdapterError as exc:
-            raise _kafka_error(exc, topic) from None
-        return await self._wait_replicated(appended, request.timeout_ms)
+        with self._admitted():
+            # Watched first, then sent (KafkaPurgatory.produce_async): a refusal sends nothing.
+            return await self.kafka.produce_async(records, delay_ms=request.timeout_ms)
 
     async def await_replicated(
         self,
@@ -580,16 +563,14 @@ class Gateway:
         timeout_ms: int | None,
         leader_epochs: dict[int, int] | None = None,
         records: dict[int, tuple[RecordIdentity, ...]] | None = None,
-    ) -> DelayedProduce:
-        """Wait until every in-sync replica holds ``offsets`` (partition → last offset appended).
+    ) -> DelayedReplication:
+        """Wait until every in-sync replica holds ``offsets`` (partition → offset someone appended).
 
-        A produce answered MOVED continues here, at its partitions' new owner: the records were
-        appended already, only the replication wait moved. ``leader_epochs`` (partition → the
-        leader epoch before the append, carried by the MOVED answer) keeps the produce's fence: a
-        leader change since the append is still answered NOT_LEADER_OR_FOLLOWER here.
-        ``records`` (partition → the identities of the first and last record appended there, with
-        the epochs) keeps the read-back too: another record at one of their offsets is
-        NOT_LEADER_OR_FOLLOWER.
+        ``leader_epochs`` (partition → the leader epoch the offset was appended in) fences: a
+        leader change since is answered NOT_LEADER_OR_FOLLOWER. ``records`` (partition → the
+        identities of the first and last record appended there, with the epochs) adds a read-back:
+        another record at one of their offsets is NOT_LEADER_OR_FOLLOWER. A wait that moves to
+        another instance takes both along.
         """
         count = await self.partitions(topic)
         for partition in offsets:
@@ -612,9 +593,9 @@ class Gateway:
 
     async def _wait_replicated(
         self, appended: Appended | dict[TopicPartitionKey, int], timeout_ms: int | None
-    ) -> DelayedProduce:
-        # Its record is read back before NONE (FencedAppender), never on the loop (OffLoopProduce).
-        op = (OffLoopProduce if self.scaleout is None else OwnedProduce)(
+    ) -> DelayedReplication:
+        # Records are read back before NONE, never on the loop (OffLoopReplication).
+        op = (OffLoopReplication if self.scaleout is None else OwnedReplication)(
             self.feed,
             appended,
             delay_ms=timeout_ms,
@@ -626,7 +607,7 @@ class Gateway:
         await self._watch(op)
         return op
 
-    async def _watch(self, op: DelayedFetch | DelayedProduce) -> Outcome:
+    async def _watch(self, op: DelayedFetch | DelayedReplication) -> Outcome:
         with self._admitted():
             # In the purgatory of its kind (fetch or produce); the partition was checked already.
             outcome = await self.kafka.watch(op, validate=False)
@@ -670,9 +651,6 @@ def _kafka_error(exc: KafkaAdapterError, topic: str) -> RequestError:
     if isinstance(exc, RecordTooLargeError):
         # Larger than the topic's max.message.bytes (the producer's own limit is checked first).
         return RequestError(413, "MESSAGE_TOO_LARGE", "records", str(exc))
-    if isinstance(exc, AppendOutcomeUnknownError):
-        # Retriable, but the client must know a resend may duplicate records (never silently).
-        return RequestError(503, "APPEND_OUTCOME_UNKNOWN", "records", str(exc))
     if isinstance(exc, KafkaUnavailableError):
         return RequestError(503, "KAFKA_UNAVAILABLE", None, str(exc))
     return RequestError(503, "KAFKA_ERROR", None, f"Kafka refused the request: {exc}")

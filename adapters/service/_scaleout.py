@@ -8,24 +8,19 @@ timeouts; a forwarded request is never forwarded again). No owner yet: ``503`` +
 
 An operation whose partition is revoked while it waits finishes at once as MOVED
 (:class:`OwnershipGuard`); the answer says where to retry: a long poll gets ``307`` to the new
-owner with the same offset and what remains of its ``max_wait_ms``; a produce — its records are
-already appended — gets ``303`` to the new owner's ``GET /topics/{t}/replicated?offsets=p:o`` to
-wait for their replication there. While the new owner is not known yet: ``503`` + ``Retry-After``
-and a relative ``Location`` any instance answers.
+owner with the same offset and what remains of its ``max_wait_ms``; a replication wait
+(``GET /topics/{t}/replicated``) gets ``307`` to the same wait at the new owner. While the new
+owner is not known yet: ``503`` + ``Retry-After`` and a relative ``Location`` any instance answers.
 
-Produce in scale-out mode resolves each record's partition here, before appending: explicit, or
-CRC32 of the key modulo the partition count (librdkafka's default ``consistent_random``
-partitioner), or — no key — one of the partitions this instance owns (round robin), so that a
-produce is served where its replication wait will be.
+A produce does not depend on ownership: any instance produces to any partition (the idempotent
+producer's ``acks=all`` is answered by the partition's leader, wherever the request came in).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import re
 import time
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -43,7 +38,7 @@ from purgatory.settings import Settings
 from ..kafka import (
     DIGEST_BYTES,
     DelayedFetch,
-    DelayedProduce,
+    DelayedReplication,
     KafkaOperation,
     OwnedOperation,
     Owner,
@@ -56,12 +51,12 @@ from ..kafka import (
     WatchedKeys,
     redirect_for,
 )
+from ..kafka._off_loop import OffLoopReplication
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
-from ._produce import OffLoopProduce
-from ._requests import MAX_OFFSET, MAX_PARTITION, ProduceRequest
+from ._requests import MAX_OFFSET, MAX_PARTITION
 
-__all__ = ["FORWARDED_HEADER", "OwnedFetch", "OwnedProduce", "ScaleOut", "ScaleOutCollector"]
+__all__ = ["FORWARDED_HEADER", "OwnedFetch", "OwnedReplication", "ScaleOut", "ScaleOutCollector"]
 
 # Set on a forwarded request: its receiver answers (serves, redirects or 503s) but never forwards
 # again, so two instances with different views of the group cannot bounce a request forever.
@@ -81,13 +76,13 @@ class OwnedFetch(OwnedOperation, OffLoopFetch):
     """A long poll that moves when its partition does (see :class:`OwnedOperation`)."""
 
 
-class OwnedProduce(OwnedOperation, OffLoopProduce):
-    """A produce wait that moves when its partition does."""
+class OwnedReplication(OwnedOperation, OffLoopReplication):
+    """A replication wait (``/replicated``) that moves when its partition does."""
 
 
 # Journals and analytics group operations by class name: to them these are Kafka's operations.
 OwnedFetch.__name__ = OwnedFetch.__qualname__ = "DelayedFetch"
-OwnedProduce.__name__ = OwnedProduce.__qualname__ = "DelayedProduce"
+OwnedReplication.__name__ = OwnedReplication.__qualname__ = "DelayedReplication"
 
 
 def _answer(redirect: Redirect) -> Response:
@@ -111,7 +106,6 @@ class ScaleOut:
         self.guard = OwnershipGuard(self.ownership, purgatories, watched)
         self.misdirected: Counter[str] = Counter()  # answers to requests for others' partitions
         self._forwarder: httpx.AsyncClient | None = None
-        self._round_robin = itertools.count()
         self._closed = False
 
     @property
@@ -238,62 +232,34 @@ class ScaleOut:
         assert op.moved is not None
         return self._moved(key, op.moved.owner_url, f"{request.url.path}?{urlencode(query)}", status=307)
 
-    def moved_produce(
-        self, topic: str, op: DelayedProduce, started: float, timeout_ms: int
+    def moved_replication(
+        self, topic: str, op: DelayedReplication, started: float, timeout_ms: int
     ) -> Response | None:
-        """303 to the new owner's replication wait for the offsets already appended; None when
-        the produce's fence cannot go there (:func:`replicated_query`): answer ``op`` itself."""
+        """307 to the new owner's replication wait for the same offsets; None when the wait's
+        fence cannot go there (:func:`replicated_query`): answer ``op`` itself."""
         remaining = max(0, timeout_ms - int((time.monotonic() - started) * 1000))
         query = replicated_query(op, remaining)
         if query is None:
             return None
         path = f"/topics/{topic}/replicated?{urlencode(query)}"
         assert op.moved is not None
-        return self._moved(next(iter(op.appended)), op.moved.owner_url, path, status=303)
-
-    # -- produce partitions ---------------------------------------------------------------------
-
-    def assign_partitions(self, topic: str, count: int, request: ProduceRequest) -> ProduceRequest:
-        """Every record with its partition decided here (module docstring), so ownership can be checked."""
-        owned = sorted(
-            k.partition for k in self.ownership.owned() if k.topic == topic and k.partition < count
-        )
-        records = []
-        for i, record in enumerate(request.records):
-            partition = record.partition
-            if partition is not None and partition >= count:
-                raise RequestError(
-                    404,
-                    "UNKNOWN_TOPIC_OR_PARTITION",
-                    f"records[{i}].partition",
-                    f"topic {topic!r} has {count} partition(s): partition {partition} does not exist",
-                    value=partition,
-                )
-            if partition is None and record.key:
-                partition = zlib.crc32(record.key.encode()) % count  # librdkafka consistent_random
-            if partition is None:
-                choice = next(self._round_robin)
-                partition = owned[choice % len(owned)] if owned else choice % count
-            records.append(record.model_copy(update={"partition": partition}))
-        return request.model_copy(update={"records": records})
+        return self._moved(next(iter(op.appended)), op.moved.owner_url, path, status=307)
 
     def owners_json(self) -> dict[str, Any]:
         described = self.ownership.describe()
         return {"enabled": True, "mode": self.settings.mode, **described}
 
 
-def replicated_query(op: DelayedProduce, timeout_ms: int) -> dict[str, str] | None:
+def replicated_query(op: DelayedReplication, timeout_ms: int) -> dict[str, str] | None:
     """The query of ``GET /topics/{t}/replicated`` that continues ``op``'s wait elsewhere; None
     when ``op``'s fence cannot go with it.
 
-    A produce of records appended here (``op.fenced``) travels with every partition's leader
-    epoch before the append, and its record identities when it reads them back. Should one
-    partition lack either (its epoch was unknown before the append: already
-    NOT_LEADER_OR_FOLLOWER here), a query without them would wait on bare offsets at the new
-    owner — no fence for *any* partition, a lost record answered NONE — so there is none: the
-    caller answers ``op`` as it stands (503 NOT_LEADER_OR_FOLLOWER, retry). Plain targets
-    (``offsets`` alone, epochs adopted when first seen) travel as they came: epochs only when
-    every partition has adopted one.
+    A wait given leader epochs (``op.fenced``) travels with every partition's epoch, and its
+    record identities when it reads them back. Should one partition lack either, a query
+    without them would wait on bare offsets at the new owner — no fence for *any* partition, a
+    lost record answered NONE — so there is none: the caller answers ``op`` as it stands (503
+    NOT_LEADER_OR_FOLLOWER). Plain targets (``offsets`` alone, epochs adopted when first seen)
+    travel as they came: epochs only when every partition has adopted one.
     """
     ordered = sorted(op.appended.items(), key=lambda item: item[0].partition)
     query = {"offsets": ",".join(f"{k.partition}:{o}" for k, o in ordered), "timeout_ms": str(timeout_ms)}
@@ -309,7 +275,7 @@ def replicated_query(op: DelayedProduce, timeout_ms: int) -> dict[str, str] | No
         query["epochs"] = ",".join(f"{k.partition}:{e}" for k, e in epochs.items())
         if reads_back:
             # And what the appended records are: the new owner reads them back before NONE too
-            # (a deposed leader's append, see FencedAppender).
+            # (a deposed leader's acks=1 append, see DelayedReplication).
             query["records"] = ",".join(
                 f"{k.partition}:{r.offset}:{r.timestamp_ms}:{r.digest.hex()}"
                 for k, _ in ordered
