@@ -205,21 +205,46 @@ class DelayedProduce(KafkaOperation):
         """True iff every record was delivered."""
         return all(status is ErrorCode.NONE for status in self.record_statuses)
 
+    @property
+    def appended(self) -> dict[TopicPartitionKey, int]:
+        """The last offset delivered per partition so far (a new dict per read)."""
+        return dict(self._by_partition()[0])
+
+    @property
+    def statuses(self) -> dict[TopicPartitionKey, ErrorCode]:
+        """Per partition: ``NONE`` when all its records reported so far were delivered, else the
+        first error among them (records not reported yet are not counted; a new dict per read)."""
+        return dict(self._by_partition()[1])
+
     def result(self) -> ProduceResult:
         """The finished operation's answer (raises ``RuntimeError`` before it finished)."""
         outcome = self._finished_outcome()
+        appended, statuses, offsets, codes = self._by_partition()
+        return ProduceResult(outcome, appended, statuses, self.error, offsets, codes)
+
+    def _by_partition(
+        self,
+    ) -> tuple[
+        dict[TopicPartitionKey, int],
+        dict[TopicPartitionKey, ErrorCode],
+        tuple[int | None, ...],
+        tuple[ErrorCode, ...],
+    ]:
         with self._reports:
             offsets = tuple(self.offsets)
             codes = tuple(s or ErrorCode.REQUEST_TIMED_OUT for s in self.record_statuses)
+            reported = tuple(s is not None for s in self.record_statuses)
             partitions = tuple(self.partitions)
         appended: dict[TopicPartitionKey, int] = {}
         statuses: dict[TopicPartitionKey, ErrorCode] = {}
-        for record, partition, offset, code in zip(self.records, partitions, offsets, codes, strict=True):
-            if partition is None:
+        for record, partition, offset, code, known in zip(
+            self.records, partitions, offsets, codes, reported, strict=True
+        ):
+            if partition is None or (not known and not self.is_completed()):
                 continue
             key = TopicPartitionKey(record.topic, partition)
             if offset is not None and offset > appended.get(key, -1):
                 appended[key] = offset
             if statuses.get(key, ErrorCode.NONE) is ErrorCode.NONE:
                 statuses[key] = code
-        return ProduceResult(outcome, appended, statuses, self.error, offsets, codes)
+        return appended, statuses, offsets, codes

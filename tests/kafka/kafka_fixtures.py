@@ -378,3 +378,42 @@ def stranding_topic(cluster: LocalKafkaCluster, prefix: str) -> tuple[KafkaSetti
     key = TopicPartitionKey(topic, 0)
     wait_isr(settings, key, len(STRANDING_REPLICAS))
     return settings, key
+
+
+class RecordAppender:
+    """A plain idempotent producer for tests that need records in a partition (not under test).
+
+    ``produce(records)`` sends them in order, waits for every delivery report and returns the
+    last offset per partition; it raises on any delivery error.
+    """
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        from confluent_kafka import Producer
+        from purgatory.adapters.kafka import client_config
+
+        self._producer = Producer({**client_config(settings), "enable.idempotence": True, "linger.ms": 0})
+
+    def produce(self, records: Any, timeout_s: float = WAIT_S) -> dict[TopicPartitionKey, int]:
+        from purgatory.adapters.kafka import TopicPartitionKey
+
+        last: dict[TopicPartitionKey, int] = {}
+        errors: list[Any] = []
+
+        def delivered(error: Any, message: Any) -> None:
+            if error is not None:
+                errors.append(error)
+                return
+            key = TopicPartitionKey(message.topic(), message.partition())
+            last[key] = max(last.get(key, -1), message.offset())
+
+        for r in records:
+            kwargs: dict[str, Any] = {"value": r.value, "key": r.key, "on_delivery": delivered}
+            if r.partition is not None:
+                kwargs["partition"] = r.partition
+            self._producer.produce(r.topic, **kwargs)
+        remaining = self._producer.flush(timeout_s)
+        assert not errors and remaining == 0, f"records not delivered: {errors or remaining}"
+        return last
+
+    def close(self) -> None:
+        self._producer.flush(WAIT_S)

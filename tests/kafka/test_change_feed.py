@@ -8,7 +8,7 @@ import time
 import pytest
 from purgatory.adapters.kafka import (
     DelayedDeleteRecords,
-    DelayedProduce,
+    DelayedReplication,
     KafkaKey,
     KafkaPurgatory,
     ProducerRecord,
@@ -20,7 +20,7 @@ from purgatory import DelayedOperationPurgatory, PurgatoryFullError
 from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
-from .kafka_fixtures import TopicFactory
+from .kafka_fixtures import RecordAppender, TopicFactory
 
 pytestmark = pytest.mark.kafka
 
@@ -53,14 +53,14 @@ def test_requests_per_interval_do_not_grow_with_pending_operations(
 
     def submit(n: int) -> None:
         for i in range(n):
-            kp.submit(DelayedProduce(kp.feed, {keys[i % 4]: 1_000_000}, delay_ms=60_000), validate=False)
+            kp.submit(DelayedReplication(kp.feed, {keys[i % 4]: 1_000_000}, delay_ms=60_000), validate=False)
 
     submit(10)
     few = _requests_per_poll(kp)
     submit(990)
     many = _requests_per_poll(kp)
     # Every poll: ListOffsets(latest); every METADATA_EVERY-th poll also DescribeTopics.
-    # DescribeConfigs is cached, and no DelayedProduce reads log start offsets (no "earliest").
+    # DescribeConfigs is cached, and no DelayedReplication reads log start offsets (no "earliest").
     expected = POLLS_MEASURED + POLLS_MEASURED // METADATA_EVERY
     assert sum(few) == sum(many) == expected, f"10 pending: {few} per poll; 1000 pending: {many}"
     assert set(few) | set(many) <= {1, 2}
@@ -72,7 +72,7 @@ def test_log_start_offsets_are_polled_only_for_operations_that_read_them(
 ) -> None:
     topic = kafka_topic_factory(2)
     produce_key, delete_key = TopicPartitionKey(topic, 0), TopicPartitionKey(topic, 1)
-    kp.submit(DelayedProduce(kp.feed, {produce_key: 1_000_000}, delay_ms=60_000))
+    kp.submit(DelayedReplication(kp.feed, {produce_key: 1_000_000}, delay_ms=60_000))
     kp.submit(DelayedDeleteRecords(kp.feed, {delete_key: 1_000_000}, delay_ms=60_000))
     counts = _requests_per_poll(kp)
     assert sum(counts) == 2 * POLLS_MEASURED + POLLS_MEASURED // METADATA_EVERY, (
@@ -88,10 +88,10 @@ def test_only_watched_keys_are_polled_and_released_when_their_operations_finish(
 ) -> None:
     topic = kafka_topic_factory(3)
     key = TopicPartitionKey(topic, 1)
-    op = kp.submit(DelayedProduce(kp.feed, {key: 0}, delay_ms=15_000))
+    op = kp.submit(DelayedReplication(kp.feed, {key: 0}, delay_ms=15_000))
     wait_until(lambda: kp.feed.partition(key) is not None, "facts of the watched key")
     assert kp.feed.partition(TopicPartitionKey(topic, 0)) is None, "an unwatched partition is not polled"
-    kp.producer.produce([ProducerRecord(topic, b"x", partition=1)])
+    RecordAppender(kp.settings).produce([ProducerRecord(topic, b"x", partition=1)])
     assert op.wait(WAIT_S) and op.succeeded
     assert kp.feed.watched_keys() == frozenset(), "the finished operation released its key"
     assert kp.feed.is_alive()
@@ -104,9 +104,9 @@ def test_a_refused_submission_releases_its_keys(
     key = TopicPartitionKey(topic, 0)
     purgatory = DelayedOperationPurgatory("full", max_pending=1)
     with KafkaPurgatory.connect(kafka_settings, purgatory=purgatory) as kp:
-        kp.submit(DelayedProduce(kp.feed, {key: 1_000_000}, delay_ms=60_000))
+        kp.submit(DelayedReplication(kp.feed, {key: 1_000_000}, delay_ms=60_000))
         with pytest.raises(PurgatoryFullError):
-            kp.submit(DelayedProduce(kp.feed, {TopicPartitionKey(topic, 0): 2_000_000}, delay_ms=60_000))
+            kp.submit(DelayedReplication(kp.feed, {TopicPartitionKey(topic, 0): 2_000_000}, delay_ms=60_000))
         kp.purgatory.shutdown()  # drains the first one
         assert kp.feed.watched_keys() == frozenset(), "no key left counted by the refused operation"
     purgatory.shutdown()
@@ -118,7 +118,7 @@ def test_a_stream_of_new_keys_does_not_become_a_stream_of_polls(
     topic = kafka_topic_factory(60)
     polls_before, started = kp.feed.stats.polls, time.monotonic()
     for partition in range(60):  # each submission brings a new key, which wakes the feed
-        op = DelayedProduce(kp.feed, {TopicPartitionKey(topic, partition): 10**6}, delay_ms=60_000)
+        op = DelayedReplication(kp.feed, {TopicPartitionKey(topic, partition): 10**6}, delay_ms=60_000)
         kp.submit(op, validate=False)
         time.sleep(0.002)  # a submission rate well above the poll rate (pacing, not synchronisation)
     elapsed_s = time.monotonic() - started

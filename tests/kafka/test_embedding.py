@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import REGISTRY, generate_latest
 from purgatory.adapters.kafka import (
-    Appended,
     AsyncKafkaPurgatory,
     CommitResult,
-    DelayedProduce,
+    DelayedReplication,
     DelayedTopicReady,
     ErrorCode,
     KafkaPurgatory,
@@ -145,10 +142,10 @@ async def test_produce_async_releases_the_feeds_keys_when_the_purgatory_refuses(
     kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
 ) -> None:
     topic = kafka_topic_factory(2)
-    full = DelayedOperationPurgatory[DelayedProduce]("full", max_pending=1)
+    full = DelayedOperationPurgatory[DelayedReplication]("full", max_pending=1)
     try:
         with KafkaPurgatory.connect(kafka_settings, purgatory=full) as kp:
-            kp.submit(DelayedProduce(kp.feed, {TopicPartitionKey(topic, 0): 10**6}, delay_ms=60_000))
+            kp.submit(DelayedReplication(kp.feed, {TopicPartitionKey(topic, 0): 10**6}, delay_ms=60_000))
             with pytest.raises(PurgatoryFullError):
                 await kp.produce_async([ProducerRecord(topic, b"x", partition=1)])
             assert TopicPartitionKey(topic, 1) not in kp.feed.watched_keys(), "the refused op's key"
@@ -167,49 +164,3 @@ def test_connect_without_settings_reads_the_variable_kafka_up_prints(
         assert kp.settings.bootstrap_servers == kafka_bootstrap
         op = kp.produce([ProducerRecord(topic, b"x", partition=0)], delay_ms=10_000)
         assert op.wait(WAIT_S) and op.result().succeeded
-
-
-class ThreadNotingReader:
-    """Wraps the read-back reader; notes the thread of every read."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.read_on: list[int] = []
-
-    def read(self, key: TopicPartitionKey, start: int, end: int, *, max_bytes: int) -> list[Any]:
-        self.read_on.append(threading.get_ident())
-        return list(self.inner.read(key, start, end, max_bytes=max_bytes))
-
-
-async def test_produce_async_reads_its_record_back_off_the_event_loop(
-    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
-) -> None:
-    """The watch's first attempt runs on the caller's loop; when the high watermark has passed the
-    record by then, the read-back is handed to the purgatory's call pool, never done on the loop."""
-    key = TopicPartitionKey(kafka_topic_factory(1), 0)
-    async with KafkaPurgatory.connect(_settings(kafka_settings)) as aio:
-        kp = aio.sync
-        # Keeps the partition watched (its facts followed) while the produce is appended.
-        kp.submit(DelayedProduce(kp.feed, {key: 10**6}, delay_ms=60_000))
-        reader = ThreadNotingReader(kp.appender.reader)
-        kp.appender.reader = reader
-        moved = threading.Event()
-        kp.feed.add_observer(lambda changed: moved.set())
-        append = kp.appender.append
-
-        def append_then_wait_for_the_watermark(records: Any, timeout_s: float) -> Appended:
-            appended = append(records, timeout_s)
-            deadline = time.monotonic() + WAIT_S
-            while True:  # the facts pass the offset before the watch: its first attempt may answer
-                moved.clear()
-                facts = kp.feed.partition(key)
-                if facts is not None and (facts.high_watermark or 0) > appended.offsets[key]:
-                    return appended
-                assert moved.wait(max(0.0, deadline - time.monotonic())), "the feed saw the record"
-
-        kp.appender.append = append_then_wait_for_the_watermark  # type: ignore[method-assign]
-        op = await aio.sync.produce_async([ProducerRecord(key.topic, b"v", partition=0)])
-        loop_thread = threading.get_ident()
-    assert op.statuses == {key: ErrorCode.NONE}
-    assert reader.read_on, "the record was read back"
-    assert loop_thread not in reader.read_on, "no read-back on the event loop's thread"

@@ -60,7 +60,7 @@ def test_result_types_are_frozen_dataclasses_documenting_every_field(result_type
 
 def test_help_shows_the_public_attributes_of_kafka_purgatory() -> None:
     text = pydoc.render_doc(KafkaPurgatory, renderer=pydoc.plaintext)
-    for attribute in ("feed:", "view:", "producer:", "reader:", "purgatory:", "purgatories:", "aio:"):
+    for attribute in ("feed:", "view:", "sender:", "reader:", "purgatory:", "purgatories:", "aio:"):
         assert attribute in text, f"help(KafkaPurgatory) does not explain {attribute}"
     for method in ("wait_committed", "wait_topic_ready", "delete_records", "create_topic", "aclose"):
         assert method in pydoc.render_doc(AsyncKafkaPurgatory, renderer=pydoc.plaintext)

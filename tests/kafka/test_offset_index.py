@@ -16,7 +16,7 @@ from purgatory.adapters.kafka import (
     Appended,
     ChangeFeed,
     DelayedFetch,
-    DelayedProduce,
+    DelayedReplication,
     ErrorCode,
     FetchedRecord,
     PartitionFacts,
@@ -57,8 +57,8 @@ class FakeView:
         pass
 
 
-class CountingProduce(DelayedProduce):
-    """A DelayedProduce that counts its completion attempts (the cost of a key event)."""
+class CountingProduce(DelayedReplication):
+    """A DelayedReplication that counts its completion attempts (the cost of a key event)."""
 
     tries = 0
 
@@ -95,7 +95,7 @@ def rig() -> Any:
 
 def _submit(
     feed: ChangeFeed, purgatory: Any, offsets: range, key: TopicPartitionKey = KEY
-) -> list[DelayedProduce]:
+) -> list[DelayedReplication]:
     ops = []
     for offset in offsets:
         op = CountingProduce(feed, Appended({key: offset}, {key: EPOCH}), delay_ms=60_000)
@@ -211,7 +211,7 @@ def test_a_read_back_that_brought_nothing_is_tried_again_on_the_next_advance(rig
     reader = _NoReader()
     record = FetchedRecord(0, b"k", b"v", 17, ())
     identity = RecordIdentity.of(0, b"k", b"v", 17)
-    op = DelayedProduce(feed, Appended({KEY: 0}, {KEY: EPOCH}, {KEY: (identity,)}, reader), delay_ms=60_000)
+    op = DelayedReplication(feed, Appended({KEY: 0}, {KEY: EPOCH}, {KEY: (identity,)}, reader), delay_ms=60_000)
     purgatory.try_complete_else_watch(op, op.watch_keys())
     view.partitions[KEY] = _facts(0)
     feed.poll_once()
@@ -225,7 +225,7 @@ def test_a_read_back_that_brought_nothing_is_tried_again_on_the_next_advance(rig
     assert op.is_completed() and op.statuses == {KEY: ErrorCode.NONE}
 
 
-class FlakyProduce(DelayedProduce):
+class FlakyProduce(DelayedReplication):
     """Raises on its first attempt after submission (user code failing inside a key event)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -278,24 +278,24 @@ def test_concurrent_advances_and_submissions_complete_every_produce_exactly_once
     passed must finish, each once."""
     view, feed, purgatory, _ = rig
     feed.tail = _StubTail()  # the poll keeps a higher pushed watermark (_newest), as with a tail
-    first = DelayedProduce(feed, Appended({KEY: 10**9}, {KEY: EPOCH}), delay_ms=600_000)
+    first = DelayedReplication(feed, Appended({KEY: 10**9}, {KEY: EPOCH}), delay_ms=600_000)
     purgatory.try_complete_else_watch(first, first.watch_keys())  # the key is watched, facts known
     view.partitions[KEY] = _facts(0)
     feed.poll_once()
-    finished: list[DelayedProduce] = []
+    finished: list[DelayedReplication] = []
     lock = threading.Lock()
 
     def respond(op: Any) -> None:
         with lock:
             finished.append(op)
 
-    ops: list[DelayedProduce] = []
+    ops: list[DelayedReplication] = []
     top = 3000
     stop = threading.Event()
 
     def submit() -> None:
         for offset in range(top):
-            op = DelayedProduce(
+            op = DelayedReplication(
                 feed, Appended({KEY: offset}, {KEY: EPOCH}), delay_ms=600_000, on_response=respond
             )
             ops.append(op)

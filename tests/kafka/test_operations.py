@@ -11,7 +11,7 @@ from purgatory.adapters.kafka import (
     DelayedConsumerCommit,
     DelayedDeleteRecords,
     DelayedFetch,
-    DelayedProduce,
+    DelayedReplication,
     DelayedTopicReady,
     ErrorCode,
     GroupFacts,
@@ -26,14 +26,14 @@ from purgatory.adapters.kafka import (
 from purgatory import Outcome
 
 from .conftest import WAIT_S, wait_until
-from .kafka_fixtures import TopicFactory, create_topic
+from .kafka_fixtures import RecordAppender, TopicFactory, create_topic
 
 pytestmark = pytest.mark.kafka
 
 
 def _append(kp: KafkaPurgatory, topic: str, partition: int, n: int = 1, size: int = 5) -> int:
     """Produce ``n`` records of ``size`` bytes; return the last offset."""
-    offsets = kp.producer.produce([ProducerRecord(topic, b"x" * size, partition=partition) for _ in range(n)])
+    offsets = RecordAppender(kp.settings).produce([ProducerRecord(topic, b"x" * size, partition=partition) for _ in range(n)])
     return offsets[TopicPartitionKey(topic, partition)]
 
 
@@ -42,10 +42,10 @@ def _high(kp: KafkaPurgatory, key: TopicPartitionKey) -> int | None:
     return facts.high_watermark if facts is not None else None
 
 
-# -- DelayedProduce ------------------------------------------------------------------------------
+# -- DelayedProduce and DelayedReplication ------------------------------------------------------
 
 
-def test_produce_completes_when_every_partition_high_watermark_passes_the_offset(
+def test_produce_completes_once_kafka_acknowledged_every_record(
     kp: KafkaPurgatory, kafka_topic_factory: TopicFactory
 ) -> None:
     topic = kafka_topic_factory(3)
@@ -54,6 +54,9 @@ def test_produce_completes_when_every_partition_high_watermark_passes_the_offset
     assert op.outcome is Outcome.COMPLETED
     assert op.statuses == {TopicPartitionKey(topic, p): ErrorCode.NONE for p in range(3)}
     assert op.succeeded and op.error is None
+    result = op.result()
+    assert result.record_statuses == (ErrorCode.NONE,) * 3 and result.delivered == 3
+    assert result.appended == {TopicPartitionKey(topic, p): o for p, o in enumerate(result.offsets)}
 
 
 def test_produce_carries_each_records_headers_to_kafka_in_order(
@@ -78,14 +81,14 @@ def test_produce_carries_each_records_headers_to_kafka_in_order(
     assert messages[1].headers() is None
 
 
-def test_produce_expires_with_request_timed_out_when_the_high_watermark_never_passes(
+def test_replication_expires_with_request_timed_out_when_the_high_watermark_never_passes(
     kp: KafkaPurgatory, kafka_topic_factory: TopicFactory
 ) -> None:
     topic = kafka_topic_factory(2)
     last = _append(kp, topic, 0)
     # Partition 1 "appended" an offset the log never reaches: its status must time out.
     appended = {TopicPartitionKey(topic, 0): last, TopicPartitionKey(topic, 1): 100}
-    op = kp.submit(DelayedProduce(kp.feed, appended, delay_ms=400))
+    op = kp.submit(DelayedReplication(kp.feed, appended, delay_ms=400))
     assert op.wait(WAIT_S)
     assert op.outcome is Outcome.EXPIRED
     assert op.statuses == {
@@ -95,9 +98,9 @@ def test_produce_expires_with_request_timed_out_when_the_high_watermark_never_pa
     assert not op.succeeded
 
 
-def test_produce_to_an_unknown_topic_raises_unknown_topic_error(kp: KafkaPurgatory) -> None:
+def test_replication_of_an_unknown_topic_raises_unknown_topic_error(kp: KafkaPurgatory) -> None:
     with pytest.raises(UnknownTopicError, match="no-such-topic-p"):
-        kp.submit(DelayedProduce(kp.feed, {TopicPartitionKey("no-such-topic-p", 0): 0}))
+        kp.submit(DelayedReplication(kp.feed, {TopicPartitionKey("no-such-topic-p", 0): 0}))
     assert all(p.watched() == 0 for p in kp.purgatories.values()), "nothing was watched"
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 from confluent_kafka import TopicPartition
 from purgatory.adapters.kafka import (
-    DelayedProduce,
+    DelayedReplication,
     ErrorCode,
     Member,
     Moved,
@@ -76,7 +76,7 @@ class FakeConsumer:
         return "me-1"
 
 
-class OwnedProduce(OwnedOperation, DelayedProduce):
+class OwnedProduce(OwnedOperation, DelayedReplication):
     pass
 
 
@@ -196,7 +196,7 @@ def test_revocation_moves_every_operation_on_the_revoked_partitions_at_once(
     facts = FakeFacts()
     guard = OwnershipGuard(ownership, [purgatory])
     assign(ownership, 0, 1, 2)
-    ops = {p: DelayedProduce(facts, {tp(p): 10}, delay_ms=30_000) for p in (0, 1, 2)}
+    ops = {p: DelayedReplication(facts, {tp(p): 10}, delay_ms=30_000) for p in (0, 1, 2)}
     for op in ops.values():
         guard.submit(purgatory, op, op.watch_keys())
     assert purgatory.num_delayed() == 3
@@ -216,7 +216,7 @@ def test_shutdown_revocation_says_shutdown(
     facts = FakeFacts()
     OwnershipGuard(ownership, [purgatory])
     assign(ownership, 0)
-    op = DelayedProduce(facts, {tp(0): 10}, delay_ms=30_000)
+    op = DelayedReplication(facts, {tp(0): 10}, delay_ms=30_000)
     purgatory.try_complete_else_watch(op, op.watch_keys())
     ownership.close()  # never started: no consumer to close, so it revokes what it owns itself
     assert op.moved is not None and op.moved.reason == "shutdown"
@@ -245,7 +245,7 @@ def test_move_loses_to_a_completion_that_came_first(
     purgatory: DelayedOperationPurgatory[DelayedOperation],
 ) -> None:
     facts = FakeFacts()
-    op = DelayedProduce(facts, {tp(0): 10}, delay_ms=30_000)
+    op = DelayedReplication(facts, {tp(0): 10}, delay_ms=30_000)
     purgatory.try_complete_else_watch(op, op.watch_keys())
     facts.high[tp(0)] = 11
     assert purgatory.check_and_complete(tp(0)) == 1
@@ -259,12 +259,12 @@ def test_move_racing_expiry_answers_exactly_once(
     """Many rounds of move() on one thread against expiry (run()) on another: one answer each, consistent."""
     facts = FakeFacts()
     for _ in range(200):
-        op = DelayedProduce(facts, {tp(0): 10}, delay_ms=30_000)
+        op = DelayedReplication(facts, {tp(0): 10}, delay_ms=30_000)
         finished: list[Outcome | None] = []
         op.on_response = lambda o, finished=finished: finished.append(o.outcome)
         start = threading.Barrier(2)
 
-        def expire(op: DelayedProduce = op, start: threading.Barrier = start) -> None:
+        def expire(op: DelayedReplication = op, start: threading.Barrier = start) -> None:
             start.wait()
             op.run()
 
@@ -344,39 +344,14 @@ def test_a_lost_session_moves_operations_with_reason_lost(
 ) -> None:
     OwnershipGuard(ownership, [purgatory])
     assign(ownership, 3)
-    op = DelayedProduce(FakeFacts(), {tp(3): 1}, delay_ms=30_000)
+    op = DelayedReplication(FakeFacts(), {tp(3): 1}, delay_ms=30_000)
     purgatory.try_complete_else_watch(op, op.watch_keys())
     ownership._on_lost(FakeConsumer(), [TopicPartition(TOPIC, 3)])  # type: ignore[arg-type]
     assert op.moved is not None and op.moved.reason == "lost"
     assert ownership.stats.lost == 1 and ownership.owned() == frozenset()
 
 
-def test_unkeyed_records_go_to_owned_partitions_and_keyed_ones_where_librdkafka_puts_them(
-    purgatory: DelayedOperationPurgatory[DelayedOperation],
-) -> None:
-    import zlib
-
-    from purgatory.adapters.service import ProduceRequest
-
-    scaleout = service_scaleout(purgatory)
-    assign(scaleout.ownership, 2, 5)
-    request = ProduceRequest.model_validate(
-        {
-            "records": [
-                {"value": "a"},
-                {"value": "b"},
-                {"value": "c", "key": "alpha"},
-                {"value": "d", "partition": 1},
-            ]
-        }
-    )
-    decided = [r.partition for r in scaleout.assign_partitions(TOPIC, 6, request).records]
-    assert decided[:2] in ([2, 5], [5, 2]), "unkeyed: round robin over the owned partitions"
-    assert decided[2] == zlib.crc32(b"alpha") % 6, "keyed: librdkafka's consistent partitioner"
-    assert decided[3] == 1, "explicit: kept"
-
-
-def test_a_moved_produce_carries_its_offsets_and_leader_epochs_to_the_new_owner(
+def test_a_moved_replication_wait_carries_its_offsets_and_leader_epochs_to_the_new_owner(
     purgatory: DelayedOperationPurgatory[DelayedOperation],
 ) -> None:
     """The continuation keeps the produce's fence: the new owner checks the same leader epoch."""
@@ -385,11 +360,11 @@ def test_a_moved_produce_carries_its_offsets_and_leader_epochs_to_the_new_owner(
     from purgatory.adapters.kafka import Appended
 
     scaleout = service_scaleout(purgatory)
-    op = DelayedProduce(FakeFacts(), Appended({tp(1): 41, tp(0): 7}, {tp(1): 5, tp(0): 3}), delay_ms=30_000)
+    op = DelayedReplication(FakeFacts(), Appended({tp(1): 41, tp(0): 7}, {tp(1): 5, tp(0): 3}), delay_ms=30_000)
     assert op.move(Moved("revoked", OTHER, 4))
-    answer = scaleout.moved_produce(TOPIC, op, time.monotonic(), 30_000)
+    answer = scaleout.moved_replication(TOPIC, op, time.monotonic(), 30_000)
     assert answer is not None
-    assert answer.status_code == 303, "a GET of the replication wait: the records are not appended again"
+    assert answer.status_code == 307, "a GET of the replication wait: the records are not appended again"
     location = urlsplit(answer.headers["location"])
     assert (
         f"{location.scheme}://{location.netloc}" == OTHER and location.path == f"/topics/{TOPIC}/replicated"
@@ -399,7 +374,7 @@ def test_a_moved_produce_carries_its_offsets_and_leader_epochs_to_the_new_owner(
     assert 29_000 <= int(query["timeout_ms"][0]) <= 30_000, "what remains of the produce's timeout"
 
 
-def test_a_moved_produce_with_a_partition_of_unknown_epoch_is_answered_here_never_sent_on_unfenced(
+def test_a_moved_replication_wait_with_a_partition_of_unknown_epoch_is_answered_here_never_sent_on_unfenced(
     purgatory: DelayedOperationPurgatory[DelayedOperation],
 ) -> None:
     """One partition without an epoch before the append must not strip the others' fences: a
@@ -416,10 +391,10 @@ def test_a_moved_produce_with_a_partition_of_unknown_epoch_is_answered_here_neve
     scaleout = service_scaleout(purgatory)
     identities = {tp(p): (RecordIdentity.of(o, None, b"v", 1_000),) for p, o in ((0, 7), (1, 41))}
     appended = Appended({tp(1): 41, tp(0): 7}, {tp(1): 5}, identities, NoRecords())
-    op = DelayedProduce(FakeFacts(), appended, delay_ms=30_000)
+    op = DelayedReplication(FakeFacts(), appended, delay_ms=30_000)
     assert replicated_query(op, 30_000) is None
     assert op.move(Moved("revoked", OTHER, 4))
-    assert scaleout.moved_produce(TOPIC, op, time.monotonic(), 30_000) is None, "answered here"
+    assert scaleout.moved_replication(TOPIC, op, time.monotonic(), 30_000) is None, "answered here"
     assert op.statuses == {tp(0): ErrorCode.NOT_LEADER_OR_FOLLOWER, tp(1): ErrorCode.NOT_LEADER_OR_FOLLOWER}
 
 
@@ -428,6 +403,6 @@ def test_plain_target_offsets_moved_before_every_epoch_was_seen_travel_as_plain_
 ) -> None:
     from purgatory.adapters.service._scaleout import replicated_query
 
-    op = DelayedProduce(FakeFacts(), {tp(1): 41, tp(0): 7}, delay_ms=30_000)
+    op = DelayedReplication(FakeFacts(), {tp(1): 41, tp(0): 7}, delay_ms=30_000)
     query = replicated_query(op, 30_000)
     assert query is not None and "epochs" not in query and query["offsets"] == "0:7,1:41"

@@ -19,11 +19,10 @@ from purgatory.adapters.kafka import (
     ChangeFeed,
     ClusterView,
     DelayedFetch,
-    DelayedProduce,
+    DelayedReplication,
     ErrorCode,
     LocalKafkaCluster,
     ProducerRecord,
-    RecordProducer,
     SharedReadReader,
     TopicPartitionKey,
     UnknownTopicError,
@@ -35,7 +34,7 @@ from purgatory import DelayedOperationPurgatory, Outcome
 from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
-from .kafka_fixtures import TopicFactory, create_topic, replicated_topic, wait_isr
+from .kafka_fixtures import RecordAppender, TopicFactory, create_topic, replicated_topic, wait_isr
 
 pytestmark = pytest.mark.kafka
 
@@ -70,7 +69,7 @@ def _wait_followed(feed: ChangeFeed, key: TopicPartitionKey) -> None:
 
 
 def _produce(settings: KafkaSettings, key: TopicPartitionKey, *values: bytes) -> None:
-    producer = RecordProducer(settings)
+    producer = RecordAppender(settings)
     try:
         producer.produce([ProducerRecord(key.topic, v, None, key.partition) for v in values])
     finally:
@@ -146,12 +145,12 @@ def test_poll_mode_is_the_fallback_and_still_completes(
     polled = kafka_settings.model_copy(update={"feed_mode": "poll"})
     view = ClusterView(polled)
     feed = ChangeFeed(view, settings=polled, name="poll-fallback")
-    purgatory: DelayedOperationPurgatory[DelayedProduce] = DelayedOperationPurgatory("poll-fallback")
+    purgatory: DelayedOperationPurgatory[DelayedReplication] = DelayedOperationPurgatory("poll-fallback")
     feed.attach(purgatory)
     try:
         feed.start()
         assert feed.tail is None and feed.refresh_ms == feed.interval_ms
-        op = DelayedProduce(feed, {key: 0}, delay_ms=60_000)
+        op = DelayedReplication(feed, {key: 0}, delay_ms=60_000)
         purgatory.try_complete_else_watch(op, op.watch_keys())
         _produce(kafka_settings, key, b"polled")
         assert op.wait(WAIT_S) and op.succeeded
@@ -229,11 +228,11 @@ def test_a_tail_position_written_by_a_newer_leader_is_withheld_so_a_produce_cann
 
     librdkafka's consumer follows a new leader silently, so the tail may read records a leader
     appended that the facts do not know yet. Published onto the old epoch's facts, that position
-    would let DelayedProduce count the new leader's records at an offset whose own record the old
+    would let DelayedReplication count the new leader's records at an offset whose own record the old
     leader took with it. Here the tail's position is forged to be from the next epoch."""
     key = TopicPartitionKey(kafka_topic_factory(1), 0)
     with _push_feed(kafka_settings) as (feed, purgatory, reader):
-        produces: DelayedOperationPurgatory[DelayedProduce] = DelayedOperationPurgatory("produces")
+        produces: DelayedOperationPurgatory[DelayedReplication] = DelayedOperationPurgatory("produces")
         feed.attach(produces)
         try:
             anchor = DelayedFetch(feed, reader, {key: 0}, max_wait_ms=60_000)  # keeps the key watched
@@ -242,7 +241,7 @@ def test_a_tail_position_written_by_a_newer_leader_is_withheld_so_a_produce_cann
             facts = feed.partition(key)
             assert facts is not None and facts.leader_epoch is not None and facts.high_watermark is not None
             epoch, high = facts.leader_epoch, facts.high_watermark
-            produce = DelayedProduce(feed, Appended({key: high}, {key: epoch}), delay_ms=60_000)
+            produce = DelayedReplication(feed, Appended({key: high}, {key: epoch}), delay_ms=60_000)
             produces.try_complete_else_watch(produce, produce.watch_keys())
 
             feed._pushed({key: TailedPosition(high + 5, epoch + 1)})
@@ -303,11 +302,11 @@ def test_a_produce_replicated_before_its_partition_is_tailed_is_answered_by_a_pu
     pushed = settings.model_copy(update={"feed_mode": "push", "feed_refresh_ms": NO_POLL_MS})
     stale = _PolledBeforeReplication(pushed, key, offset=0)
     feed = ChangeFeed(stale, settings=pushed, name=f"push-{uuid.uuid4().hex[:6]}")
-    produces: DelayedOperationPurgatory[DelayedProduce] = DelayedOperationPurgatory(feed.name)
+    produces: DelayedOperationPurgatory[DelayedReplication] = DelayedOperationPurgatory(feed.name)
     feed.attach(produces)
     feed.start()
     try:
-        produce = DelayedProduce(feed, Appended({key: 0}, {key: facts.leader_epoch}), delay_ms=60_000)
+        produce = DelayedReplication(feed, Appended({key: 0}, {key: facts.leader_epoch}), delay_ms=60_000)
         produces.try_complete_else_watch(produce, produce.watch_keys())
         assert produce.wait(WAIT_S), "the tail pushed the position covering the record"
         assert produce.statuses == {key: ErrorCode.NONE}

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from purgatory.adapters.kafka import (
     FetchedRecord,
     ProducerRecord,
-    RecordProducer,
     RecordReader,
     SharedReadReader,
     TopicPartitionKey,
@@ -23,7 +22,7 @@ from purgatory.adapters.kafka import (
 )
 
 from purgatory.settings import KafkaSettings
-from tests.kafka.kafka_fixtures import TopicFactory
+from tests.kafka.kafka_fixtures import RecordAppender, TopicFactory
 
 KEY = TopicPartitionKey("t", 0)
 
@@ -171,7 +170,7 @@ def test_shared_reads_equal_direct_reads_on_real_kafka(
 ) -> None:
     topic = kafka_topic_factory(1)
     key = TopicPartitionKey(topic, 0)
-    producer = RecordProducer(kafka_settings)
+    producer = RecordAppender(kafka_settings)
     direct, shared = RecordReader(kafka_settings), SharedReadReader(kafka_settings)
     try:
         producer.produce([ProducerRecord(topic, f"value-{i}".encode(), partition=0) for i in range(30)])

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
-from purgatory.adapters.kafka import ProducerRecord, RecordProducer, RecordReader, TopicPartitionKey
+from purgatory.adapters.kafka import ProducerRecord, RecordReader, TopicPartitionKey
 from purgatory.adapters.kafka._clients import LOG_END
 
 from purgatory.settings import KafkaSettings
-from tests.kafka.kafka_fixtures import WAIT_S, TopicFactory
+from tests.kafka.kafka_fixtures import WAIT_S, RecordAppender, TopicFactory
 
 KEY = TopicPartitionKey("t", 0)
 SHORT_S = 0.05  # a read that must end by its deadline: short, the fake answers at once
@@ -130,7 +130,7 @@ def test_a_read_to_the_log_end_of_a_real_partition_ends_at_its_end_not_its_deadl
     asked (500), so the read used to end at its deadline, the end of log in hand."""
     topic = kafka_topic_factory(1, prefix="log-end")
     key = TopicPartitionKey(topic, 0)
-    producer = RecordProducer(kafka_settings)
+    producer = RecordAppender(kafka_settings)
     reader = RecordReader(kafka_settings)
     try:
         producer.produce([ProducerRecord(topic, b"v%d" % i, None, 0) for i in range(3)], WAIT_S)

@@ -24,7 +24,6 @@ from purgatory.adapters.kafka import (
     KafkaStartError,
     LocalKafkaCluster,
     ProducerRecord,
-    RecordProducer,
     RecordReader,
     TopicPartitionKey,
 )
@@ -33,7 +32,7 @@ from purgatory.adapters.service import create_app
 from purgatory.adapters.service._server import BackgroundServer
 
 from purgatory.settings import KafkaSettings, Settings
-from tests.kafka.kafka_fixtures import create_topic, wait_isr
+from tests.kafka.kafka_fixtures import RecordAppender, create_topic, wait_isr
 
 pytestmark = pytest.mark.kafka
 
@@ -163,7 +162,7 @@ def test_a_read_behind_a_stalled_read_of_its_partition_answers_at_once(
     settings = KafkaSettings(bootstrap_servers=kafka_cluster1.bootstrap_servers)
     topic = create_topic(kafka_cluster1.bootstrap_servers, f"stall-{uuid.uuid4().hex[:8]}")
     key = TopicPartitionKey(topic, 0)
-    producer = RecordProducer(settings)
+    producer = RecordAppender(settings)
     reader = RecordReader(settings)
     try:
         producer.produce([ProducerRecord(topic, b"v", None, 0)], 30.0)

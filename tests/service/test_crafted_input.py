@@ -25,7 +25,6 @@ from purgatory.adapters.kafka import (
     InvalidTopicError,
     KafkaConfigError,
     ProducerRecord,
-    RecordProducer,
     TopicKey,
 )
 from purgatory.adapters.service import create_app
@@ -33,7 +32,7 @@ from purgatory.adapters.service._requests import MAX_PRODUCE_BODY_BYTES
 from purgatory.adapters.service._server import BackgroundServer
 
 from purgatory.settings import KafkaSettings, Settings
-from tests.kafka.kafka_fixtures import create_topic
+from tests.kafka.kafka_fixtures import RecordAppender, create_topic
 
 from .conftest import Service
 
@@ -222,7 +221,7 @@ def topics(service: Service, kafka_bootstrap: str) -> dict[str, str]:
         f"crafted-small-{suffix}",
         config={"max.message.bytes": str(SMALL_TOPIC_MAX_MESSAGE_BYTES)},
     )
-    producer = RecordProducer(service.settings.kafka)
+    producer = RecordAppender(service.settings.kafka)
     try:
         producer.produce([ProducerRecord(topic, b"first"), ProducerRecord(topic, b"second")])
     finally:

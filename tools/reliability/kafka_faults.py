@@ -108,14 +108,14 @@ def _submit_waiting(
 ) -> list[KafkaOperation]:
     """Operations of every Kafka kind that cannot complete before their timeout."""
     DelayedConsumerCommit, DelayedFetch = kafka.DelayedConsumerCommit, kafka.DelayedFetch
-    DelayedProduce, DelayedTopicReady = kafka.DelayedProduce, kafka.DelayedTopicReady
+    DelayedReplication, DelayedTopicReady = kafka.DelayedReplication, kafka.DelayedTopicReady
     key = kafka.TopicPartitionKey(topic, 0)
     ops: list[KafkaOperation] = []
     for i in range(WAITING_PER_KIND):
         # One of each kind answers through a raising user callback: it must finish all the same.
         response = _failing_response if i == 0 else None
         ops.append(
-            DelayedProduce(kp.feed, {key: next_offset + 100}, delay_ms=OP_DELAY_MS, on_response=response)
+            DelayedReplication(kp.feed, {key: next_offset + 100}, delay_ms=OP_DELAY_MS, on_response=response)
         )
         ops.append(
             DelayedFetch(
@@ -229,7 +229,7 @@ def broker_fault(cluster: LocalKafkaCluster, mode: str, *, with_groups: bool = T
             # Recovery: the broker returns, the feed reconnects, new operations complete.
             # Something must stay watched for the feed to keep probing (it polls watched keys only).
             probe = kp.submit(
-                kafka.DelayedProduce(kp.feed, {key: 1_000_000}, delay_ms=120_000), validate=False
+                kafka.DelayedReplication(kp.feed, {key: 1_000_000}, delay_ms=120_000), validate=False
             )
             if mode == "kill":
                 cluster.start_broker(NODE, timeout_s=WAIT_S)
