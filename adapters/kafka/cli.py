@@ -147,13 +147,13 @@ def kill_node(node: NodeArgument, name: NameOption = "default") -> None:
 @app.command("pause-node")
 def pause_node(node: NodeArgument, name: NameOption = "default") -> None:
     """Freeze one node with SIGSTOP: a hung broker, sockets open (resume-node undoes it)."""
-    _on_node(name, node, LocalKafkaCluster.pause_broker, "paused")
+    _on_node(name, node, lambda cluster, n: cluster.running_node(n).pause(), "paused")
 
 
 @app.command("resume-node")
 def resume_node(node: NodeArgument, name: NameOption = "default") -> None:
     """Resume a paused node with SIGCONT."""
-    _on_node(name, node, LocalKafkaCluster.resume_broker, "resumed")
+    _on_node(name, node, lambda cluster, n: cluster.running_node(n).resume(), "resumed")
 
 
 @app.command("owners")

@@ -344,18 +344,17 @@ class KafkaNode:
         _log.info("kafka_node_killed", node_id=self.node_id)
 
     def pause(self) -> None:
-        """SIGSTOP: the JVM freezes with its sockets open (a hung broker)."""
-        os.kill(self._running_pid("pause"), signal.SIGSTOP)
+        """SIGSTOP: the JVM freezes with its sockets open (a hung broker). No-op when not running."""
+        if self.is_running():  # checked first: a PID from a state file, reused since, is never signalled
+            assert self.pid is not None
+            os.kill(self.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        """SIGCONT: a paused JVM carries on (a no-op on a running one)."""
-        os.kill(self._running_pid("resume"), signal.SIGCONT)
-
-    def _running_pid(self, action: str) -> int:
-        # Checked first so that a PID from a state file, reused since, is never signalled.
-        if self.pid is None or not self.is_running():
-            raise NodeNotRunningError(f"cannot {action} node {self.node_id}: it is not running")
-        return self.pid
+        """SIGCONT: a paused JVM carries on. No-op when not running (fault tests resume every
+        follower after a test, some of them stopped)."""
+        if self.is_running():
+            assert self.pid is not None
+            os.kill(self.pid, signal.SIGCONT)
 
     def _wait_exit(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -659,10 +658,20 @@ class LocalKafkaCluster:
         self.wait_ready(timeout_s)
 
     def pause_broker(self, node_id: int) -> None:
+        """SIGSTOP one node; a no-op on a node not running (see :meth:`running_node`)."""
         self.node(node_id).pause()
 
     def resume_broker(self, node_id: int) -> None:
+        """SIGCONT one node; a no-op on a node not running (see :meth:`running_node`)."""
         self.node(node_id).resume()
+
+    def running_node(self, node_id: int) -> KafkaNode:
+        """The node, if its JVM runs (paused included); :class:`NodeNotRunningError` otherwise —
+        for callers (the CLI) to whom a pause or resume of a stopped node is a mistake."""
+        node = self.node(node_id)
+        if not node.is_running():
+            raise NodeNotRunningError(f"node {node_id} is not running (start-node {node_id} first)")
+        return node
 
     def log_tail(self) -> str:
         return "\n".join(n.log_tail() for n in self.nodes.values())
