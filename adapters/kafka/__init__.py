@@ -53,8 +53,11 @@ from ._errors import (
     KafkaLauncherError,
     KafkaStartError,
     KafkaUnavailableError,
+    NodeNotRunningError,
+    NoLocalClusterError,
     RecordTooLargeError,
     UnknownGroupError,
+    UnknownNodeError,
     UnknownTopicError,
 )
 from ._facts import ClusterFacts, ErrorFact, FactSource, GroupFacts, PartitionFacts, TopicFacts
@@ -160,6 +163,8 @@ __all__ = [
     "Member",
     "Moved",
     "MovedReason",
+    "NoLocalClusterError",
+    "NodeNotRunningError",
     "OwnedOperation",
     "Owner",
     "OwnerStatus",
@@ -195,6 +200,7 @@ __all__ = [
     "TopicPartitionKey",
     "TopicReadyResult",
     "UnknownGroupError",
+    "UnknownNodeError",
     "UnknownTopicError",
     "WatchedKeys",
     "check_client_config",

@@ -12,8 +12,11 @@ __all__ = [
     "KafkaLauncherError",
     "KafkaStartError",
     "KafkaUnavailableError",
+    "NoLocalClusterError",
+    "NodeNotRunningError",
     "RecordTooLargeError",
     "UnknownGroupError",
+    "UnknownNodeError",
     "UnknownTopicError",
 ]
 
@@ -54,6 +57,23 @@ class KafkaLauncherError(KafkaAdapterError):
 
 class KafkaStartError(KafkaLauncherError):
     """A node did not come up in time; the message carries the tail of its logs."""
+
+
+class NoLocalClusterError(KafkaLauncherError, LookupError):
+    """No local cluster state where one was asked for (never started, or ``kafka down`` ran)."""
+
+
+class UnknownNodeError(KafkaLauncherError, ValueError):
+    """A node id the local cluster does not have (a ``ValueError``, as before it was typed)."""
+
+    def __init__(self, node_id: int, nodes: list[int]) -> None:
+        super().__init__(f"no node {node_id} in this cluster (nodes {', '.join(map(str, nodes))})")
+        self.node_id = node_id
+        self.nodes = nodes
+
+
+class NodeNotRunningError(KafkaLauncherError):
+    """A signal (pause, resume) asked of a node that is not running: there is no process to signal."""
 
 
 class InvalidTopicError(KafkaAdapterError, ValueError):

@@ -1,22 +1,27 @@
 """``purgatory kafka up|down|status``: a local Apache Kafka cluster that outlives the command.
 
+``purgatory kafka stop-node|start-node|kill-node|pause-node|resume-node N``: one node of it, by
+PID (SIGTERM, a restart, SIGKILL, SIGSTOP, SIGCONT) — the faults a test wants to inject.
+
 ``purgatory kafka owners --group G``: which instance of a scaled-out service owns which
 partitions (DescribeConsumerGroups of the ownership group: members, their URLs, assignments).
 
 ``up`` starts the cluster detached (its JVMs run in their own sessions) and records PIDs and
-ports in ``<cache>/clusters/<name>/state.json``; ``down`` and ``status`` read that file, so
-they work from any other process or terminal.
+ports in ``<cache>/clusters/<name>/state.json``; ``down``, ``status`` and the node commands
+read that file (the node commands write it back), so they work from any other process or
+terminal.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ._errors import KafkaAdapterError
+from ._errors import KafkaAdapterError, NoLocalClusterError, UnknownNodeError
 from .local import DEFAULT_HEAP_MB, STATE_FILE, LocalKafkaCluster, cache_dir
 
 __all__ = ["app"]
@@ -26,6 +31,10 @@ app = typer.Typer(
 )
 
 NameOption = Annotated[str, typer.Option("--name", help="Which local cluster (several may coexist).")]
+NodeArgument = Annotated[int, typer.Argument(help="Node id, as `purgatory kafka status` lists them.")]
+
+# Exit codes of the node commands: a usage error (an unknown node id) is 2, as typer's own.
+EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 def _work_dir(name: str) -> Path:
@@ -89,16 +98,62 @@ def status(name: NameOption = "default") -> None:
     cluster = LocalKafkaCluster.from_state(work_dir)
     alive = 0
     for node in cluster.nodes.values():
-        running = node.is_running()
-        alive += running
+        state = node.state()
+        alive += state != "stopped"
         role = "broker+controller" if node.spec.controller_port is not None else "broker"
-        typer.echo(
-            f"node {node.node_id} ({role}) 127.0.0.1:{node.spec.broker_port} pid={node.pid} "
-            f"{'running' if running else 'STOPPED'}"
-        )
+        pid = node.pid if state != "stopped" else "-"
+        typer.echo(f"node {node.node_id} ({role}) 127.0.0.1:{node.spec.broker_port} pid={pid} {state}")
     typer.echo(f"bootstrap: {cluster.bootstrap_servers}")
     if not alive:
         raise typer.Exit(1)
+
+
+def _on_node(name: str, node_id: int, act: Callable[[LocalKafkaCluster, int], None], done: str) -> None:
+    """Run ``act`` on node ``node_id`` of the cluster saved by ``up``; its errors as one line."""
+    try:
+        cluster = LocalKafkaCluster.from_state(_work_dir(name))
+        cluster.node(node_id)  # an unknown id fails here, before anything is signalled
+        act(cluster, node_id)
+    except NoLocalClusterError:
+        typer.echo(f"no local Kafka cluster named {name!r} (start one: purgatory kafka up)", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except UnknownNodeError as exc:
+        typer.echo(f"local Kafka cluster {name!r}: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    except KafkaAdapterError as exc:  # a node not running (pause, resume), a failed restart
+        typer.echo(f"local Kafka cluster {name!r}: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    typer.echo(f"node {node_id} {done}")
+
+
+@app.command("stop-node")
+def stop_node(node: NodeArgument, name: NameOption = "default") -> None:
+    """Stop one node: SIGTERM (Kafka's controlled shutdown), SIGKILL after a bound."""
+    _on_node(name, node, LocalKafkaCluster.stop_broker, "stopped")
+
+
+@app.command("start-node")
+def start_node(node: NodeArgument, name: NameOption = "default") -> None:
+    """Start a stopped (or killed) node again and wait until the cluster lists it."""
+    _on_node(name, node, LocalKafkaCluster.start_broker, "running")
+
+
+@app.command("kill-node")
+def kill_node(node: NodeArgument, name: NameOption = "default") -> None:
+    """Kill one node with SIGKILL: a crash, no controlled shutdown."""
+    _on_node(name, node, LocalKafkaCluster.kill_broker, "killed")
+
+
+@app.command("pause-node")
+def pause_node(node: NodeArgument, name: NameOption = "default") -> None:
+    """Freeze one node with SIGSTOP: a hung broker, sockets open (resume-node undoes it)."""
+    _on_node(name, node, lambda cluster, n: cluster.running_node(n).pause(), "paused")
+
+
+@app.command("resume-node")
+def resume_node(node: NodeArgument, name: NameOption = "default") -> None:
+    """Resume a paused node with SIGCONT."""
+    _on_node(name, node, lambda cluster, n: cluster.running_node(n).resume(), "resumed")
 
 
 @app.command("owners")

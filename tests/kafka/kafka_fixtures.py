@@ -125,10 +125,14 @@ def kafka_topic_factory(kafka_bootstrap: str) -> TopicFactory:
 
 @pytest.fixture(scope="module")  # module: its three JVMs stop once that module's tests are done
 def kafka_cluster3() -> Iterator[LocalKafkaCluster]:
-    """Three local brokers; node 1 is also the controller (faults hit the followers 2 and 3)."""
+    """Three local brokers; node 1 is also the only controller (faults hit the followers 2 and 3)."""
     from purgatory.adapters.kafka import LocalKafkaCluster
 
-    cluster = LocalKafkaCluster(brokers=3)
+    # One voter, not the default three: these scenarios stop or freeze both followers at once
+    # and need the controller to shrink the ISR meanwhile, or freeze "the controller" (node 1)
+    # so that no metadata reaches a resumed node — with three voters nodes 2 and 3 would
+    # elect another controller. test_cluster_control.py covers the three-voter default.
+    cluster = LocalKafkaCluster(brokers=3, controllers=1)
     cluster.start()
     try:
         yield cluster

@@ -9,7 +9,9 @@ from ._cluster import (
     KafkaNode,
     LocalKafkaCluster,
     NodeSpec,
+    NodeState,
     free_port,
+    voter_ids,
 )
 from ._maven import DEFAULT_KAFKA_VERSION, cache_dir, resolve_kafka
 
@@ -22,7 +24,9 @@ __all__ = [
     "KafkaNode",
     "LocalKafkaCluster",
     "NodeSpec",
+    "NodeState",
     "cache_dir",
     "free_port",
     "resolve_kafka",
+    "voter_ids",
 ]

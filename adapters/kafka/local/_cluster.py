@@ -6,18 +6,24 @@ Algorithm:
    on the pom shipped in ``local/pom.xml`` and copies the broker's runtime classpath into
    ``<cache>/kafka-<version>/libs`` (``cache`` is ``$PURGATORY_KAFKA_CACHE`` or
    ``~/.cache/kafka-purgatory``). A marker file written last makes a half-finished copy retry.
-2. **Lay out.** Node 1 is a combined broker+controller and the cluster's only controller; nodes
-   2..n are brokers only. One controller keeps the metadata quorum alive while the fault tests
-   stop or pause followers (three combined nodes would lose the quorum with two of them down).
-   Every node listens on free ``127.0.0.1`` ports and gets its own ``server.properties``,
-   ``log4j2.properties``, data directory and logs under the cluster's work directory.
+2. **Lay out.** The KRaft controller voters are combined broker+controller nodes (a static
+   quorum: every node's ``controller.quorum.voters`` names them); the other nodes are brokers
+   only. :func:`voter_ids`: three voters (nodes 1-3) from three brokers up, so any one node —
+   node 1 included — may crash and the other two still elect a controller and move leaders;
+   one voter (node 1) below that. With 3 nodes, 2 of them down lose the quorum: no leader
+   or ISR change until one returns (a test freezing two nodes that needs a live controller
+   asks for ``controllers=1``). Every node listens on free ``127.0.0.1`` ports and gets its
+   own ``server.properties``, ``log4j2.properties``, data directory and logs under the
+   cluster's work directory.
 3. **Format** every node's storage (``kafka.tools.StorageTool format``) in parallel JVMs.
 4. **Start** one JVM per node (small heap, serial GC; C1-only JIT unless ``jvm_options`` say
    otherwise), each in its own session so a Ctrl-C to
    the caller does not tear it down half-way; stdout/stderr go to ``<node>/stdout.log``.
 5. **Wait** (bounded) until the cluster serves metadata naming all n brokers. On failure every
    node is stopped and :class:`KafkaStartError` carries the tail of the nodes' logs.
-6. **Stop** by PID: SIGTERM (Kafka's controlled shutdown), SIGKILL after a bound.
+6. **Stop** by PID: SIGTERM (Kafka's controlled shutdown) to every node first, then wait;
+   SIGKILL after a bound. One node alone: ``stop_broker``; ``kill_broker`` (SIGKILL),
+   ``pause_broker`` / ``resume_broker`` (SIGSTOP / SIGCONT) inject faults.
 
 A state file (``state.json`` in the work directory) records PIDs and ports so that
 ``purgatory kafka down`` in another process can stop a cluster started by ``up``.
@@ -46,17 +52,25 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Literal, Self
 
 import structlog
 
-from .._errors import KafkaLauncherError, KafkaStartError
+from .._errors import (
+    KafkaLauncherError,
+    KafkaStartError,
+    NodeNotRunningError,
+    NoLocalClusterError,
+    UnknownNodeError,
+)
 from ._maven import DEFAULT_KAFKA_VERSION, VERSION_ENV, cache_dir, resolve_kafka
 
 __all__ = [
     "KafkaNode",
     "LocalKafkaCluster",
     "NodeSpec",
+    "NodeState",
+    "voter_ids",
 ]
 
 _log = structlog.get_logger("purgatory.kafka.local")
@@ -69,6 +83,9 @@ METADATA_POLL_S = 0.25
 READY_PROBE_TOPIC = "purgatory-ready-probe"
 READY_PROBE_TIMEOUT_S = 3.0
 LOG_TAIL_LINES = 40
+# Voters of a cluster of 3 brokers or more: a majority of 3 (2) survives the loss of any one;
+# 5 would survive two but start two more controllers on 2 cores and slow every commit.
+QUORUM_VOTERS = 3
 DEFAULT_HEAP_MB = 384  # plenty for test traffic; keeps 4 JVMs well inside a laptop's memory
 
 # JIT/GC options of every node's JVM. Serial GC either way: one collector thread, short young
@@ -90,6 +107,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def voter_ids(brokers: int, controllers: int | None = None) -> tuple[int, ...]:
+    """The node ids of the KRaft controller voters: nodes ``1..controllers``.
+
+    By default :data:`QUORUM_VOTERS` (1, 2, 3) from 3 brokers up and node 1 alone below: of 2
+    nodes, 2 voters would need both alive (a majority of 2 is 2) — worse than 1, which at least
+    survives the loss of node 2. Tested at the boundaries by ``test_voters_by_cluster_size``.
+    """
+    if controllers is None:
+        controllers = QUORUM_VOTERS if brokers >= QUORUM_VOTERS else 1
+    if isinstance(controllers, bool) or not isinstance(controllers, int) or not 1 <= controllers <= brokers:
+        raise ValueError(f"controllers must be an int from 1 to brokers ({brokers}), got {controllers!r}")
+    return tuple(range(1, controllers + 1))
+
+
 def _kafka_uuid() -> str:
     # Kafka's Uuid text form: 16 random bytes, URL-safe base64 without padding.
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -97,7 +128,7 @@ def _kafka_uuid() -> str:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node: its id, roles and ports. ``controller_port`` is set only on the controller."""
+    """One node: its id, roles and ports. ``controller_port`` is set only on controller voters."""
 
     node_id: int
     broker_port: int
@@ -140,6 +171,9 @@ _FAST_CLUSTER_CONFIG: dict[str, str] = {
 }
 
 
+NodeState = Literal["running", "paused", "stopped"]
+
+
 @dataclass
 class KafkaNode:
     """One Kafka JVM: formatted storage, a process, its logs. Stopped by PID."""
@@ -162,7 +196,7 @@ class KafkaNode:
     def config_file(self) -> Path:
         return self.work_dir / "server.properties"
 
-    def write_config(self, controller: NodeSpec, brokers: int, extra: Mapping[str, str]) -> None:
+    def write_config(self, voters: Sequence[NodeSpec], brokers: int, extra: Mapping[str, str]) -> None:
         spec = self.spec
         log_dir = self.work_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +208,11 @@ class KafkaNode:
         config = {
             "process.roles": roles,
             "node.id": str(spec.node_id),
-            "controller.quorum.voters": f"{controller.node_id}@127.0.0.1:{controller.controller_port}",
+            # A static quorum (Kafka 4.x still takes it; StorageTool formats it without
+            # --initial-controllers): every node, voter or not, names the same voters.
+            "controller.quorum.voters": ",".join(
+                f"{v.node_id}@127.0.0.1:{v.controller_port}" for v in voters
+            ),
             "listeners": ",".join(listeners),
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{spec.broker_port}",
             "controller.listener.names": "CONTROLLER",
@@ -241,6 +279,7 @@ class KafkaNode:
         _log.info("kafka_node_started", node_id=self.node_id, pid=self.pid, port=self.spec.broker_port)
 
     def is_running(self) -> bool:
+        """True while the JVM exists (paused included)."""
         if self.pid is None:
             return False
         if self._process is not None:
@@ -248,17 +287,39 @@ class KafkaNode:
         # A PID read from a state file may have been reused by an unrelated process since.
         return _pid_alive(self.pid) and _runs_config(self.pid, self.config_file)
 
+    def state(self) -> NodeState:
+        """``running``, ``paused`` (SIGSTOP: the kernel reports it stopped) or ``stopped`` (no JVM)."""
+        if not self.is_running():
+            return "stopped"
+        assert self.pid is not None
+        return "paused" if _process_stopped(self.pid) else "running"
+
+    @property
+    def started_here(self) -> bool:
+        """True iff this handle started the JVM (it holds the process, not a PID from a file)."""
+        return self._process is not None
+
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM (controlled shutdown), then SIGKILL if still alive after ``timeout_s``."""
+        self.begin_stop()
+        self.finish_stop(timeout_s)
+
+    def begin_stop(self) -> None:
+        """SIGTERM without waiting: the cluster signals every node first (see ``finish_stop``)."""
         if self.pid is None:
             return
-        pid = self.pid
         if self._process is None and not self.is_running():
             self.pid = None  # gone already, or the PID now belongs to someone else: never signal it
             return
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
-            os.kill(pid, signal.SIGTERM)
+            os.kill(self.pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
+            os.kill(self.pid, signal.SIGTERM)
+
+    def finish_stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Wait for the exit ``begin_stop`` asked for; SIGKILL if still alive after ``timeout_s``."""
+        if self.pid is None:
+            return
+        pid = self.pid
         if not self._wait_exit(timeout_s):
             _log.warning("kafka_node_kill", node_id=self.node_id, pid=pid, after_s=timeout_s)
             with contextlib.suppress(ProcessLookupError):
@@ -270,20 +331,29 @@ class KafkaNode:
 
     def kill(self) -> None:
         """SIGKILL at once: a crash, no controlled shutdown."""
-        if self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-            self._wait_exit(5.0)
-            self.pid = None
-            self._process = None
+        if self.pid is None:
+            return
+        if self._process is None and not self.is_running():
+            self.pid = None  # as in stop(): a PID from the state file no longer ours is never signalled
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self._wait_exit(5.0)
+        self.pid = None
+        self._process = None
+        _log.info("kafka_node_killed", node_id=self.node_id)
 
     def pause(self) -> None:
-        """SIGSTOP: the JVM freezes with its sockets open (a hung broker)."""
-        if self.pid is not None:
+        """SIGSTOP: the JVM freezes with its sockets open (a hung broker). No-op when not running."""
+        if self.is_running():  # checked first: a PID from a state file, reused since, is never signalled
+            assert self.pid is not None
             os.kill(self.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        if self.pid is not None:
+        """SIGCONT: a paused JVM carries on. No-op when not running (fault tests resume every
+        follower after a test, some of them stopped)."""
+        if self.is_running():
+            assert self.pid is not None
             os.kill(self.pid, signal.SIGCONT)
 
     def _wait_exit(self, timeout_s: float) -> bool:
@@ -343,6 +413,16 @@ def _runs_config(pid: int, config_file: Path) -> bool:
     return b"kafka.Kafka" in cmdline and str(config_file).encode() in cmdline
 
 
+def _process_stopped(pid: int) -> bool:
+    """True iff ``pid`` is stopped by a signal (Linux /proc: state ``T``); False without /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # "pid (comm) S ...": comm may hold spaces and parentheses, so split after the last ")".
+    return stat.rsplit(")", 1)[-1].split()[0] == "T"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -375,8 +455,11 @@ class LocalKafkaCluster:
 
     ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap_servers`` — or ``start()``
     / ``stop()``. Fault injection by node id: ``stop_broker``, ``start_broker``, ``kill_broker``,
-    ``pause_broker``, ``resume_broker``. Node 1 is the controller: stopping it stops the cluster
-    from changing its metadata, which is why fault tests act on the followers 2..n.
+    ``pause_broker``, ``resume_broker`` (each recorded in the state file, so another process's
+    ``from_state`` handle and ``purgatory kafka status`` see it). ``controllers``: how many
+    nodes are KRaft controller voters (:func:`voter_ids`: 3 from 3 brokers up, so any single
+    node may be killed; ``controllers=1`` makes node 1 the only one, for scenarios that must
+    freeze every controller while other nodes run).
     ``jvm_options`` (JIT/GC flags of every node): ``FAST_START_JVM_OPTIONS`` by default, pass
     ``STEADY_STATE_JVM_OPTIONS`` to measure steady-state broker CPU (benchmarks).
 
@@ -397,9 +480,11 @@ class LocalKafkaCluster:
         keep_work_dir: bool = False,
         detach: bool = False,
         jvm_options: Sequence[str] = FAST_START_JVM_OPTIONS,
+        controllers: int | None = None,
     ) -> None:
         if isinstance(brokers, bool) or not isinstance(brokers, int) or brokers < 1:
             raise ValueError(f"brokers must be an int >= 1, got {brokers!r}")
+        self.voters = voter_ids(brokers, controllers)
         self.jvm_options = _checked_jvm_options(jvm_options)
         self.brokers = brokers
         self.version = version or os.environ.get(VERSION_ENV) or DEFAULT_KAFKA_VERSION
@@ -428,15 +513,18 @@ class LocalKafkaCluster:
             base = cache_dir() / "clusters"
             base.mkdir(parents=True, exist_ok=True)
             self.work_dir = Path(tempfile.mkdtemp(prefix=f"kafka-{self.brokers}b-", dir=base))
-        controller = NodeSpec(1, free_port(), free_port())
-        specs = [controller] + [NodeSpec(i, free_port(), None) for i in range(2, self.brokers + 1)]
+        specs = [
+            NodeSpec(i, free_port(), free_port() if i in self.voters else None)
+            for i in range(1, self.brokers + 1)
+        ]
+        voters = [spec for spec in specs if spec.controller_port is not None]
         for spec in specs:
             node_dir = self.work_dir / f"node-{spec.node_id}"
             node_dir.mkdir(parents=True, exist_ok=True)
             node = KafkaNode(
                 spec, node_dir, classpath, self.heap_mb, self.jvm_options, die_with_parent=not self.detach
             )
-            node.write_config(controller, self.brokers, self.broker_config)
+            node.write_config(voters, self.brokers, self.broker_config)
             self.nodes[spec.node_id] = node
         self._format()
         if not self.detach:
@@ -481,7 +569,9 @@ class LocalKafkaCluster:
         deadline = time.monotonic() + timeout_s
         seen = -1
         while time.monotonic() < deadline:
-            dead = [n for n in self.nodes.values() if n.pid is not None and not n.is_running()]
+            # Only nodes this handle started: one killed on purpose elsewhere (a fault test, the
+            # CLI) is not a failed start of the node being brought back.
+            dead = [n for n in self.nodes.values() if n.started_here and not n.is_running()]
             if dead:
                 raise KafkaStartError(
                     f"Kafka node(s) {[n.node_id for n in dead]} exited during start-up:\n"
@@ -513,10 +603,18 @@ class LocalKafkaCluster:
         )
 
     def stop(self) -> None:
-        """Stop every node by PID (brokers first, the controller last) and drop the state file."""
+        """Stop every node by PID and drop the state file.
+
+        Every node is sent SIGTERM before any is waited for: a broker's controlled shutdown needs
+        an answer from the controller quorum, and with three voters stopped one by one the last
+        two would wait out the bound with no quorum left to answer them.
+        """
         atexit.unregister(self.stop)
-        for node in sorted(self.nodes.values(), key=lambda n: -n.node_id):
-            node.stop()
+        for node in self.nodes.values():
+            node.begin_stop()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for node in self.nodes.values():
+            node.finish_stop(max(0.0, deadline - time.monotonic()))
         if self.work_dir is not None:
             with contextlib.suppress(FileNotFoundError):
                 (self.work_dir / STATE_FILE).unlink()
@@ -537,13 +635,17 @@ class LocalKafkaCluster:
         try:
             return self.nodes[node_id]
         except KeyError:
-            raise ValueError(f"no node {node_id} in this cluster (nodes {sorted(self.nodes)})") from None
+            raise UnknownNodeError(node_id, sorted(self.nodes)) from None
 
     def stop_broker(self, node_id: int) -> None:
+        """Controlled shutdown (SIGTERM; SIGKILL after a bound), waited for."""
         self.node(node_id).stop()
+        self.save_state()
 
     def kill_broker(self, node_id: int) -> None:
+        """SIGKILL (a crash), waited for."""
         self.node(node_id).kill()
+        self.save_state()
 
     def start_broker(self, node_id: int, timeout_s: float = START_TIMEOUT_S) -> None:
         """Restart a stopped node and wait until metadata lists every running broker again."""
@@ -556,10 +658,20 @@ class LocalKafkaCluster:
         self.wait_ready(timeout_s)
 
     def pause_broker(self, node_id: int) -> None:
+        """SIGSTOP one node; a no-op on a node not running (see :meth:`running_node`)."""
         self.node(node_id).pause()
 
     def resume_broker(self, node_id: int) -> None:
+        """SIGCONT one node; a no-op on a node not running (see :meth:`running_node`)."""
         self.node(node_id).resume()
+
+    def running_node(self, node_id: int) -> KafkaNode:
+        """The node, if its JVM runs (paused included); :class:`NodeNotRunningError` otherwise —
+        for callers (the CLI) to whom a pause or resume of a stopped node is a mistake."""
+        node = self.node(node_id)
+        if not node.is_running():
+            raise NodeNotRunningError(f"node {node_id} is not running (start-node {node_id} first)")
+        return node
 
     def log_tail(self) -> str:
         return "\n".join(n.log_tail() for n in self.nodes.values())
@@ -567,7 +679,8 @@ class LocalKafkaCluster:
     # -- state file (for ``purgatory kafka down`` from another process) -------------------------
 
     def save_state(self) -> None:
-        if self.work_dir is None:
+        # Not before start() laid the cluster out, nor after stop() removed it.
+        if self.work_dir is None or not self.nodes or not self.work_dir.is_dir():
             return
         state = {
             "version": self.version,
@@ -592,9 +705,11 @@ class LocalKafkaCluster:
         try:
             state = json.loads(path.read_text())
         except FileNotFoundError:
-            raise KafkaLauncherError(f"no local Kafka cluster state at {path}") from None
+            raise NoLocalClusterError(f"no local Kafka cluster state at {path}") from None
         cluster = cls(
             len(state["nodes"]),
+            # The voters are the nodes with a controller port (older state files: node 1 alone).
+            controllers=sum(1 for n in state["nodes"] if n.get("controller_port") is not None) or 1,
             version=state["version"],
             work_dir=work_dir,
             heap_mb=state.get("heap_mb", DEFAULT_HEAP_MB),
