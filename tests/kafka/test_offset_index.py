@@ -211,7 +211,9 @@ def test_a_read_back_that_brought_nothing_is_tried_again_on_the_next_advance(rig
     reader = _NoReader()
     record = FetchedRecord(0, b"k", b"v", 17, ())
     identity = RecordIdentity.of(0, b"k", b"v", 17)
-    op = DelayedReplication(feed, Appended({KEY: 0}, {KEY: EPOCH}, {KEY: (identity,)}, reader), delay_ms=60_000)
+    op = DelayedReplication(
+        feed, Appended({KEY: 0}, {KEY: EPOCH}, {KEY: (identity,)}, reader), delay_ms=60_000
+    )
     purgatory.try_complete_else_watch(op, op.watch_keys())
     view.partitions[KEY] = _facts(0)
     feed.poll_once()

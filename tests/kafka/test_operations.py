@@ -33,7 +33,9 @@ pytestmark = pytest.mark.kafka
 
 def _append(kp: KafkaPurgatory, topic: str, partition: int, n: int = 1, size: int = 5) -> int:
     """Produce ``n`` records of ``size`` bytes; return the last offset."""
-    offsets = RecordAppender(kp.settings).produce([ProducerRecord(topic, b"x" * size, partition=partition) for _ in range(n)])
+    offsets = RecordAppender(kp.settings).produce(
+        [ProducerRecord(topic, b"x" * size, partition=partition) for _ in range(n)]
+    )
     return offsets[TopicPartitionKey(topic, partition)]
 
 

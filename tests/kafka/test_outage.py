@@ -77,7 +77,9 @@ def test_outage_expires_ops_with_clear_error_serves_other_keys_and_feed_reconnec
             assert kp.feed.stats.failures > 0 and kp.feed.is_alive()
 
             # Something must stay watched for the feed to keep probing (it polls watched keys only).
-            watcher = kp.submit(DelayedReplication(kp.feed, {key: 1_000_000}, delay_ms=60_000), validate=False)
+            watcher = kp.submit(
+                DelayedReplication(kp.feed, {key: 1_000_000}, delay_ms=60_000), validate=False
+            )
             cluster.start_broker(1)
             wait_until(lambda: kp.feed.unavailable is None, "the feed reconnected", 60.0)
             again = kp.produce([ProducerRecord(topic, b"after", partition=0)], delay_ms=10_000)

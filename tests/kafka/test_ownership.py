@@ -360,7 +360,9 @@ def test_a_moved_replication_wait_carries_its_offsets_and_leader_epochs_to_the_n
     from purgatory.adapters.kafka import Appended
 
     scaleout = service_scaleout(purgatory)
-    op = DelayedReplication(FakeFacts(), Appended({tp(1): 41, tp(0): 7}, {tp(1): 5, tp(0): 3}), delay_ms=30_000)
+    op = DelayedReplication(
+        FakeFacts(), Appended({tp(1): 41, tp(0): 7}, {tp(1): 5, tp(0): 3}), delay_ms=30_000
+    )
     assert op.move(Moved("revoked", OTHER, 4))
     answer = scaleout.moved_replication(TOPIC, op, time.monotonic(), 30_000)
     assert answer is not None

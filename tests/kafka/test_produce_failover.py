@@ -22,7 +22,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,10 +230,8 @@ def _run(cluster: LocalKafkaCluster, leader: int, replicas: list[list[int]], fau
                 await third.wait()
                 if fault == KILL:
                     cluster.kill_broker(leader)
-                    # On a thread that outlives the test's event loop: the launcher ties a broker's
-                    # life to the thread that started it (PR_SET_PDEATHSIG), and asyncio.run ends
-                    # its default executor's threads.
-                    await loop.run_in_executor(restarter, cluster.start_broker, leader)
+                    # From a worker thread, which ends with the loop: the node must outlive it.
+                    await asyncio.to_thread(cluster.start_broker, leader)
                 else:
                     cluster.pause_broker(leader)
                     await asyncio.sleep(FREEZE_S)  # the fault's length: nothing to wait on, by design
@@ -243,7 +240,6 @@ def _run(cluster: LocalKafkaCluster, leader: int, replicas: list[list[int]], fau
             await asyncio.gather(load, inject())
         await asyncio.to_thread(baseline.close)
 
-    restarter = ThreadPoolExecutor(1, thread_name_prefix="restart-broker")
     try:
         asyncio.run(main())
         _verify(settings, topic, ours, plain, fault)
@@ -251,7 +247,6 @@ def _run(cluster: LocalKafkaCluster, leader: int, replicas: list[list[int]], fau
         cluster.resume_broker(leader)
         if not cluster.node(leader).is_running():
             cluster.start_broker(leader)
-        restarter.shutdown()
 
 
 def _verify(settings: KafkaSettings, topic: str, ours: Side, plain: Side, fault: str) -> None:

@@ -31,7 +31,7 @@ def test_a_gateway_shares_its_kafka_purgatorys_view_feed_clients_and_purgatories
         assert isinstance(kp, KafkaPurgatory)
         assert gateway.view is kp.view and kp.feed.view is kp.view, "one cluster view"
         assert gateway.feed is kp.feed, "one change feed"
-        assert gateway.producer is kp.producer and gateway.appender is kp.appender, "one producer"
+        assert gateway.sender is kp.sender, "one producer"
         assert gateway.reader is kp.reader and isinstance(kp.reader, SharedReadReader), "one shared reader"
         assert gateway.journal is kp.journal
         assert kp.purgatories == {

@@ -1,9 +1,9 @@
-"""``GET /topics/{t}/replicated`` with the epochs and record identities a MOVED produce carries.
+"""``GET /topics/{t}/replicated`` with leader epochs and record identities.
 
-Where a produce answered MOVED continues at the partition's new owner: the records were
-appended already, so the new owner must keep both fences — the leader epoch noted before the
-append and the read-back of each partition's last record (a deposed leader's append,
-:class:`FencedAppender`). The query is built by the same function the MOVED answer uses.
+A caller that knows where its records were appended (offsets, the leader epoch, what the first
+and last record are) waits for their replication without being told "replicated" for a record a
+leader change discarded; a wait that moves to another instance carries both fences along. The
+query is built by the same function the MOVED answer uses.
 """
 
 from __future__ import annotations
@@ -12,7 +12,13 @@ import asyncio
 from urllib.parse import urlencode
 
 import pytest
-from purgatory.adapters.kafka import DelayedProduce, ProducerRecord, RecordIdentity
+from purgatory.adapters.kafka import (
+    Appended,
+    DelayedReplication,
+    ProducerRecord,
+    RecordIdentity,
+    TopicPartitionKey,
+)
 from purgatory.adapters.service._scaleout import replicated_query
 
 from tests.kafka.kafka_fixtures import TopicFactory
@@ -25,14 +31,21 @@ pytestmark = pytest.mark.kafka
 async def _moved_query(service: Service, topic: str, count: int = 1) -> dict[str, str]:
     gateway = service.gateway
     records = [ProducerRecord(topic, b"mine-%d" % i, b"k", 0) for i in range(count)]
-    appended = await asyncio.to_thread(gateway.appender.append, records)
-    query = replicated_query(DelayedProduce(gateway.feed, appended), 15_000)
+    produced = await gateway.kafka.produce_async(records)
+    assert produced.succeeded, produced.record_statuses
+    key = TopicPartitionKey(topic, 0)
+    epochs = await asyncio.to_thread(gateway.view.leader_epochs, [key])
+    offsets = produced.result().offsets
+    ends = {0: records[0], len(records) - 1: records[-1]}
+    identities = tuple(RecordIdentity.of(offsets[i] or 0, r.key, r.value, -1) for i, r in ends.items())
+    appended = Appended({key: offsets[-1] or 0}, epochs, {key: identities}, gateway.reader)
+    query = replicated_query(DelayedReplication(gateway.feed, appended), 15_000)
     assert query is not None, "every partition's epoch was known before the append"
     return query
 
 
 @pytest.mark.parametrize("count", [1, 3])
-async def test_a_moved_produce_continues_with_its_epochs_and_records_and_is_answered_replicated(
+async def test_a_wait_with_epochs_and_records_is_answered_replicated(
     service: Service, kafka_topic_factory: TopicFactory, count: int
 ) -> None:
     topic = kafka_topic_factory(1)
@@ -45,7 +58,7 @@ async def test_a_moved_produce_continues_with_its_epochs_and_records_and_is_answ
     assert answer.json()["statuses"] == {"0": "NONE"}
 
 
-async def test_a_moved_produce_whose_offset_holds_another_record_is_503_not_leader(
+async def test_a_wait_whose_offset_holds_another_record_is_503_not_leader(
     service: Service, kafka_topic_factory: TopicFactory
 ) -> None:
     topic = kafka_topic_factory(1)

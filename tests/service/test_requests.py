@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from purgatory.adapters.kafka import AppendOutcomeUnknownError
 from purgatory.adapters.service import FetchParams, Gateway, ProduceRequest, resolve_bootstrap
 from purgatory.adapters.service._errors import from_validation_error
-from purgatory.adapters.service._gateway import _kafka_error
 from purgatory.adapters.service._requests import (
     MAX_FETCH_BYTES,
     MAX_RECORDS_PER_PRODUCE,
@@ -80,17 +78,3 @@ def test_bootstrap_order_matches_the_kafka_provider(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("PURGATORY_KAFKA_BOOTSTRAP", "from-env:9092")
     assert resolve_bootstrap(settings) == "from-env:9092"
     assert resolve_bootstrap(settings, "explicit:9092") == "explicit:9092"
-
-
-def test_an_append_of_unknown_outcome_is_a_retriable_503_saying_a_resend_may_duplicate() -> None:
-    error = _kafka_error(
-        AppendOutcomeUnknownError(
-            "the append of 3 record(s) did not complete: ... resending the request may duplicate 3",
-            acknowledged=1,
-            refused=0,
-            unknown=2,
-        ),
-        "orders",
-    )
-    assert (error.status, error.code, error.field) == (503, "APPEND_OUTCOME_UNKNOWN", "records")
-    assert "may duplicate" in error.message

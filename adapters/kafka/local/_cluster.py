@@ -46,9 +46,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -263,16 +265,28 @@ class KafkaNode:
             return
         out = (self.work_dir / "stdout.log").open("ab")
         try:
-            self._process = subprocess.Popen(
-                [*self._java(), "kafka.Kafka", str(self.config_file)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.work_dir,
-                # Own session: a terminal's Ctrl-C goes to the caller, which then stops us by PID.
-                start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent and _PRCTL is not None else None,
-            )
+            preexec = _die_with_parent if self.die_with_parent and _PRCTL is not None else None
+
+            def popen() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(
+                    [*self._java(), "kafka.Kafka", str(self.config_file)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=self.work_dir,
+                    # Own session: a terminal's Ctrl-C goes to the caller, which then stops us by PID.
+                    start_new_session=True,
+                    preexec_fn=preexec,
+                )
+
+            if self.die_with_parent and _PRCTL is not None:
+                # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the
+                # process: a node started from a worker thread (asyncio.to_thread, an executor)
+                # was SIGTERMed when that thread ended. Forked from one thread that lives as long
+                # as the process, the signal means what it should: our process is gone.
+                self._process = _spawner().submit(popen).result()
+            else:
+                self._process = popen()
         finally:
             out.close()
         self.pid = self._process.pid
@@ -396,6 +410,19 @@ def _load_prctl() -> Callable[..., int] | None:
 # Resolved in the parent: the child between fork and exec must only make the one call.
 _PRCTL = _load_prctl()
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+_SPAWNER: ThreadPoolExecutor | None = None
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawner() -> ThreadPoolExecutor:
+    """The one thread nodes are forked from (see KafkaNode.start): it lives until the process ends."""
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="kafka-node-spawner")
+        return _SPAWNER
 
 
 def _die_with_parent() -> None:

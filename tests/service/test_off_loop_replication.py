@@ -1,4 +1,4 @@
-"""OffLoopProduce: the read-back of an appended record never runs on the event loop's thread (no Kafka)."""
+"""OffLoopReplication: a replication wait never reads records back on the event loop's thread (no Kafka)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from purgatory.adapters.kafka import (
     RecordIdentity,
     TopicPartitionKey,
 )
-from purgatory.adapters.service._produce import OffLoopProduce
+from purgatory.adapters.kafka._off_loop import OffLoopReplication
 
 from tests.kafka.test_fence_and_calls import FakeFacts
 
@@ -39,7 +39,7 @@ def test_an_attempt_on_the_loop_thread_that_needs_a_read_back_hands_it_to_the_ex
     )
     identity = RecordIdentity.of(RECORD.offset, RECORD.key, RECORD.value, RECORD.timestamp_ms)
     with ThreadPoolExecutor(1) as attempts:
-        op = OffLoopProduce(
+        op = OffLoopReplication(
             facts,
             Appended({KEY: 10}, {KEY: 4}, {KEY: (identity,)}, log),
             delay_ms=60_000,
@@ -60,13 +60,13 @@ class RefusingAttempts:
         raise RuntimeError("cannot schedule new futures after shutdown")
 
 
-def test_a_refused_hand_off_leaves_the_produce_waiting_for_an_attempt_off_the_loop() -> None:
+def test_a_refused_hand_off_leaves_the_wait_for_an_attempt_off_the_loop() -> None:
     facts, log = FakeFacts(), ThreadNotingLog()
     facts.partitions[KEY] = PartitionFacts(
         high_watermark=11, leader=1, leader_epoch=4, isr=(1, 2, 3), min_insync_replicas=2
     )
     identity = RecordIdentity.of(RECORD.offset, RECORD.key, RECORD.value, RECORD.timestamp_ms)
-    op = OffLoopProduce(
+    op = OffLoopReplication(
         facts,
         Appended({KEY: 10}, {KEY: 4}, {KEY: (identity,)}, log),
         delay_ms=60_000,
