@@ -159,6 +159,9 @@ class _Reading(asyncio.Protocol):
         self.status = 0
         self.transport: asyncio.Transport | None = None
 
+    def itself(self) -> _Reading:  # the protocol factory of create_connection
+        return self
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.transport.write(self.request)
@@ -260,10 +263,9 @@ async def _flood(
         else:
             for _ in range(waiters):
                 done: asyncio.Future[int] = loop.create_future()
-                transport, _ = await loop.create_connection(
-                    lambda d=done: _Reading(request, d, mode == "read"), "127.0.0.1", port
-                )
-                closers.append(transport)
+                protocol = _Reading(request, done, mode == "read")
+                opened, _ = await loop.create_connection(protocol.itself, "127.0.0.1", port)
+                closers.append(opened)
                 answers.append(done)
         async with httpx.AsyncClient(timeout=PRODUCE_TIMEOUT_S) as client:
             deadline = time.monotonic() + 60
@@ -298,8 +300,8 @@ async def _flood(
                 poll.close()
         else:
             statuses = [f.result() for f in answers if f.done()]
-            for transport in closers:
-                transport.close()
+            for each in closers:
+                each.close()
         result.answers = len(statuses)
         for status in statuses:
             result.answer_statuses[str(status)] = result.answer_statuses.get(str(status), 0) + 1
@@ -307,8 +309,8 @@ async def _flood(
     finally:
         stop.set()
         await asyncio.gather(sampler, health)
-        for transport in closers:
-            transport.close()
+        for each in closers:
+            each.close()
     result.seconds = time.monotonic() - started
     return result
 
