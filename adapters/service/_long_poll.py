@@ -430,18 +430,28 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         transport = self.transport
         sent = parked.sent
         end = len(answer)
-        while sent < end:
+        if sent < end:
             if transport.is_closing():
                 return  # the client left: connection_lost lets go of the answer
             if transport.get_write_buffer_size():
-                parked.sent = sent
                 return  # resume_writing sends on once the buffer drained
             transport.write(answer[sent : sent + ANSWER_CHUNK])  # a slice of the shared bytes
-            sent += ANSWER_CHUNK
+            parked.sent = sent = sent + ANSWER_CHUNK
+            if sent < end:
+                # One piece per connection per loop iteration, even while the kernel takes every
+                # piece (a socket's buffer takes MBs): 1,000 answers written in one go stalled
+                # the loop, /healthz included, for over 2 s (min_bytes_flood, idle clients).
+                if not transport.get_write_buffer_size():
+                    self.loop.call_soon(self._send_if_parked, parked)
+                return
         parked.sent = end
         parked.answer = None
         transport.set_write_buffer_limits()  # asyncio's defaults again, as uvicorn runs with
         self._answered(parked, answer[:12])
+
+    def _send_if_parked(self, parked: _Parked) -> None:
+        if self._parked is parked and parked.answer is not None:
+            self._send(parked)
 
     def resume_writing(self) -> None:
         super().resume_writing()
