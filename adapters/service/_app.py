@@ -287,7 +287,11 @@ class RenderedFetches:
             self.hits += 1
             return last[6]
         body = self._body(topic, partition, op, records)
-        if op.error is None and len(body) <= self.max_bytes // 4:  # kept as the LRU keeps bodies
+        if op.error is None:
+            # Kept whatever its size (the LRU keeps none past a quarter of its bytes): one body,
+            # at most a 16 MiB answer's ~22 MB of JSON, and the waiters of a key event answered
+            # with the largest answers share it instead of rendering ~22 MB each (the
+            # memory-runaway report: 1,000 min_bytes=16000000 polls).
             self._last = (topic, partition, op.outcome, part.status, part.fetch_offset, records, body)
         return body
 

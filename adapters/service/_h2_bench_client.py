@@ -90,9 +90,14 @@ class _H2Connection(asyncio.Protocol):
     reads; ``_block`` a header block awaiting its CONTINUATIONs (its stream, END_STREAM, bytes).
     """
 
-    def __init__(self, authority: bytes, requests: list[tuple[bytes, H2LongPoll]]) -> None:
+    def __init__(
+        self, authority: bytes, requests: list[tuple[bytes, H2LongPoll]], keep_bodies: bool = True
+    ) -> None:
         self.authority = authority
         self.requests = requests
+        # False: bodies are read and thrown away (tools/bench/min_bytes_flood: 16 MiB answers by
+        # the thousand); a poll keeps its status and its body's last DATA frame only.
+        self.keep_bodies = keep_bodies
         self.by_stream: dict[int, H2LongPoll] = {}
         self.statuses: dict[int, int] = {}  # stream -> status, from its HEADERS until it ends
         self.bodies: dict[int, bytearray] = {}  # stream -> body so far, when it came in pieces
@@ -157,7 +162,8 @@ class _H2Connection(asyncio.Protocol):
                 if flags & END_STREAM:
                     self._ended(stream_id, data[start:stop], now)
                 else:
-                    self.bodies.setdefault(stream_id, bytearray()).extend(data[start:stop])
+                    if self.keep_bodies:
+                        self.bodies.setdefault(stream_id, bytearray()).extend(data[start:stop])
                     if length:  # give the stream's window back: a body larger than one window
                         replies.append(_frame(WINDOW_UPDATE, 0, stream_id, length.to_bytes(4, "big")))
             elif kind == HEADERS:
@@ -265,9 +271,11 @@ async def open_h2_long_polls(
     max_wait_ms: int,
     streams_per_connection: int,
     offset: int = 0,
+    extra_query: str = "",
+    keep_bodies: bool = True,
 ) -> list[H2LongPoll]:
     """``waiters`` long polls at ``offset`` (waiter ``i`` on partition ``i % partitions``) over h2c
-    connections."""
+    connections; ``extra_query`` is appended to each query (``&min_bytes=...``)."""
     loop = asyncio.get_running_loop()
     polls = [H2LongPoll(i % partitions) for i in range(waiters)]
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
@@ -276,14 +284,14 @@ async def open_h2_long_polls(
         chunk = polls[first : first + streams_per_connection]
         requests = [
             (
-                f"/topics/{topic}/partitions/{p.partition}/records?offset={offset}&max_wait_ms={max_wait_ms}".encode(),
+                f"/topics/{topic}/partitions/{p.partition}/records?offset={offset}&max_wait_ms={max_wait_ms}{extra_query}".encode(),
                 p,
             )
             for p in chunk
         ]
         async with gate:
             _, protocol = await loop.create_connection(
-                lambda: _H2Connection(b"127.0.0.1", requests), "127.0.0.1", port
+                lambda: _H2Connection(b"127.0.0.1", requests, keep_bodies), "127.0.0.1", port
             )
             await protocol.sent
 

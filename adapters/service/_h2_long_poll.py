@@ -108,6 +108,11 @@ H2_PREFACE = (
 # A bridged request's body is read in full before the app runs: bounded (the produce route's own
 # limit is 1 MiB; the margin lets the app give its own 413 with the field named).
 MAX_BRIDGED_BODY_BYTES = 2 * 1024 * 1024
+# A connection's answers are handed to the transport only while less than this waits unsent in
+# its buffers. The client's flow-control windows alone do not bound it (a client may announce
+# 2^31-1 and read nothing), and asyncio copies what the socket does not take: 1,000 streams'
+# 21 MB answers would be 21 GB of copies (the memory-runaway report). The bodies stay shared.
+WRITE_BACKLOG = 256 * 1024
 # A connection's streams whose request has not ended yet (HEADERS without END_STREAM, a body
 # still arriving): past this many a new one is refused (RST_STREAM REFUSED_STREAM: safe to retry).
 # A long poll ends its request with its HEADERS, so it never counts; this bounds what one
@@ -304,6 +309,8 @@ class H2Session:
         self.requests: dict[int, _H2Request] = {}
         self.bridged: dict[int, _Bridged] = {}
         self.blocked: dict[int, memoryview] = {}
+        # True when a body waits in ``blocked`` for the transport to drain, not for a window.
+        self.backlogged = False
         self.closing = False  # graceful shutdown: new streams refused, GOAWAY once the last is answered
         # Requests still arriving (``requests``): their time bound (as HTTP/1.1's body timeout),
         # the body bytes they buffer, and the flow-control acknowledgements held back past
@@ -648,10 +655,19 @@ class H2Session:
             self.blocked.pop(stream_id, None)  # the client reset the stream meanwhile
         self._schedule_flush()
 
+    def _backlog(self) -> int:
+        """Bytes written but not sent yet: the transport's buffer, ours, and h2's."""
+        return self.transport.get_write_buffer_size() + len(self.out) + len(self.conn._data_to_send)
+
     def _send_body(self, stream_id: int, view: memoryview, whole: bytes | None = None) -> None:
-        """Send what the windows allow; the rest waits in ``blocked`` for a WINDOW_UPDATE."""
+        """Send what the windows and the backlog allow; the rest waits in ``blocked`` for a
+        WINDOW_UPDATE, or for the transport to drain (:data:`WRITE_BACKLOG`)."""
         conn = self.conn
         while view:
+            if self._backlog() >= WRITE_BACKLOG:
+                self.blocked[stream_id] = view
+                self.backlogged = True
+                return
             size = min(conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size, len(view))
             if size <= 0:
                 self.blocked[stream_id] = view
@@ -694,6 +710,17 @@ class H2Session:
             self.out = bytearray()
             if not self.transport.is_closing():
                 self.transport.write(out)
+        if self.backlogged and not self.protocol.flow.write_paused:
+            # The transport took the backlog without pausing (so no resume_writing will come):
+            # send on in the next iteration, after the loop's other work.
+            self.backlogged = False
+            self.loop.call_soon(self._unblock, 0)
+
+    def writing_resumed(self) -> None:
+        """The transport's buffer drained (resume_writing): streams held back by the backlog go on."""
+        if self.backlogged:
+            self.backlogged = False
+            self._unblock(0)
 
     # -- the ASGI bridge -----------------------------------------------------------------------
 
@@ -878,6 +905,11 @@ class H2PriorKnowledge:
             self._h2.shutdown()
             return
         super().shutdown()  # type: ignore[misc]
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        if self._h2 is not None:
+            self._h2.writing_resumed()
 
 
 def http2_capable(protocol: type[Any]) -> type[Any]:

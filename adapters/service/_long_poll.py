@@ -86,6 +86,12 @@ _NOT_OURS = frozenset(
 )
 # How deep the app may sit inside uvicorn's wrappers (proxy headers, message logger).
 _MAX_WRAPPERS = 8
+# An answer is handed to the transport at most this much at a time, and the next piece only once
+# the transport's buffer is empty again. asyncio (3.11) *copies* what the socket does not take at
+# once into a per-connection buffer: a whole 21 MB answer shared by 1,000 slow or idle clients
+# was 21 GB of copies (tools/bench/min_bytes_flood.py, the memory-runaway report). Piece by
+# piece, a connection's own bytes stay under one chunk; the shared answer is held once.
+ANSWER_CHUNK = 64 * 1024
 _T = TypeVar("_T")
 
 
@@ -121,9 +127,12 @@ class _Parked:
 
     The topic and partition are the operation's key's (the gateway shares one key per partition
     between its waiters): not the request's own copies, held by every waiter.
+
+    An answer larger than :data:`ANSWER_CHUNK` is written a chunk at a time (``answer``, ``sent``:
+    see :meth:`LongPollH11Protocol._send`); the connection stays parked until its last byte left.
     """
 
-    __slots__ = ("gateway", "offset", "op", "pipelined", "target")
+    __slots__ = ("answer", "gateway", "offset", "op", "pipelined", "sent", "target")
 
     def __init__(self, gateway: Gateway, op: DelayedFetch, offset: int | None, target: str | None) -> None:
         self.gateway = gateway  # its lifespan drops it from the app's state before draining
@@ -131,6 +140,8 @@ class _Parked:
         self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
         self.pipelined = b""  # bytes the client sent after the request, for h11 after the answer
         self.target = target  # path and query, for the access log only (None when it is off)
+        self.answer: memoryview | None = None  # the answer's bytes while they are being written
+        self.sent = 0  # of them, how many the transport took
 
 
 class _SharedAnswer:
@@ -400,7 +411,57 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
 
     def _respond(self, parked: _Parked, data: bytes) -> None:
-        self.transport.write(data)
+        if len(data) <= ANSWER_CHUNK:
+            self.transport.write(data)
+            self._answered(parked, data)
+            return
+        # Written piece by piece (ANSWER_CHUNK): the connection stays parked meanwhile, so bytes
+        # the client pipelines wait (data_received) and no other response can interleave.
+        parked.answer = memoryview(data)
+        # Any byte left over in the transport's buffer pauses writing, and its draining to 0
+        # resumes it: resume_writing is the signal to hand over the next piece.
+        self.transport.set_write_buffer_limits(high=0, low=0)
+        self._send(parked)
+
+    def _send(self, parked: _Parked) -> None:
+        """Hand ``parked``'s answer to the transport while its buffer is empty (see _respond)."""
+        answer = parked.answer
+        assert answer is not None, "only an answer being written is sent piece by piece"
+        transport = self.transport
+        sent = parked.sent
+        end = len(answer)
+        if sent < end:
+            if transport.is_closing():
+                return  # the client left: connection_lost lets go of the answer
+            if transport.get_write_buffer_size():
+                return  # resume_writing sends on once the buffer drained
+            transport.write(answer[sent : sent + ANSWER_CHUNK])  # a slice of the shared bytes
+            parked.sent = sent = sent + ANSWER_CHUNK
+            if sent < end:
+                # One piece per connection per loop iteration, even while the kernel takes every
+                # piece (a socket's buffer takes MBs): 1,000 answers written in one go stalled
+                # the loop, /healthz included, for over 2 s (min_bytes_flood, idle clients).
+                if not transport.get_write_buffer_size():
+                    self.loop.call_soon(self._send_if_parked, parked)
+                return
+        parked.sent = end
+        parked.answer = None
+        transport.set_write_buffer_limits()  # asyncio's defaults again, as uvicorn runs with
+        self._answered(parked, answer[:12])
+
+    def _send_if_parked(self, parked: _Parked) -> None:
+        if self._parked is parked and parked.answer is not None:
+            self._send(parked)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        parked = self._parked
+        if parked is not None and parked.answer is not None:
+            self._send(parked)
+
+    def _answered(self, parked: _Parked, data: bytes | memoryview) -> None:
+        """The answer (``data``: its first bytes at least) is with the transport: the connection's
+        steps after a response."""
         self._parked = None
         if parked.target is not None:  # as uvicorn's access log line
             client = f"{self.client[0]}:{self.client[1]}" if self.client else ""
