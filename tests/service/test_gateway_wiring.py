@@ -9,6 +9,7 @@ import pytest
 from purgatory.adapters.kafka import (
     DelayedFetch,
     DelayedProduce,
+    DelayedReplication,
     KafkaPurgatory,
     SharedReadReader,
     provide_cluster,
@@ -37,10 +38,12 @@ def test_a_gateway_shares_its_kafka_purgatorys_view_feed_clients_and_purgatories
         assert kp.purgatories == {
             FETCH_PURGATORY: gateway.fetch_purgatory,
             PRODUCE_PURGATORY: gateway.produce_purgatory,
+            "replication": gateway.replication_purgatory,
         }, "the gateway's purgatories are the KafkaPurgatory's, and only those"
         assert kp.purgatory_for_kind(DelayedFetch) is gateway.fetch_purgatory
         assert kp.purgatory_for_kind(DelayedProduce) is gateway.produce_purgatory
-        assert [p.max_pending_per_key for p in gateway.purgatories] == [7, 7], "admission applies to them"
+        assert kp.purgatory_for_kind(DelayedReplication) is gateway.replication_purgatory
+        assert [p.max_pending_per_key for p in gateway.purgatories] == [7, 7, 7], "admission applies to them"
     finally:
         gateway.close()
     with pytest.raises(PurgatoryClosedError):

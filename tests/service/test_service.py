@@ -16,7 +16,7 @@ from purgatory.adapters.service._server import BackgroundServer
 
 from purgatory import Outcome
 from purgatory.settings import JournalSettings, KafkaSettings, Settings
-from tests.kafka.kafka_fixtures import TopicFactory
+from tests.kafka.kafka_fixtures import RecordAppender, TopicFactory
 
 from .conftest import WAIT_S, Service, until
 
@@ -120,7 +120,7 @@ async def test_max_wait_ms_0_answers_at_once_with_the_records_already_there(
     topic = kafka_topic_factory(1)
     records = [ProducerRecord(topic, v.encode(), partition=0) for v in ("a", "b", "c")]
     # Appended past the service (no request watched the partition): not in the feed's facts.
-    await asyncio.to_thread(service.gateway.producer.produce, records)
+    await asyncio.to_thread(RecordAppender(service.gateway.settings.kafka).produce, records)
     assert service.gateway.feed.partition(TopicPartitionKey(topic, 0)) is None
     async with service.client() as client:
         response = await client.get(_records_url(topic), params={"offset": 1, "max_wait_ms": max_wait_ms})
@@ -332,7 +332,7 @@ async def test_healthz_reports_serving_and_each_purgatory(service: Service) -> N
     assert response.status_code == 200
     body = response.json()
     assert body["status"] == "ok"
-    assert set(body["purgatories"]) == {"fetch", "produce"}
+    assert set(body["purgatories"]) == {"fetch", "produce", "replication"}
 
 
 async def test_closing_the_gateway_answers_every_waiting_poll(
