@@ -237,9 +237,7 @@ def broker_fault(cluster: LocalKafkaCluster, mode: str, *, with_groups: bool = T
                 cluster.resume_broker(NODE)
             faulted = False
             result.check(_wait_until(lambda: kp.feed.unavailable is None, WAIT_S), "the feed did not recover")
-            again = kp.produce(
-                [ProducerRecord(topic, b"after", partition=0)], delay_ms=10_000, timeout_s=WAIT_S
-            )
+            again = kp.produce([ProducerRecord(topic, b"after", partition=0)], delay_ms=int(WAIT_S * 1000))
             result.check(
                 again.wait(WAIT_S) and again.outcome is Outcome.COMPLETED, "produce after recovery failed"
             )
