@@ -20,13 +20,13 @@ from purgatory.adapters.kafka import (
     InvalidTopicError,
     KafkaConfigError,
     ProducerRecord,
+    RecordSender,
     TopicKey,
     TopicPartitionKey,
     check_client_config,
     client_config,
     redacted,
 )
-from purgatory.adapters.kafka._clients import producer_config
 from pydantic import SecretStr
 
 from purgatory._secrets import MASK as MASKED
@@ -211,31 +211,30 @@ def test_redacted_client_configs_mask_declared_secret_keys_by_value() -> None:
     assert client_config(kafka)["vendor.thing"] == custom, "the client itself still gets the value"
 
 
-def test_the_append_producer_never_resends_a_batch_and_keeps_one_request_in_flight() -> None:
-    """A resent batch whose first answer was lost may be appended twice (acks=1 has no
-    idempotence): the append producer does not retry, even where client_config sets other
-    tuning, and sends one request at a time so a request's records keep their order."""
-    config = producer_config(
-        KafkaSettings(bootstrap_servers="x:1", client_config={"socket.timeout.ms": "300"})
+def test_the_produce_producer_is_idempotent_whatever_client_config_tunes() -> None:
+    """acks=all with retries the broker de-duplicates, in order: what a produce relies on."""
+    sender = RecordSender(
+        KafkaSettings(bootstrap_servers="x:1", client_config={"socket.timeout.ms": "300"}), window=False
     )
-    assert config["message.send.max.retries"] == 0
-    assert config["acks"] == "1" and config["enable.idempotence"] is False
-    assert config["max.in.flight.requests.per.connection"] == 1
+    config = sender._config
+    assert config["enable.idempotence"] is True
     assert config["socket.timeout.ms"] == "300", "other passthrough properties still apply"
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("retries", "5"),
-        ("message.send.max.retries", "5"),
-        ("acks", "all"),
-        ("request.required.acks", "-1"),
-        ("enable.idempotence", "true"),
-        ("max.in.flight", "5"),
+        ("retries", "0"),
+        ("message.send.max.retries", "0"),
+        ("acks", "1"),
+        ("request.required.acks", "1"),
+        ("enable.idempotence", "false"),
+        ("max.in.flight", "1"),
     ],
 )
-def test_client_config_weakening_the_append_is_refused_at_start_naming_the_key(name: str, value: str) -> None:
+def test_client_config_weakening_the_produce_is_refused_naming_the_key(
+    name: str, value: str
+) -> None:
     settings = KafkaSettings(bootstrap_servers="x:1", client_config={name: value})
-    with pytest.raises(KafkaConfigError, match=rf"kafka\.client_config\['{re.escape(name)}'\]: the append"):
+    with pytest.raises(KafkaConfigError, match=rf"kafka\.client_config\['{re.escape(name)}'\]: the produce"):
         check_client_config(settings)
