@@ -232,9 +232,7 @@ def test_the_produce_producer_is_idempotent_whatever_client_config_tunes() -> No
         ("max.in.flight", "1"),
     ],
 )
-def test_client_config_weakening_the_produce_is_refused_naming_the_key(
-    name: str, value: str
-) -> None:
+def test_client_config_weakening_the_produce_is_refused_naming_the_key(name: str, value: str) -> None:
     settings = KafkaSettings(bootstrap_servers="x:1", client_config={name: value})
     with pytest.raises(KafkaConfigError, match=rf"kafka\.client_config\['{re.escape(name)}'\]: the produce"):
         check_client_config(settings)
