@@ -64,10 +64,10 @@ def create_app(topic: str = "orders", group: str = "billing", settings: Settings
     @app.post("/orders", status_code=201)
     async def place_order(order: Order, request: Request) -> Placed:
         record = ProducerRecord(topic, order.model_dump_json().encode(), partition=0)
-        result = await purgatory(request).produce([record])  # appended, then replicated
+        result = await purgatory(request).produce([record])  # acks=all: on every in-sync replica
+        if not result.succeeded:  # e.g. NOT_ENOUGH_REPLICAS, REQUEST_TIMED_OUT
+            raise HTTPException(503, detail=[status.value for status in result.record_statuses])
         ((key, offset),) = result.appended.items()
-        if not result.succeeded:
-            raise HTTPException(503, detail={key.label: result.statuses[key]})
         return Placed(partition=key.partition, offset=offset)
 
     @app.get("/orders/wait")
