@@ -233,7 +233,8 @@ class KafkaSettings(_Section):
         5000, description="Bound on one batched admin request of the cluster view (then: unavailable)."
     )
     append_timeout_ms: DurationMs = Field(
-        10000, description="Delivery bound of a request-reply request or reply (the sender's message.timeout.ms)."
+        10000,
+        description="Delivery bound of a request-reply request or reply (the sender's message.timeout.ms).",
     )
     produce_timeout_ms: DurationMs = Field(
         30000,
@@ -244,7 +245,8 @@ class KafkaSettings(_Section):
         5,
         ge=0,
         le=1000,
-        description="linger.ms of the produce producer: how long a record waits for others to share its batch.",
+        description="linger.ms of the produce producer: how long a record waits for others to share its "
+        "batch.",
     )
     fetch_max_wait_ms: DurationMs = Field(500, description="Default DelayedFetch max_wait_ms (Kafka: 500).")
     commit_timeout_ms: DurationMs = Field(30000, description="Default delay_ms of DelayedConsumerCommit.")
