@@ -555,8 +555,12 @@ def produce(
     ] = None,
     partitions: Annotated[int, typer.Option(min=1, help="Partitions of the bench topic.")] = 6,
     linger_ms: Annotated[
-        int | None,
-        typer.Option(help="Our producer's linger (kafka.produce_linger_ms; default: the setting)."),
+        list[int] | None,
+        typer.Option(
+            "--linger-ms",
+            help="Our producer's linger (kafka.produce_linger_ms; default: the setting); repeat the "
+            "option to compare several against the same plain side.",
+        ),
     ] = None,
     plain_linger_ms: Annotated[int, typer.Option(min=0, help="The plain producer's linger.ms.")] = (
         PLAIN_LINGER_MS
@@ -575,7 +579,7 @@ def produce(
     records = records or (1000 if quick else 3000)
     sequential_records = sequential_records or (200 if quick else 500)
     repeats = repeats or (1 if quick else 3)
-    ours_linger = settings.produce_linger_ms if linger_ms is None else linger_ms
+    lingers = linger_ms or [settings.produce_linger_ms]
     for api in apis or APIS:
         if api not in APIS:
             raise typer.BadParameter(f"--api must be library or http, got {api!r}", param_hint="--api")
@@ -584,7 +588,7 @@ def produce(
     names = [name for name, _, _ in workloads]
     options = {
         "brokers": broker_counts, "apis": apis or list(APIS), "workloads": workloads,
-        "partitions": partitions, "linger_ms": ours_linger, "plain_linger_ms": plain_linger_ms,
+        "partitions": partitions, "linger_ms": lingers, "plain_linger_ms": plain_linger_ms,
         "repeats": repeats, "value_bytes": VALUE_BYTES,
     }  # fmt: skip
     cases: list[dict[str, Any]] = []
@@ -597,24 +601,27 @@ def produce(
             typer.echo(
                 f"\n{count} broker(s) via {cluster.provider} at {bootstrap}: topic {partitions} partitions, "
                 f"RF {count}{', min.insync.replicas 2' if count >= 3 else ''}; {VALUE_BYTES} B records; "
-                f"linger ours {ours_linger} ms, plain {plain_linger_ms} ms; x{repeats}; "
+                f"linger ours {'/'.join(map(str, lingers))} ms, plain {plain_linger_ms} ms; x{repeats}; "
                 f"load {os.getloadavg()[0]:.1f}"
             )
             for api in apis or APIS:
-                runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
-                for repeat in range(repeats):
-                    for side in SIDES if repeat % 2 == 0 else tuple(reversed(SIDES)):
-                        spec = {
-                            "side": side, "api": api, "bootstrap": bootstrap, "topic": topic,
-                            "workloads": workloads,
-                            "linger_ms": ours_linger if side == "purgatory" else plain_linger_ms,
-                        }  # fmt: skip
-                        result = run_once(spec)
-                        result["load"] = os.getloadavg()[0]
-                        runs[side].append(result)
-                rows = summarize(runs, names)
-                _print_case(f"{api}, {count} broker(s) — medians of {repeats}", api, rows)
-                cases.append({"brokers": count, "api": api, "summary": rows, "runs": runs})
+                for linger in lingers:
+                    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+                    for repeat in range(repeats):
+                        for side in SIDES if repeat % 2 == 0 else tuple(reversed(SIDES)):
+                            spec = {
+                                "side": side, "api": api, "bootstrap": bootstrap, "topic": topic,
+                                "workloads": workloads,
+                                "linger_ms": linger if side == "purgatory" else plain_linger_ms,
+                            }  # fmt: skip
+                            result = run_once(spec)
+                            result["load"] = os.getloadavg()[0]
+                            runs[side].append(result)
+                    rows = summarize(runs, names)
+                    title = f"{api}, {count} broker(s), our linger {linger} ms — medians of {repeats}"
+                    _print_case(title, api, rows)
+                    case = {"brokers": count, "api": api, "linger_ms": linger, "summary": rows, "runs": runs}
+                    cases.append(case)
     typer.echo(f"\ntotal {time.monotonic() - started:.0f} s")
     out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -89,7 +89,7 @@ def test_produce_bench_prints_both_sides_and_their_ratios(
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     for api in ("library", "http"):
-        assert f"{api}, 1 broker(s)" in result.output, result.output
+        assert f"{api}, 1 broker(s), our linger" in result.output, result.output
     for workload in ("sequential", "c8"):
         assert result.output.count(f"{workload:<10} ours/plain: throughput") == 2, result.output
         assert result.output.count(f"{workload:<10} purgatory") == 2, result.output
