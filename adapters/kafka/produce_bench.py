@@ -235,10 +235,18 @@ async def _drive(call: Call, first: int, count: int, concurrency: int) -> tuple[
     return latencies, failures, time.perf_counter() - started
 
 
-async def _workloads(call: Call, spec: dict[str, Any], server_pid: int | None) -> dict[str, Any]:
+async def _workloads(
+    call: Call,
+    spec: dict[str, Any],
+    server_pid: int | None,
+    prepare: Callable[[int], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
+    """Each workload of ``spec``: ``prepare(concurrency)``, the warm-up, then the measured part."""
     out: dict[str, Any] = {}
     first = 0
     for name, concurrency, count in spec["workloads"]:
+        if prepare is not None:
+            await prepare(concurrency)
         warmup = max(WARMUP_MIN, 2 * concurrency)
         await _drive(call, first, warmup, concurrency)
         first += warmup
@@ -327,8 +335,18 @@ class _Connection:
 
 async def _http_side(spec: dict[str, Any]) -> dict[str, Any]:
     host, port = spec["url"].removeprefix("http://").split(":")
-    most = max(concurrency for _, concurrency, _ in spec["workloads"])
-    connections = [_Connection(*await asyncio.open_connection(host, int(port))) for _ in range(most)]
+    connections: list[_Connection] = []
+
+    async def connect(concurrency: int) -> None:
+        # Fresh connections per workload, before its warm-up: a connection idle through the
+        # previous workload (256 of them during the sequential one) outlives uvicorn's keep-alive
+        # timeout (5 s) and is closed by the server, on both sides alike.
+        for connection in connections:
+            connection.writer.close()
+        connections[:] = [
+            _Connection(*await asyncio.open_connection(host, int(port))) for _ in range(concurrency)
+        ]
+
     head = (
         f"POST /topics/{spec['topic']}/records HTTP/1.1\r\nhost: {host}:{port}\r\n"
         "content-type: application/json\r\n"
@@ -339,7 +357,7 @@ async def _http_side(spec: dict[str, Any]) -> dict[str, Any]:
         return await connections[slot].post(head, body) == 200
 
     try:
-        return await _workloads(post, spec, spec["server_pid"])
+        return await _workloads(post, spec, spec["server_pid"], connect)
     finally:
         for connection in connections:
             connection.writer.close()
@@ -607,6 +625,7 @@ def produce(
             for api in apis or APIS:
                 for linger in lingers:
                     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+                    failed: str | None = None
                     for repeat in range(repeats):
                         for side in SIDES if repeat % 2 == 0 else tuple(reversed(SIDES)):
                             spec = {
@@ -614,13 +633,27 @@ def produce(
                                 "workloads": workloads,
                                 "linger_ms": linger if side == "purgatory" else plain_linger_ms,
                             }  # fmt: skip
-                            result = run_once(spec)
+                            try:
+                                result = run_once(spec)
+                            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                                # This case ends here (its runs so far are kept); the others run.
+                                failed = str(exc)
+                                typer.echo(f"{api}, {count} broker(s): {side} failed: {failed}", err=True)
+                                break
                             result["load"] = os.getloadavg()[0]
                             runs[side].append(result)
+                        else:
+                            continue
+                        break
+                    if not runs["purgatory"] or not runs["plain"]:
+                        cases.append({"brokers": count, "api": api, "linger_ms": linger, "error": failed})
+                        continue
                     rows = summarize(runs, names)
-                    title = f"{api}, {count} broker(s), our linger {linger} ms — medians of {repeats}"
-                    _print_case(title, api, rows)
+                    done = min(len(runs[side]) for side in SIDES)
+                    title = f"{api}, {count} broker(s), our linger {linger} ms — medians of {done}"
+                    _print_case(title + (" (then a side failed)" if failed else ""), api, rows)
                     case = {"brokers": count, "api": api, "linger_ms": linger, "summary": rows, "runs": runs}
+                    case["error"] = failed
                     cases.append(case)
     typer.echo(f"\ntotal {time.monotonic() - started:.0f} s")
     out.mkdir(parents=True, exist_ok=True)
