@@ -10,9 +10,9 @@ with its plain twin:
   ``await plain.produce([record])``, in the measuring process;
 * **http**: ``POST /topics/{t}/records`` served by our service (``python -m
   purgatory.adapters.service.serve``, as deployed) against a plain Starlette route on a
-  :class:`PlainProducer` served by uvicorn's defaults (:func:`plain_app`); the load comes from
-  one httpx client process (HTTP/1.1, as many connections as requests in flight), the same for
-  both sides.
+  :class:`PlainProducer` served by uvicorn's defaults (:func:`plain_app`; h11 and asyncio's loop
+  here, as our service runs); the load comes from one client process (HTTP/1.1 keep-alive, as
+  many connections as requests in flight, :class:`_Connection`), the same for both sides.
 
 Workloads, each measured after an unmeasured warm-up at the same concurrency: ``sequential``
 (one produce at a time) and ``cN`` (N produces in flight, ``--concurrency``); one record of
@@ -28,7 +28,8 @@ records/s, p50 / p99 of the produce call (library) or the HTTP request (http), a
 record: the client process's user + sys (library), the server process's (http; the load
 client's is printed too). Printed: each side's medians and the median of the same-run ratios
 ours / plain with the targets (``TARGETS``) met or missed; the runs go to
-``bench-results/produce-<stamp>.json``.
+``bench-results/produce-<stamp>.json``. ``--linger-ms 1 --linger-ms 5`` measures each of our
+lingers against the same plain side (how ``kafka.produce_linger_ms`` was chosen).
 """
 
 from __future__ import annotations
