@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from purgatory.adapters.kafka.bench import run_once
 
 from purgatory.settings import KafkaSettings
-from tests.kafka.kafka_fixtures import TopicFactory
 
 pytestmark = pytest.mark.kafka
 
@@ -68,26 +69,36 @@ def test_request_reply_bench_answers_every_request_on_both_sides(kafka_bootstrap
     assert responder.process.returncode == 0, "the responder stopped on SIGTERM (no SIGKILL needed)"
 
 
-@pytest.mark.parametrize("mode", ["push", "poll"])
-def test_produce_bench_reads_back_only_on_the_read_back_side(
-    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory, mode: str
+def test_produce_bench_prints_both_sides_and_their_ratios(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """``purgatory bench produce``: both sides answer every produce NONE; only one reads back."""
-    from purgatory.adapters.kafka.produce_bench import run_once as produce_once
+    """``purgatory bench produce``: a tiny run (1 broker, 1 repeat) of the library and the HTTP
+    sides, ours and the plain producer, every produce answered, the same-run ratios printed."""
+    import json
 
-    topic = kafka_topic_factory(2)
-    for read_back in (True, False):
-        result = produce_once(
-            kafka_settings,
-            topic,
-            mode=mode,
-            read_back=read_back,
-            brokers=1,
-            sequential=5,
-            burst=10,
-            threads=2,
-        )
-        assert result.failed == 0, result
-        assert 0 < result.seq_p50_ms <= result.seq_p99_ms and result.burst_per_s > 0
-        reads = result.kafka_reads + result.shared_hits
-        assert reads > 0 if read_back else reads == 0, result
+    import typer
+    from purgatory.adapters.kafka.produce_bench import produce
+    from typer.testing import CliRunner
+
+    monkeypatch.setenv("PURGATORY_KAFKA_BOOTSTRAP", kafka_bootstrap)  # the session cluster
+    app = typer.Typer()
+    app.command()(produce)
+    app.command("unused")(lambda: None)  # two commands: typer keeps the name "produce"
+    args = ["produce", "--brokers", "1", "--repeats", "1", "--records", "40", "--sequential-records", "5"]
+    args += ["--concurrency", "8", "--partitions", "2", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for api in ("library", "http"):
+        assert f"{api}, 1 broker(s), our linger" in result.output, result.output
+    for workload in ("sequential", "c8"):
+        assert result.output.count(f"{workload:<10} ours/plain: throughput") == 2, result.output
+        assert result.output.count(f"{workload:<10} purgatory") == 2, result.output
+        assert result.output.count(f"{workload:<10} plain") == 2, result.output
+    assert "failures" not in result.output, "every produce of both sides was answered"
+    (saved,) = tmp_path.glob("produce-*.json")
+    cases = json.loads(saved.read_text())["cases"]
+    assert [(c["brokers"], c["api"]) for c in cases] == [(1, "library"), (1, "http")]
+    for case in cases:
+        for row in case["summary"]:
+            assert set(row["met"]) == {"per_s", "p99_ms", "cpu_us"}
+            assert all(row["medians"][side]["per_s"] > 0 for side in ("purgatory", "plain")), row
