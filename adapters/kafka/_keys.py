@@ -22,9 +22,23 @@ _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 LEGAL_TOPIC_RULE = "[a-zA-Z0-9._-], 1-249 characters, not . or .."
 
 
+# Topics found legal, so that the keys and records built per request (a produce builds one of
+# each per record) do not run the regex again: a set lookup instead of ~1 µs. Bounded: cleared
+# when full (a process names far fewer topics than this in practice).
+_LEGAL_SEEN: set[str] = set()
+_LEGAL_SEEN_MAX = 4096
+
+
 def is_legal_topic(topic: str) -> bool:
     """True if Kafka accepts ``topic`` as a topic name (fullmatch: no trailing newline slips by)."""
-    return _LEGAL_TOPIC.fullmatch(topic) is not None and topic not in (".", "..")
+    if topic in _LEGAL_SEEN:
+        return True
+    if _LEGAL_TOPIC.fullmatch(topic) is None or topic in (".", ".."):
+        return False
+    if len(_LEGAL_SEEN) >= _LEGAL_SEEN_MAX:
+        _LEGAL_SEEN.clear()
+    _LEGAL_SEEN.add(topic)
+    return True
 
 
 def _check_topic(topic: object) -> None:

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
 
 from confluent_kafka import KafkaError, Message
 
-from ._clients import ProducerRecord
+from ._clients import ProducerRecord, _typed
 from ._errors import KafkaAdapterError, KafkaUnavailableError, RecordTooLargeError, UnknownTopicError
 from ._facts import FactSource
 from ._keys import KafkaKey, TopicPartitionKey
@@ -45,6 +46,11 @@ from ._operations import KafkaOperation
 from ._results import ErrorCode, ProduceResult
 
 __all__ = ["DelayedProduce", "ProduceRequestKey", "delivery_status"]
+
+
+class _KeyEvents(Protocol):
+    def check_and_complete(self, key: Hashable) -> int: ...
+
 
 _ids = itertools.count(1)
 
@@ -100,6 +106,23 @@ def _refusal_status(error: KafkaAdapterError) -> ErrorCode:
     return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
+# Result keys, built once per (topic, partition): a TopicPartitionKey checks its topic and
+# partition and hashes them when built, per record of every answer otherwise. Bounded.
+_PARTITION_KEYS: dict[tuple[str, int], TopicPartitionKey] = {}
+_PARTITION_KEYS_MAX = 65536
+
+
+def partition_key(topic: str, partition: int) -> TopicPartitionKey:
+    """The :class:`TopicPartitionKey` of ``topic``/``partition``, shared (see ``_PARTITION_KEYS``)."""
+    key = _PARTITION_KEYS.get((topic, partition))
+    if key is None:
+        key = TopicPartitionKey(topic, partition)
+        if len(_PARTITION_KEYS) >= _PARTITION_KEYS_MAX:
+            _PARTITION_KEYS.clear()
+        _PARTITION_KEYS[topic, partition] = key
+    return key
+
+
 class DelayedProduce(KafkaOperation):
     """Completes when every record has its delivery report (``acks=all``); see the module docstring.
 
@@ -118,7 +141,16 @@ class DelayedProduce(KafkaOperation):
     ``result()`` returns these as a :class:`ProduceResult` once finished.
     """
 
-    __slots__ = ("_reports", "_unreported", "key", "offsets", "partitions", "record_statuses", "records")
+    __slots__ = (
+        "_purgatory",
+        "_reports",
+        "_unreported",
+        "key",
+        "offsets",
+        "partitions",
+        "record_statuses",
+        "records",
+    )
 
     def __init__(
         self,
@@ -137,7 +169,7 @@ class DelayedProduce(KafkaOperation):
         if not records:
             raise ValueError("DelayedProduce needs at least one record")
         for i, record in enumerate(records):
-            if not isinstance(record, ProducerRecord):
+            if type(record) is not ProducerRecord and not isinstance(record, ProducerRecord):
                 raise TypeError(f"records[{i}] must be a ProducerRecord, got {type(record).__name__}")
         self.records = records
         count = len(records)
@@ -147,9 +179,35 @@ class DelayedProduce(KafkaOperation):
         self._unreported = count
         self._reports = threading.Lock()
         self.key = ProduceRequestKey(next(_ids))
+        # Set by the sender before the first record goes out: where the last report's key event
+        # is raised (delivered). None: the owner raises it (report's return value).
+        self._purgatory: _KeyEvents | None = None
 
     def watch_keys(self) -> tuple[KafkaKey, ...]:
         return (self.key,)  # type: ignore[return-value]  # not a Kafka key: the feed ignores it
+
+    def delivered(self, index: int, error: KafkaError | None, message: Message) -> None:
+        """librdkafka's delivery callback of ``records[index]`` (bound with ``functools.partial``).
+
+        On the sender's thread, once per record. The common case — delivered — takes no lock
+        but the op's own report lock; the last report raises the key event that completes the op.
+        """
+        if error is None:
+            partition, offset = message.partition(), message.offset()
+            with self._reports:
+                if self.record_statuses[index] is not None:
+                    return
+                self.partitions[index] = partition
+                self.offsets[index] = offset
+                self.record_statuses[index] = ErrorCode.NONE
+                self._unreported -= 1
+                last = self._unreported == 0
+        else:
+            topic = self.records[index].topic
+            typed = _typed(error, f"topic {topic!r}: record not delivered", topic=topic)
+            last = self.report(index, typed, message)
+        if last and self._purgatory is not None:
+            self._purgatory.check_and_complete(self.key)
 
     def reporter(self, index: int) -> Callable[[KafkaAdapterError | None, Message | None], None]:
         """The delivery callback of ``records[index]`` (for :class:`RecordSender.send`)."""
@@ -219,6 +277,16 @@ class DelayedProduce(KafkaOperation):
     def result(self) -> ProduceResult:
         """The finished operation's answer (raises ``RuntimeError`` before it finished)."""
         outcome = self._finished_outcome()
+        if len(self.records) == 1:
+            # One record, the common request: the general walk below costs ~4 µs more per answer
+            # on the event loop (four tuples, two dicts, a zip), all for one entry.
+            offset, code, partition = self.offsets[0], self.record_statuses[0], self.partitions[0]
+            code = code or ErrorCode.REQUEST_TIMED_OUT
+            if partition is None:
+                return ProduceResult(outcome, {}, {}, self.error, (offset,), (code,))
+            key = partition_key(self.records[0].topic, partition)
+            appended = {key: offset} if offset is not None else {}
+            return ProduceResult(outcome, appended, {key: code}, self.error, (offset,), (code,))
         appended, statuses, offsets, codes = self._by_partition()
         return ProduceResult(outcome, appended, statuses, self.error, offsets, codes)
 
@@ -242,7 +310,7 @@ class DelayedProduce(KafkaOperation):
         ):
             if partition is None or (not known and not self.is_completed()):
                 continue
-            key = TopicPartitionKey(record.topic, partition)
+            key = partition_key(record.topic, partition)
             if offset is not None and offset > appended.get(key, -1):
                 appended[key] = offset
             if statuses.get(key, ErrorCode.NONE) is ErrorCode.NONE:

@@ -214,6 +214,19 @@ class RecordSender:
                 self._thread.start()
             return self._producer
 
+    def producer(self) -> Producer:
+        """The producer itself, for a caller that queues records with its own delivery callback.
+
+        Only without the in-flight window (``window=False``): records produced here bypass it.
+        Its delivery reports are served on this sender's thread like any other; the caller
+        counts ``stats.sent`` itself.
+        """
+        if self._windowed:
+            raise RuntimeError(
+                "RecordSender.producer() bypasses the in-flight window: build it with window=False"
+            )
+        return self._get()
+
     def send(
         self,
         topic: str,
