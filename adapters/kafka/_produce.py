@@ -38,6 +38,8 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, Message
 
+from purgatory._loop_handoff import LoopHandoff
+
 from ._clients import ProducerRecord, _typed
 from ._errors import KafkaAdapterError, KafkaUnavailableError, RecordTooLargeError, UnknownTopicError
 from ._facts import FactSource
@@ -142,6 +144,7 @@ class DelayedProduce(KafkaOperation):
     """
 
     __slots__ = (
+        "_mailbox",
         "_purgatory",
         "_reports",
         "_unreported",
@@ -182,6 +185,8 @@ class DelayedProduce(KafkaOperation):
         # Set by the sender before the first record goes out: where the last report's key event
         # is raised (delivered). None: the owner raises it (report's return value).
         self._purgatory: _KeyEvents | None = None
+        # Set by an asyncio caller: reports are applied on its event loop, in batches (delivered).
+        self._mailbox: LoopHandoff | None = None
 
     def watch_keys(self) -> tuple[KafkaKey, ...]:
         return (self.key,)  # type: ignore[return-value]  # not a Kafka key: the feed ignores it
@@ -189,9 +194,21 @@ class DelayedProduce(KafkaOperation):
     def delivered(self, index: int, error: KafkaError | None, message: Message) -> None:
         """librdkafka's delivery callback of ``records[index]`` (bound with ``functools.partial``).
 
-        On the sender's thread, once per record. The common case — delivered — takes no lock
-        but the op's own report lock; the last report raises the key event that completes the op.
+        On the sender's thread, once per record. For an asyncio caller the report goes to its
+        event loop's mailbox and is applied there (``_apply``), in one batch per wake-up: the
+        sender thread then does little per record under the GIL, and the op completes on the
+        loop that awaits it, so no second hand-off carries its outcome back (each cross-thread
+        step of a record held the GIL on both threads: ``purgatory bench produce``). For a
+        thread caller it is applied here.
         """
+        mailbox = self._mailbox
+        if mailbox is not None:
+            mailbox.post_call(self._apply, (index, error, message))
+        else:
+            self._apply((index, error, message))
+
+    def _apply(self, report: tuple[int, KafkaError | None, Message]) -> None:
+        index, error, message = report
         if error is None:
             partition, offset = message.partition(), message.offset()
             with self._reports:

@@ -57,6 +57,7 @@ import structlog
 from confluent_kafka import KafkaException
 
 from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError
+from purgatory._loop_handoff import handoff_for
 from purgatory.journal import Journal
 from purgatory.settings import ConfigError, KafkaSettings, Settings, load_settings
 
@@ -405,7 +406,9 @@ class KafkaPurgatory:
         queued are still delivered (nothing takes back a sent record).
         """
         op = DelayedProduce(self.feed, list(records), delay_ms=delay_ms)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        op._mailbox = handoff_for(loop)  # reports are applied on this loop (DelayedProduce.delivered)
 
         def finished(_: DelayedProduce) -> None:
             if not future.done():
