@@ -377,7 +377,7 @@ def _produce_json(topic: str, op: DelayedProduce) -> tuple[int, dict[str, Any]]:
     delivered, total = result.delivered, len(result.record_statuses)
     body |= {
         "error": code.value,
-        "field": None,
+        "field": "records",  # each record's status is in "records"
         "message": (
             f"{delivered} of {total} record(s) acknowledged (acks=all); "
             + (

@@ -106,12 +106,13 @@ async def _timed(client: httpx.AsyncClient, row: Expectation, method: str, url: 
     row.latency_ms = (time.monotonic() - started) * 1000.0
     row.status = response.status_code
     body = response.json()
-    if response.status_code == 200 and "records" in body:
+    if response.status_code == 200 and method == "POST":
+        # acks=all: 200 means every record is on each in-sync replica.
+        row.outcome = "REPLICATED" if set(body["statuses"].values()) == {"NONE"} else str(body["statuses"])
+        row.records = sum(1 for r in body["records"] if r["status"] == "NONE")
+    elif response.status_code == 200:
         row.outcome = body["outcome"]
         row.records = len(body["records"])
-    elif response.status_code == 200:
-        row.outcome = "REPLICATED" if set(body["statuses"].values()) == {"NONE"} else str(body["statuses"])
-        row.records = len(kw["json"]["records"])  # appended and replicated
     else:
         row.outcome = f"{response.status_code} field={body.get('field')}"
 

@@ -1,4 +1,4 @@
-"""DelayedProduce's leader-epoch fence and KafkaCalls' deadlines, with a fake FactSource (no Kafka)."""
+"""DelayedReplication's leader-epoch fence and KafkaCalls' deadlines, with a fake FactSource (no Kafka)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 from purgatory.adapters.kafka import (
     Appended,
-    DelayedProduce,
+    DelayedReplication,
     ErrorCode,
     FetchedRecord,
     KafkaCalls,
@@ -46,9 +46,9 @@ def _facts(high: int, epoch: int | None, isr: tuple[int, ...] = (1, 2, 3)) -> Pa
     return PartitionFacts(high_watermark=high, leader=1, leader_epoch=epoch, isr=isr, min_insync_replicas=2)
 
 
-def test_produce_completes_none_when_the_watermark_of_the_same_epoch_passes_the_record() -> None:
+def test_replication_completes_none_when_the_watermark_of_the_same_epoch_passes_the_record() -> None:
     facts = FakeFacts()
-    op = DelayedProduce(facts, Appended({KEY: 10}, {KEY: 4}), delay_ms=60_000)
+    op = DelayedReplication(facts, Appended({KEY: 10}, {KEY: 4}), delay_ms=60_000)
     facts.partitions[KEY] = _facts(10, 4)
     assert not op.try_complete(), "high watermark 10 does not pass offset 10"
     facts.partitions[KEY] = _facts(11, 4)
@@ -56,18 +56,18 @@ def test_produce_completes_none_when_the_watermark_of_the_same_epoch_passes_the_
     assert op.statuses == {KEY: ErrorCode.NONE}
 
 
-def test_produce_is_not_leader_when_another_epoch_passes_the_offset() -> None:
+def test_replication_is_not_leader_when_another_epoch_passes_the_offset() -> None:
     facts = FakeFacts()
-    op = DelayedProduce(facts, Appended({KEY: 10}, {KEY: 4}), delay_ms=60_000)
+    op = DelayedReplication(facts, Appended({KEY: 10}, {KEY: 4}), delay_ms=60_000)
     facts.partitions[KEY] = _facts(50, 5)  # a new leader whose log may lack the record
     assert op.try_complete()
     assert op.statuses == {KEY: ErrorCode.NOT_LEADER_OR_FOLLOWER}
     assert not op.succeeded
 
 
-def test_produce_waits_while_the_facts_carry_no_epoch() -> None:
+def test_replication_waits_while_the_facts_carry_no_epoch() -> None:
     facts = FakeFacts()
-    op = DelayedProduce(facts, Appended({KEY: 10}, {KEY: 4}), delay_ms=60_000)
+    op = DelayedReplication(facts, Appended({KEY: 10}, {KEY: 4}), delay_ms=60_000)
     facts.partitions[KEY] = _facts(50, None)
     assert not op.try_complete(), "a watermark without its epoch cannot vouch for the record"
 
@@ -75,7 +75,7 @@ def test_produce_waits_while_the_facts_carry_no_epoch() -> None:
 def test_a_partition_appended_without_a_known_epoch_answers_not_leader_at_once() -> None:
     other = TopicPartitionKey("orders", 1)
     facts = FakeFacts()
-    op = DelayedProduce(facts, Appended({KEY: 3, other: 7}, {KEY: 4}), delay_ms=60_000)
+    op = DelayedReplication(facts, Appended({KEY: 3, other: 7}, {KEY: 4}), delay_ms=60_000)
     facts.partitions[KEY] = _facts(4, 4)
     assert op.try_complete()
     assert op.statuses == {KEY: ErrorCode.NONE, other: ErrorCode.NOT_LEADER_OR_FOLLOWER}
@@ -83,7 +83,7 @@ def test_a_partition_appended_without_a_known_epoch_answers_not_leader_at_once()
 
 def test_a_target_offset_fences_from_the_first_epoch_seen() -> None:
     facts = FakeFacts()
-    op = DelayedProduce(facts, {KEY: 10}, delay_ms=60_000)
+    op = DelayedReplication(facts, {KEY: 10}, delay_ms=60_000)
     facts.partitions[KEY] = _facts(5, 7)
     assert not op.try_complete()
     assert op.leader_epochs == {KEY: 7}
@@ -94,7 +94,7 @@ def test_a_target_offset_fences_from_the_first_epoch_seen() -> None:
 
 def test_a_plain_mapping_of_records_keeps_old_callers_working_with_the_epoch_at_construction() -> None:
     facts = FakeFacts(partitions={KEY: _facts(5, 3)})
-    op = DelayedProduce(facts, {KEY: 5}, delay_ms=60_000)
+    op = DelayedReplication(facts, {KEY: 5}, delay_ms=60_000)
     assert op.leader_epochs == {KEY: 3}
     facts.partitions[KEY] = _facts(6, 3)
     assert op.try_complete() and op.succeeded
@@ -126,9 +126,9 @@ def _appended(log: FakeLog) -> Appended:
     return Appended({KEY: 10}, {KEY: 4}, {KEY: (_identity(APPENDED),)}, log)
 
 
-def test_produce_is_none_only_once_the_record_read_back_at_its_offset_is_the_one_appended() -> None:
+def test_replication_is_none_only_once_the_record_read_back_at_its_offset_is_the_one_appended() -> None:
     facts, log = FakeFacts(), FakeLog()
-    op = DelayedProduce(facts, _appended(log), delay_ms=60_000)
+    op = DelayedReplication(facts, _appended(log), delay_ms=60_000)
     facts.partitions[KEY] = _facts(10, 4)
     assert not op.try_complete() and log.reads == 0, "nothing read while the watermark is short of it"
     facts.partitions[KEY] = _facts(11, 4)
@@ -146,27 +146,27 @@ def test_produce_is_none_only_once_the_record_read_back_at_its_offset_is_the_one
         FetchedRecord(10, None, b"mine", 1_000),  # no key is not an empty key
     ],
 )
-def test_produce_is_not_leader_when_another_record_is_at_its_offset_under_the_same_epoch(
+def test_replication_is_not_leader_when_another_record_is_at_its_offset_under_the_same_epoch(
     found: FetchedRecord,
 ) -> None:
     facts, log = FakeFacts(), FakeLog({found.offset: found})
-    op = DelayedProduce(facts, _appended(log), delay_ms=60_000)
+    op = DelayedReplication(facts, _appended(log), delay_ms=60_000)
     facts.partitions[KEY] = _facts(20, 4)  # the epoch noted before the append: it cannot tell
     assert op.try_complete()
     assert op.statuses == {KEY: ErrorCode.NOT_LEADER_OR_FOLLOWER}
 
 
-def test_produce_is_not_leader_when_its_first_record_is_gone_though_its_last_is_there() -> None:
+def test_replication_is_not_leader_when_its_first_record_is_gone_though_its_last_is_there() -> None:
     """One request's batches to a partition straddling the producer learning of a new leader:
     the first went to the deposed leader (lost), the last to the new one."""
     facts, log = FakeFacts(), FakeLog({8: FetchedRecord(8, None, b"theirs", 999), 10: APPENDED})
     appended = Appended({KEY: 10}, {KEY: 4}, {KEY: (_identity(FIRST), _identity(APPENDED))}, log)
-    op = DelayedProduce(facts, appended, delay_ms=60_000)
+    op = DelayedReplication(facts, appended, delay_ms=60_000)
     facts.partitions[KEY] = _facts(20, 4)
     assert op.try_complete()
     assert op.statuses == {KEY: ErrorCode.NOT_LEADER_OR_FOLLOWER}
     log.records[8] = FIRST
-    again = DelayedProduce(facts, appended, delay_ms=60_000)
+    again = DelayedReplication(facts, appended, delay_ms=60_000)
     assert again.try_complete() and again.statuses == {KEY: ErrorCode.NONE}
     assert log.reads == 1 + 2, "the first record found wrong ends the read-back; then both are read"
 
