@@ -421,3 +421,34 @@ class RecordAppender:
 
     def close(self) -> None:
         self._producer.flush(WAIT_S)
+
+    @staticmethod
+    def read_all(settings: KafkaSettings, key: TopicPartitionKey) -> list[tuple[int, bytes | None]]:
+        """Every record of ``key`` up to its high watermark now: (offset, value), in order."""
+        from confluent_kafka import Consumer, TopicPartition
+        from purgatory.adapters.kafka import ClusterView, client_config
+
+        view = ClusterView(settings)
+        try:
+            end = view.high_watermarks([key])[key]
+        finally:
+            view.close()
+        consumer = Consumer(
+            {
+                **client_config(settings),
+                "group.id": f"read-all-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+            }
+        )
+        out: list[tuple[int, bytes | None]] = []
+        try:
+            consumer.assign([TopicPartition(key.topic, key.partition, 0)])
+            deadline = time.monotonic() + WAIT_S
+            while (out[-1][0] + 1 if out else 0) < end:
+                assert time.monotonic() < deadline, f"{key.label} read to {len(out)} of {end}"
+                for m in consumer.consume(500, timeout=0.5):
+                    if m.error() is None:
+                        out.append((m.offset(), m.value()))
+        finally:
+            consumer.close()
+        return out
