@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
-KINDS = ("DelayedProduce", "DelayedFetch", "DelayedTopicReady", "DelayedConsumerCommit")
+KINDS = ("DelayedReplication", "DelayedFetch", "DelayedTopicReady", "DelayedConsumerCommit")
 
 
 @pytest.fixture(scope="module")
