@@ -54,10 +54,10 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import structlog
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 
 from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError
-from purgatory._loop_handoff import handoff_for
+from purgatory._loop_handoff import LoopHandoff, handoff_for
 from purgatory.journal import Journal
 from purgatory.settings import ConfigError, KafkaSettings, Settings, load_settings
 
@@ -182,6 +182,10 @@ class KafkaPurgatory:
         self._clients_closed = False  # close() ran
         self._router: ReplyRouter | None = None  # request-reply: built by replies() or the first request
         self._produce_purgatory: DelayedOperationPurgatory[Any] | None = None
+        # Per-produce lookups kept (each took a lock or a weak-dict lookup per request): the
+        # sender's producer, and the last event loop that produced with its mailbox.
+        self._producer: Producer | None = None
+        self._mailbox: tuple[asyncio.AbstractEventLoop, LoopHandoff] | None = None
         if purgatory is not None:
             self._adopt(purgatory)
         self.aio = AsyncKafkaPurgatory(self)
@@ -408,7 +412,10 @@ class KafkaPurgatory:
         op = DelayedProduce(self.feed, list(records), delay_ms=delay_ms)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        op._mailbox = handoff_for(loop)  # reports are applied on this loop (DelayedProduce.delivered)
+        mailbox = self._mailbox
+        if mailbox is None or mailbox[0] is not loop:
+            mailbox = self._mailbox = (loop, handoff_for(loop))
+        op._mailbox = mailbox[1]  # reports are applied on this loop (DelayedProduce.delivered)
 
         def finished(_: DelayedProduce) -> None:
             if not future.done():
@@ -439,7 +446,9 @@ class KafkaPurgatory:
         """
         purgatory = self._produces()
         op._purgatory = purgatory
-        producer = self.sender.producer()
+        producer = self._producer
+        if producer is None:
+            producer = self._producer = self.sender.producer()
         delivered = op.delivered
         sent = 0
         for index, record in enumerate(op.records):
