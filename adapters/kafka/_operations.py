@@ -13,6 +13,12 @@ operation that expired while the cluster was unreachable, a :class:`KafkaUnavail
 so. ``op.done`` is set after ``on_complete``; ``op.wait(timeout)`` blocks on it. Per-partition
 ``ErrorCode`` values use Kafka's error names.
 
+Kafka-side conditions are statuses, not exceptions: a partition still undecided when the
+operation ends is ``KAFKA_UNAVAILABLE`` if it expired while Kafka did not answer, and
+``SHUTTING_DOWN`` if the purgatory drained it at shutdown (:func:`draining`); an operation found
+unanswerable before it was submitted (a partition that does not exist, a purgatory shutting
+down) is finished at once with :meth:`KafkaOperation.refuse`.
+
 Concurrency contract: as :class:`purgatory.DelayedOperation` — ``try_complete`` runs under
 ``op.lock`` on the submitting thread or the feed thread; ``on_complete`` runs once, on whichever
 thread finished the operation (feed, timer executor, or submitter).
@@ -22,7 +28,8 @@ from __future__ import annotations
 
 import threading
 from abc import abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 from purgatory import DelayedOperation, Outcome
 
@@ -50,6 +57,7 @@ __all__ = [
     "ErrorCode",
     "KafkaOperation",
     "PartitionRead",
+    "draining",
 ]
 
 DEFAULT_FETCH_MAX_BYTES = 1 << 20  # Kafka's fetch.max.bytes per partition default is 1 MiB
@@ -58,6 +66,28 @@ READ_BACK_MAX_BYTES = 64 << 10
 # Guards the lazy creation of an operation's completion event against its setting: held for a
 # few bytecodes, once per operation that finishes and once per first use of ``op.done``.
 _DONE_LOCK = threading.Lock()
+# Set on the thread that drains purgatories at shutdown: the core's drain expires each pending
+# operation on the calling thread (DelayedOperationPurgatory.shutdown), so an EXPIRED claim made
+# on that thread while this is set is the drain's — and one made by the reaper on its own thread
+# at the same moment is a real expiry. Thread-local: no lock, no field on the core's operations.
+_DRAIN = threading.local()
+
+
+@contextmanager
+def draining() -> Iterator[None]:
+    """While active, operations expired on this thread answer ``SHUTTING_DOWN`` (not a timeout).
+
+    ``KafkaPurgatory.stop`` wraps its ``purgatory.shutdown(drain=True)`` calls in it.
+    """
+    _DRAIN.active = True
+    try:
+        yield
+    finally:
+        _DRAIN.active = False
+
+
+def _drained_here() -> bool:
+    return getattr(_DRAIN, "active", False)
 
 
 def _require_offsets(what: str, offsets: Mapping[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
@@ -86,7 +116,7 @@ class KafkaOperation(DelayedOperation):
 
     # Slotted: the service holds tens of thousands of waiting operations, and an instance dict
     # cost ~340 B of each (a subclass that declares no __slots__ of its own gets one back).
-    __slots__ = ("_done", "_moving", "_responded", "error", "facts", "moved", "on_response")
+    __slots__ = ("_done", "_moving", "_responded", "error", "facts", "moved", "on_response", "shutting_down")
 
     # Whether try_complete reads log start offsets: the feed polls ListOffsets(earliest) only
     # for partitions some watcher needs it for.
@@ -117,6 +147,9 @@ class KafkaOperation(DelayedOperation):
         # intent, read by on_complete only if move()'s own claim won.
         self.moved: Moved | None = None
         self._moving: Moved | None = None
+        # True once it was drained at shutdown or refused because the purgatory is shutting
+        # down: the partitions still undecided answer SHUTTING_DOWN (see _undecided_status).
+        self.shutting_down = False
 
     @abstractmethod
     def watch_keys(self) -> tuple[KafkaKey, ...]:
@@ -125,6 +158,46 @@ class KafkaOperation(DelayedOperation):
     @abstractmethod
     def _respond(self) -> None:
         """Build the response fields (runs once, inside ``on_complete``)."""
+
+    def _status_keys(self) -> Iterable[TopicPartitionKey]:
+        """The partitions that carry a status in the result (none: the result has one status)."""
+        return ()
+
+    def _set_status(self, key: TopicPartitionKey | None, code: ErrorCode) -> None:
+        """Record ``code`` as ``key``'s final status (``None``: the operation's only status)."""
+        statuses: dict[TopicPartitionKey, ErrorCode | None] | None = getattr(self, "statuses", None)
+        if statuses is not None and key is not None:
+            statuses[key] = code
+
+    def _undecided_status(self) -> ErrorCode:
+        """The status of a partition not decided when the operation ended (not by its condition)."""
+        if self.shutting_down:
+            return ErrorCode.SHUTTING_DOWN
+        if isinstance(self.error, KafkaUnavailableError):
+            return ErrorCode.KAFKA_UNAVAILABLE
+        return ErrorCode.REQUEST_TIMED_OUT
+
+    def refuse(
+        self,
+        code: ErrorCode,
+        error: KafkaAdapterError | None = None,
+        keys: Iterable[TopicPartitionKey] | None = None,
+    ) -> bool:
+        """Finish an operation that was *not submitted* at once: ``keys`` (default: all of its
+        partitions) get ``code``, the others the status of an undecided partition; True iff this
+        call finished it.
+
+        For answers known before any wait: a partition that does not exist
+        (``UNKNOWN_TOPIC_OR_PARTITION``), Kafka unreachable for the request that had to come
+        first (``KAFKA_UNAVAILABLE``), a purgatory shutting down (``SHUTTING_DOWN``). The outcome
+        is ``COMPLETED`` (an error ended it, as for ``_fail``).
+        """
+        self.error = error if self.error is None else self.error
+        self.shutting_down = code is ErrorCode.SHUTTING_DOWN
+        targets: list[TopicPartitionKey | None] = list(self._status_keys() if keys is None else keys)
+        for key in targets or [None]:  # None: an operation whose result has a single status
+            self._set_status(key, code)
+        return self.force_complete()
 
     def high_watermark_needed(self, key: TopicPartitionKey) -> int | None:
         """The high watermark of ``key`` from which this operation may progress, or None if an
@@ -164,7 +237,9 @@ class KafkaOperation(DelayedOperation):
                 self.done.set()
             return
         try:
-            if self.outcome is Outcome.EXPIRED and self.error is None and self.facts.unavailable:
+            if self.outcome is Outcome.EXPIRED and _drained_here():
+                self.shutting_down = True  # drained by KafkaPurgatory.stop: not a timeout
+            elif self.outcome is Outcome.EXPIRED and self.error is None and self.facts.unavailable:
                 self.error = KafkaUnavailableError(
                     f"{type(self).__name__} expired while Kafka was unreachable: {self.facts.unavailable}"
                 )
@@ -404,10 +479,16 @@ class DelayedReplication(KafkaOperation):
                 return ErrorCode.NOT_LEADER_OR_FOLLOWER
         return ErrorCode.NONE
 
+    def _status_keys(self) -> Iterable[TopicPartitionKey]:
+        return self.appended
+
     def _respond(self) -> None:
+        # An outage keeps REQUEST_TIMED_OUT here (with error KafkaUnavailableError): the HTTP
+        # service's /replicated answers 504 for it, as it always did.
+        undecided = ErrorCode.SHUTTING_DOWN if self.shutting_down else ErrorCode.REQUEST_TIMED_OUT
         for key, status in self.statuses.items():
             if status is None:
-                self.statuses[key] = ErrorCode.REQUEST_TIMED_OUT
+                self.statuses[key] = undecided
 
     @property
     def succeeded(self) -> bool:
@@ -607,6 +688,14 @@ class DelayedFetch(KafkaOperation):
         for part in self.parts:  # NONE here means "no error yet", not "answered"
             part.status = ErrorCode.NOT_LEADER_OR_FOLLOWER
 
+    def _status_keys(self) -> Iterable[TopicPartitionKey]:
+        return [part.key for part in self.parts]
+
+    def _set_status(self, key: TopicPartitionKey | None, code: ErrorCode) -> None:
+        for part in self.parts:
+            if part.key == key:
+                part.status = code
+
     def _read_unreported(self) -> None:
         """Read what the log holds now for partitions the feed has not reported yet.
 
@@ -630,6 +719,14 @@ class DelayedFetch(KafkaOperation):
                 part.add(batch)
 
     def _respond(self) -> None:
+        if self.shutting_down or isinstance(self.error, KafkaUnavailableError):
+            # Nothing decided these partitions (the records read so far stay): say why. Reading
+            # on would stall the finishing thread on an unreachable cluster or a closing one.
+            undecided = self._undecided_status()
+            for part in self.parts:
+                if part.status is ErrorCode.NONE:
+                    part.status = undecided
+            return
         if self.error is not None or self.facts.unavailable:
             return  # reading from an unreachable cluster would only stall the finishing thread
         try:
@@ -683,6 +780,9 @@ class DelayedConsumerCommit(KafkaOperation):
         self.targets = _require_offsets("DelayedConsumerCommit.targets", targets)
         self.committed: dict[TopicPartitionKey, int | None] = dict.fromkeys(self.targets)
         self.statuses: dict[TopicPartitionKey, ErrorCode] = {}
+        # Partitions whose committed offset Kafka answered at least once: a None there means the
+        # group has none (never seen, or never committed there), not "not asked yet".
+        self.answered: set[TopicPartitionKey] = set()
 
     def _key(self, tp: TopicPartitionKey) -> GroupPartitionKey:
         return GroupPartitionKey(self.group, tp.topic, tp.partition)
@@ -698,19 +798,37 @@ class DelayedConsumerCommit(KafkaOperation):
                 reached = False
                 continue
             self.committed[tp] = facts.committed
+            self.answered.add(tp)
             reached &= facts.committed is not None and facts.committed >= target
         return self.force_complete() if reached else False
 
+    def _status_keys(self) -> Iterable[TopicPartitionKey]:
+        return self.targets
+
     def _respond(self) -> None:
+        undecided = self._undecided_status()
         for tp, target in self.targets.items():
+            if tp in self.statuses:
+                continue  # refused (unknown partition), or moved
             done = (self.committed[tp] or -1) >= target
-            self.statuses[tp] = ErrorCode.NONE if done else ErrorCode.REQUEST_TIMED_OUT
+            self.statuses[tp] = ErrorCode.NONE if done else undecided
+
+    @property
+    def uncommitted(self) -> frozenset[TopicPartitionKey]:
+        """The partitions where Kafka answered that the group has no committed offset."""
+        return frozenset(tp for tp in self.answered if self.committed[tp] is None)
 
     def result(self) -> CommitResult:
         """The finished operation's answer (raises ``RuntimeError`` before it finished)."""
         outcome = self._finished_outcome()
         return CommitResult(
-            outcome, self.group, dict(self.targets), dict(self.committed), dict(self.statuses), self.error
+            outcome,
+            self.group,
+            dict(self.targets),
+            dict(self.committed),
+            dict(self.statuses),
+            self.error,
+            self.uncommitted,
         )
 
 
@@ -744,6 +862,7 @@ class DelayedTopicReady(KafkaOperation):
         self.key = TopicKey(topic)
         self.leaders: tuple[int, ...] = ()
         self.ready = False
+        self.status: ErrorCode | None = None  # set when finished (or refused)
 
     def watch_keys(self) -> tuple[KafkaKey, ...]:
         return (self.key,)
@@ -755,13 +874,22 @@ class DelayedTopicReady(KafkaOperation):
         self.leaders = facts.leaders
         return self.force_complete() if facts.all_partitions_have_leaders else False
 
+    def _set_status(self, key: TopicPartitionKey | None, code: ErrorCode) -> None:
+        self.status = code
+
     def _respond(self) -> None:
-        self.ready = self.outcome is Outcome.COMPLETED
+        self.ready = self.outcome is Outcome.COMPLETED and self.status is None
+        if self.status is None:
+            self.status = ErrorCode.NONE if self.ready else self._undecided_status()
+
+    def _respond_moved(self) -> None:
+        self.status = ErrorCode.NOT_LEADER_OR_FOLLOWER
 
     def result(self) -> TopicReadyResult:
         """The finished operation's answer (raises ``RuntimeError`` before it finished)."""
         outcome = self._finished_outcome()
-        return TopicReadyResult(outcome, self.key.topic, self.ready, self.leaders, self.error)
+        status = self.status or ErrorCode.REQUEST_TIMED_OUT
+        return TopicReadyResult(outcome, self.key.topic, self.ready, self.leaders, self.error, status)
 
 
 class DelayedDeleteRecords(KafkaOperation):
@@ -814,11 +942,15 @@ class DelayedDeleteRecords(KafkaOperation):
             reached &= start is not None and start >= target
         return self.force_complete() if reached else False
 
+    def _status_keys(self) -> Iterable[TopicPartitionKey]:
+        return self.targets
+
     def _respond(self) -> None:
+        undecided = self._undecided_status()
         for key, target in self.targets.items():
             if key not in self.statuses:
                 done = (self.log_start_offsets[key] or -1) >= target
-                self.statuses[key] = ErrorCode.NONE if done else ErrorCode.REQUEST_TIMED_OUT
+                self.statuses[key] = ErrorCode.NONE if done else undecided
 
     def result(self) -> DeleteRecordsResult:
         """The finished operation's answer (raises ``RuntimeError`` before it finished)."""

@@ -264,11 +264,22 @@ class DelayedProduce(KafkaOperation):
     def try_complete(self) -> bool:
         return self._unreported == 0 and self.force_complete()
 
-    def _respond(self) -> None:
+    def _set_status(self, key: TopicPartitionKey | None, code: ErrorCode) -> None:
+        # refuse(): the whole request is answered before anything was sent.
         with self._reports:
             for i, status in enumerate(self.record_statuses):
                 if status is None:
-                    self.record_statuses[i] = ErrorCode.REQUEST_TIMED_OUT
+                    self.record_statuses[i] = code
+
+    def _respond(self) -> None:
+        # Not reported by the deadline (or by shutdown): not known whether written. An outage
+        # shows as REQUEST_TIMED_OUT, Kafka's own answer for it; the producer keeps the record's
+        # sequence number, so a later write of it is never a duplicate.
+        undecided = ErrorCode.SHUTTING_DOWN if self.shutting_down else ErrorCode.REQUEST_TIMED_OUT
+        with self._reports:
+            for i, status in enumerate(self.record_statuses):
+                if status is None:
+                    self.record_statuses[i] = undecided
 
     def _respond_moved(self) -> None:
         # A produce is not owned by an instance (any instance appends to any partition): it is

@@ -21,9 +21,21 @@ Threads (each call returns the submitted operation; ``op.wait(s)``, then ``op.re
         op = kp.produce([ProducerRecord("orders", b"...")])
         op.wait(30) and op.result().succeeded
 
-Submission validates topics first (one DescribeTopics for the operation's topics): an unknown
-topic raises :class:`UnknownTopicError` before anything is watched — except for
-``DelayedTopicReady``, whose point is to wait for a topic to appear.
+Kafka-side conditions are answered in the result, never raised (``_results.py``): submission
+checks the operation's partitions first (one DescribeTopics), and a topic or partition that does
+not exist is answered ``UNKNOWN_TOPIC_OR_PARTITION`` at once, without a wait — except for
+``DelayedTopicReady``, whose point is to wait for a topic to appear. A check that cannot reach
+Kafka concludes nothing: the operation waits, and answers ``KAFKA_UNAVAILABLE`` if Kafka stays
+silent until its deadline. Exceptions are for the caller's mistakes: bad arguments, a
+:class:`KafkaPurgatory` already closed.
+
+Shutdown: :meth:`KafkaPurgatory.stop` (the start of ``close``, ``aclose``, leaving ``async with``)
+answers every pending operation at once with ``SHUTTING_DOWN`` (in-flight produces first get
+up to ``SHUTDOWN_FLUSH_S`` for their real delivery reports), and operations submitted between
+then and the end of ``close`` are answered ``SHUTTING_DOWN`` too. A server that waits for its
+requests before running the application's shutdown (uvicorn's graceful shutdown) would wait for
+the purgatory's waits in full: :meth:`KafkaPurgatory.drain_on_signals` starts the drain when the
+signal arrives instead (README, "In your own service").
 
 ``connect(shared_reads=True)`` reads records through a :class:`SharedReadReader` (one Kafka
 read answers every long poll on the same range; the push feed's tail fills it): the HTTP
@@ -48,9 +60,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Self, TypeVar
 
 import structlog
@@ -64,7 +78,7 @@ from purgatory.settings import ConfigError, KafkaSettings, Settings, load_settin
 from ._admin import BROKER_DEFAULT, create_topic, delete_records
 from ._calls import KafkaCalls
 from ._clients import ProducerRecord, RecordReader, _typed
-from ._errors import KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
+from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
 from ._feed import ChangeFeed
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
 from ._operations import (
@@ -75,12 +89,20 @@ from ._operations import (
     DelayedReplication,
     DelayedTopicReady,
     KafkaOperation,
+    draining,
 )
 from ._produce import DelayedProduce
 from ._record_cache import SharedReadReader
 from ._reply_router import DEFAULT_REPLY_PARTITIONS, ReplyRouter
 from ._request import DelayedRequest, RequestResult
-from ._results import CommitResult, DeleteRecordsResult, FetchResult, ProduceResult, TopicReadyResult
+from ._results import (
+    CommitResult,
+    DeleteRecordsResult,
+    ErrorCode,
+    FetchResult,
+    ProduceResult,
+    TopicReadyResult,
+)
 from ._sender import DEFAULT_LINGER_MS, RecordSender
 from ._view import ClusterView
 
@@ -111,6 +133,14 @@ DEFAULT_REPLY_TOPIC = "purgatory-replies"
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 REPLY_READY_TIMEOUT_S = 30.0  # first request: create the reply topic, join its group, position the tail
 REQUEST_PURGATORY = "request"  # the delayedOperation label of requests waiting for replies
+# At stop(), produces already handed to librdkafka get this long for their real delivery reports
+# before the rest answer SHUTTING_DOWN: half of the 1 s in which every waiter is answered, and a
+# delivered record answered as delivered is one a client will not send again.
+SHUTDOWN_FLUSH_S = 0.5
+# What drain_on_signals() listens to by default: what uvicorn, gunicorn and Kubernetes send.
+DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_Missing = tuple[list[TopicPartitionKey], UnknownTopicError]  # partitions that do not exist, and why
+_SignalHandler = Callable[[int, FrameType | None], Any] | int | None
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -180,6 +210,12 @@ class KafkaPurgatory:
         self._lock = threading.Lock()
         self._closed = False  # stop() ran: no purgatory is created any more
         self._clients_closed = False  # close() ran
+        self._stopped = threading.Event()  # stop()'s drain is over (a second stop() waits for it)
+        self._close_done = False  # close() returned: later calls are the caller's mistake
+        self._stopper: threading.Thread | None = None  # begin_shutdown()'s thread
+        # drain_on_signals(): signal -> (our handler, the handler it chains to).
+        self._signal_handlers: dict[int, tuple[Callable[[int, FrameType | None], None], _SignalHandler]] = {}
+        self._redeliver: int | None = None  # a signal whose default action follows the drain
         self._router: ReplyRouter | None = None  # request-reply: built by replies() or the first request
         self._produce_purgatory: DelayedOperationPurgatory[Any] | None = None
         # Per-produce lookups kept (each took a lock or a weak-dict lookup per request): the
@@ -331,43 +367,131 @@ class KafkaPurgatory:
 
     # -- submission -----------------------------------------------------------------------------
 
-    def _validate(self, op: KafkaOperation) -> None:
+    def _precheck(self, op: KafkaOperation) -> _Missing | None:
+        """The operation's partitions Kafka says do not exist, with the error naming the first;
+        None when every one exists or Kafka could not tell (one DescribeTopics request).
+
+        Only Kafka's own "unknown topic" answer, or a partition past the topic's count, counts as
+        missing: a cluster that did not answer concludes nothing (the operation then waits and
+        says what it saw), so an outage is never reported as a missing topic.
+        """
         if isinstance(op, DelayedTopicReady):
-            return
-        topics = set()
+            return None  # waiting for the topic to appear is its point
+        partitions: list[TopicPartitionKey] = []
+        topics: set[str] = set()
         for key in op.watch_keys():
-            if isinstance(key, TopicPartitionKey | GroupPartitionKey | TopicKey):
+            if isinstance(key, TopicPartitionKey):
+                partitions.append(key)
+            elif isinstance(key, GroupPartitionKey):
+                partitions.append(TopicPartitionKey(key.topic, key.partition))
+            elif isinstance(key, TopicKey):
                 topics.add(key.topic)
-        missing = sorted(t for t, exists in self.view.topic_exists(topics).items() if not exists)
-        if missing:
-            raise UnknownTopicError(missing[0], detail=f"{type(op).__name__} was not submitted")
+        topics.update(key.topic for key in partitions)
+        if not topics:
+            return None
+        try:
+            counts = self.view.partition_counts(topics)
+        except KafkaAdapterError:
+            return None  # not answered (or not an answer about existence): nothing to conclude
+
+        def absent(key: TopicPartitionKey) -> bool:
+            count = counts.get(key.topic, key.partition + 1)  # not in counts: nothing concluded
+            return count is None or key.partition >= count
+
+        missing = [key for key in partitions if absent(key)]
+        missing_topics = sorted(t for t in topics if t in counts and counts[t] is None)
+        if not missing and not missing_topics:
+            return None
+        first = missing[0] if missing else None
+        detail = f"{type(op).__name__} answered UNKNOWN_TOPIC_OR_PARTITION at once"
+        if first is None:
+            error = UnknownTopicError(missing_topics[0], detail=detail)
+        elif counts[first.topic] is None:
+            error = UnknownTopicError(first.topic, detail=detail)
+        else:
+            error = UnknownTopicError(
+                first.topic, first.partition, f"it has {counts[first.topic]} partitions; {detail}"
+            )
+        return missing, error
+
+    def _refuse_unknown(self, op: KafkaOperation, refusal: _Missing) -> None:
+        missing, error = refusal
+        op.refuse(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, error, missing or None)
+
+    def _shutting_down(self, op: KafkaOperation) -> bool:
+        """True (and ``op`` answered ``SHUTTING_DOWN``) iff stop() began and close() has not ended.
+
+        Between the two a submission is not the caller's mistake but a request that raced the
+        shutdown (a server still answering its last requests): it gets an answer, not an
+        exception. After close() it is a closed object's misuse: ``PurgatoryClosedError``.
+        """
+        if not self._closed or self._close_done:
+            return False
+        op.refuse(ErrorCode.SHUTTING_DOWN)
+        return True
 
     def submit(self, op: Op, *, validate: bool = True) -> Op:
-        """Validate, then ``try_complete_else_watch(op, op.watch_keys())`` in its purgatory; return ``op``."""
+        """Check the partitions exist, then ``try_complete_else_watch(op, op.watch_keys())`` in its
+        purgatory; return ``op`` (finished at once when a partition does not exist, or when the
+        purgatory is shutting down: see the module docstring)."""
+        if self._shutting_down(op):
+            return op
         if validate:
-            self._validate(op)
-        purgatory = self.purgatory_for(op)
+            refusal = self._precheck(op)
+            if refusal is not None:
+                self._refuse_unknown(op, refusal)
+                return op
+        try:
+            purgatory = self.purgatory_for(op)
+        except PurgatoryClosedError:
+            if self._shutting_down(op):
+                return op
+            raise
         try:
             purgatory.try_complete_else_watch(op, op.watch_keys())
-        except BaseException:
+        except BaseException as exc:
             # Refused (PurgatoryFullError, closed, try_complete raised): make sure the feed does
             # not keep polling the op's keys (a no-op when the purgatory released them already).
             self.feed.on_finished(purgatory.name, op)
+            if isinstance(exc, PurgatoryClosedError) and self._shutting_down(op):
+                return op
             raise
         return op
 
     async def watch(self, op: Op, *, validate: bool = True) -> Outcome:
-        """asyncio: submit and await the outcome (validation runs on ``self.calls``, bounded)."""
-        if validate:
-            await self.calls.run(
-                self._validate, op, timeout_s=self.view.request_timeout_s + 1.0, what="DescribeTopics"
-            )
-        purgatory = self.purgatory_for(op)
+        """asyncio: submit and await the outcome (the partition check runs on ``self.calls``,
+        bounded; skipped while the feed sees Kafka unreachable: it could conclude nothing)."""
+        if self._shutting_down(op):
+            return self._outcome(op)
+        if validate and self.feed.unavailable is None:
+            try:
+                refusal = await self.calls.run(
+                    self._precheck, op, timeout_s=self.view.request_timeout_s + 1.0, what="DescribeTopics"
+                )
+            except KafkaUnavailableError:
+                refusal = None  # not answered in time (or the pool is full): the op waits and says so
+            if refusal is not None:
+                self._refuse_unknown(op, refusal)
+                return self._outcome(op)
+        try:
+            purgatory = self.purgatory_for(op)
+        except PurgatoryClosedError:
+            if self._shutting_down(op):
+                return self._outcome(op)
+            raise
         try:
             return await purgatory.watch(op, op.watch_keys())
-        except BaseException:
+        except BaseException as exc:
             self.feed.on_finished(purgatory.name, op)  # as in submit(); a no-op once finished
+            if isinstance(exc, PurgatoryClosedError) and self._shutting_down(op):
+                return self._outcome(op)
             raise
+
+    @staticmethod
+    def _outcome(op: KafkaOperation) -> Outcome:
+        outcome = op.outcome
+        assert outcome is not None, f"{op!r} was answered without an outcome (refuse() finishes it)"
+        return outcome
 
     def watch_then_call(self, op: Op, callback: Callable[[Op], None]) -> None:
         """asyncio without a task: submit ``op`` (not validated); ``callback(op)`` on the loop once finished.
@@ -389,6 +513,18 @@ class KafkaPurgatory:
             purgatory = self._produce_purgatory = self.purgatory_for_kind(DelayedProduce)
         return purgatory
 
+    def _watch_then_call_or_refuse(self, op: Op, callback: Callable[[Op], None]) -> bool:
+        """:meth:`watch_then_call`, or False with ``op`` answered ``SHUTTING_DOWN`` (see there)."""
+        if self._shutting_down(op):
+            return False
+        try:
+            self.watch_then_call(op, callback)
+        except PurgatoryClosedError:
+            if self._shutting_down(op):
+                return False
+            raise
+        return True
+
     def produce(self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None) -> DelayedProduce:
         """Send ``records`` through the idempotent producer (``acks=all``) and hold a
         :class:`DelayedProduce` until each has its delivery report (or ``delay_ms`` passed).
@@ -397,8 +533,9 @@ class KafkaPurgatory:
         sends nothing, and a delivery report always finds the operation watched.
         """
         op = DelayedProduce(self.feed, list(records), delay_ms=delay_ms)
-        self._produces().try_complete_else_watch(op, op.watch_keys())
-        self._send(op)
+        self.submit(op, validate=False)
+        if not op.shutting_down:  # answered SHUTTING_DOWN at submission: nothing is sent
+            self._send(op)
         return op
 
     async def produce_async(
@@ -421,13 +558,13 @@ class KafkaPurgatory:
             if not future.done():
                 future.set_result(None)
 
-        purgatory = self._produces()
-        purgatory.watch_then_call(op, op.watch_keys(), finished)
+        if not self._watch_then_call_or_refuse(op, finished):
+            return op  # answered SHUTTING_DOWN: nothing was sent
         self._send(op)
         try:
             await future
         except asyncio.CancelledError:
-            purgatory.abandon(op)
+            self._produces().abandon(op)
             raise
         return op
 
@@ -509,12 +646,36 @@ class KafkaPurgatory:
         """Issue DeleteRecords (everything before ``before[partition]``), then hold a
         :class:`DelayedDeleteRecords` until the log start offsets show it."""
         op = DelayedDeleteRecords(self.feed, before, delay_ms=timeout_ms)
-        self._issue_delete(op)
-        return self.submit(op, validate=False)
+        if self._issue_delete(op):
+            self.submit(op, validate=False)
+        return op
 
-    def _issue_delete(self, op: DelayedDeleteRecords) -> None:
-        self._validate(op)  # an unknown topic is refused before anything is deleted
-        delete_records(self.view.admin, op.targets, timeout_s=ADMIN_TIMEOUT_S)
+    def _issue_delete(self, op: DelayedDeleteRecords) -> bool:
+        """Send DeleteRecords for ``op``; False when ``op`` was answered instead (nothing to wait for).
+
+        A partition that does not exist is answered before anything is deleted; Kafka's refusal
+        or silence becomes the statuses (DeleteRecords is idempotent: asking again is safe).
+        """
+        if self._shutting_down(op):
+            return False
+        refusal = self._precheck(op)
+        if refusal is not None:
+            self._refuse_unknown(op, refusal)
+            return False
+        try:
+            # Bounded by the operation's own timeout too: the caller asked for an answer by then.
+            delete_records(self.view.admin, op.targets, timeout_s=min(ADMIN_TIMEOUT_S, op.delay_ms / 1000.0))
+        except UnknownTopicError as exc:
+            op.refuse(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, exc)
+        except InvalidOffsetError as exc:
+            op.refuse(ErrorCode.OFFSET_OUT_OF_RANGE, exc)
+        except KafkaUnavailableError as exc:
+            op.refuse(ErrorCode.KAFKA_UNAVAILABLE, exc)
+        except KafkaAdapterError as exc:
+            op.refuse(ErrorCode.UNKNOWN_SERVER_ERROR, exc)
+        else:
+            return True
+        return False
 
     def create_topic(
         self,
@@ -619,49 +780,150 @@ class KafkaPurgatory:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def stop(self, *, drain: bool = True) -> None:
-        """Stop the feed and shut the purgatories (ours) down; the clients stay open.
+        """Answer every pending operation now, then stop the feed; the clients stay open.
 
-        ``drain``: every operation still held expires now (none is lost, nobody hangs);
-        ``drain=False`` is Kafka's behaviour: they are left unexecuted.
-        :meth:`close` starts with this; an owner with workers of its own that may still read
-        through the clients (the HTTP service's fetch attempts) calls it first, waits for them,
-        then calls :meth:`close`. Blocks while operations drain. Idempotent.
+        ``drain``: every operation still held finishes at once (``EXPIRED``, its undecided
+        partitions ``SHUTTING_DOWN``; none is lost, nobody hangs), produces already sent after
+        at most ``SHUTDOWN_FLUSH_S`` of delivery reports; ``drain=False`` is Kafka's behaviour:
+        they are left unexecuted. Operations submitted from now until :meth:`close` returns are
+        answered ``SHUTTING_DOWN``. :meth:`close` starts with this; an owner with workers of its
+        own that may still read through the clients (the HTTP service's fetch attempts) calls it
+        first, waits for them, then calls :meth:`close`. Blocks while operations drain (well
+        under a second; a second caller waits for the first). Idempotent.
         """
         with self._lock:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
             purgatories = list(self._purgatories.values())
-        self.feed.stop()
-        for purgatory in purgatories:
-            self.feed.detach(purgatory)
-            if purgatory is not self._shared:
-                purgatory.shutdown(drain=drain)
+        if not first:
+            # Another thread drains (begin_shutdown): close() must not close the clients under it.
+            self._stopped.wait()
+            return
+        try:
+            produce_name = PURGATORY_NAMES[DelayedProduce]
+            ordered = sorted(purgatories, key=lambda p: p.name == produce_name)  # produce last
+            for purgatory in ordered:
+                self.feed.detach(purgatory)
+                if purgatory is self._shared:
+                    continue
+                if drain and purgatory.name == produce_name and purgatory.num_delayed():
+                    # Reports served by the flush complete the produces they finish, as delivered.
+                    self.sender.flush(SHUTDOWN_FLUSH_S)
+                with draining():  # drained here, on this thread: answered SHUTTING_DOWN
+                    purgatory.shutdown(drain=drain)
+            # Only now: the feed's thread may be inside a Kafka request for up to the request
+            # timeout, and the callers must not wait for it to be answered.
+            self.feed.stop()
+        finally:
+            self._stopped.set()
+
+    def begin_shutdown(self) -> None:
+        """Start :meth:`stop` on a thread of its own and return at once; idempotent.
+
+        What :meth:`drain_on_signals` calls when the signal comes: the waiting callers are
+        answered ``SHUTTING_DOWN`` while the server is still finishing its requests.
+        """
+        with self._lock:
+            if self._closed or self._stopper is not None:
+                return
+            self._stopper = threading.Thread(
+                target=self._stop_then_redeliver, name=f"purgatory-{self.name}-stop"
+            )
+        self._stopper.start()
+
+    def _stop_then_redeliver(self) -> None:
+        self.stop()
+        signum = self._redeliver
+        if signum is not None:
+            os.kill(os.getpid(), signum)  # its default action, restored by the handler: after the drain
+
+    def drain_on_signals(self, signals: Iterable[int] = DRAIN_SIGNALS) -> bool:
+        """On each of ``signals`` start the drain (:meth:`begin_shutdown`), then run the handler
+        that was installed before (uvicorn's, which begins its graceful shutdown).
+
+        Call it from the main thread once the server runs — in a FastAPI lifespan, after
+        ``connect()`` — so it chains to the server's handlers. Why: uvicorn waits for the
+        in-flight requests before it runs the lifespan's shutdown, so without this the callers
+        waiting in the purgatory are answered only at their own timeout (or cancelled, a 500,
+        past ``--timeout-graceful-shutdown``). With it they get ``SHUTTING_DOWN`` within a second
+        of the signal. A signal whose handler was the default one (no server) is delivered again
+        with its default action once the drain is over. :meth:`close` puts the handlers back
+        (when called on the main thread; ``aclose`` is).
+
+        Returns False, installing nothing, off the main thread, where Python delivers no signal
+        (an application run by a test client's thread): the lifespan code stays the same there.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        for signum in signals:
+            previous: _SignalHandler = signal.getsignal(signum)
+            handler = self._signal_handler(loop, previous)
+            signal.signal(signum, handler)
+            self._signal_handlers[signum] = (handler, previous)
+        return True
+
+    def _signal_handler(
+        self, loop: asyncio.AbstractEventLoop | None, previous: _SignalHandler
+    ) -> Callable[[int, FrameType | None], None]:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            # Runs on the main thread between two bytecodes, possibly while that thread holds one
+            # of our locks: it only hands the work over. call_soon_threadsafe is safe here (it
+            # appends and writes the loop's self-pipe); without a loop, a thread start is.
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self.begin_shutdown)
+            else:
+                self.begin_shutdown()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                self._redeliver = signum
+
+        return handler
+
+    def _restore_signals(self) -> None:
+        # Python lets only the main thread change handlers; close() off it leaves them (harmless:
+        # a handler of a closed purgatory only chains to the previous one).
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, (handler, previous) in list(self._signal_handlers.items()):
+            if signal.getsignal(signum) is handler:
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            del self._signal_handlers[signum]
 
     def close(self) -> None:
-        """Stop the feed, drain the purgatories (ours), flush the journal, close the clients.
+        """Answer the pending operations (:meth:`stop`), flush the journal, close the clients.
 
-        Blocks while operations drain (they expire, none is lost); from asyncio use :meth:`aclose`.
-        Idempotent.
+        Every operation still held is answered within a second (``SHUTTING_DOWN``; none is lost);
+        from asyncio use :meth:`aclose`. Idempotent.
         """
+        self._restore_signals()
         self.stop()
         with self._lock:
             if self._clients_closed:
                 return
             self._clients_closed = True
-        if self._router is not None:  # after the drain: waiting requests expired, none is lost
-            self._router.close()
-        if self.journal is not None:
-            self.journal.close()
-        self.calls.close()
-        self.sender.close()
-        self.reader.close()
-        if self._read_back is not None:
-            self._read_back.close()
-        self.view.close()
+        try:
+            if self._router is not None:  # after the drain: waiting requests expired, none is lost
+                self._router.close()
+            if self.journal is not None:
+                self.journal.close()
+            self.calls.close()
+            self.sender.close()
+            self.reader.close()
+            if self._read_back is not None:
+                self._read_back.close()
+            self.view.close()
+        finally:
+            self._close_done = True
 
     async def aclose(self) -> None:
         """:meth:`close` in the default executor: the event loop keeps serving while it drains."""
+        self._restore_signals()  # on the loop's thread: the main one, where Python allows it
         await asyncio.get_running_loop().run_in_executor(None, self.close)
 
     def _prepare_journal(self) -> None:
@@ -698,8 +960,13 @@ class AsyncKafkaPurgatory:
 
     Got from ``async with KafkaPurgatory.connect(settings) as kp`` or ``KafkaPurgatory.aio``.
     Each awaitable submits one delayed operation and returns its frozen result when it finished
-    (completed, or expired at its timeout: a result, not an exception). Cancelling the awaiting
-    task cancels the operation (``Outcome.CANCELLED``; it is never left watched).
+    (completed, or expired at its timeout: a result, not an exception). Kafka-side conditions are
+    statuses in that result, not exceptions: ``KAFKA_UNAVAILABLE`` (Kafka did not answer until the
+    deadline), ``UNKNOWN_TOPIC_OR_PARTITION`` (answered at once), ``NOT_LEADER_OR_FOLLOWER``,
+    ``SHUTTING_DOWN`` (the purgatory is closing: every waiting call gets it within a second);
+    each result's ``shutting_down`` / ``unavailable`` say "503, retry later". Exceptions are left
+    for the caller's mistakes (bad arguments, a closed purgatory). Cancelling the awaiting task
+    cancels the operation (``Outcome.CANCELLED``; it is never left watched).
 
     Attributes:
         sync: the :class:`KafkaPurgatory` behind it (feed, view, purgatories, clients).
@@ -723,9 +990,14 @@ class AsyncKafkaPurgatory:
         """The Kafka settings in use (timeouts default from here)."""
         return self.sync.settings
 
-    async def _admin(self, call: Any, *args: Any, what: str) -> Any:
+    async def _admin(self, call: Any, *args: Any, what: str, timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
         # Admin requests block up to ADMIN_TIMEOUT_S: on the bounded pool, with a deadline.
-        return await self.sync.calls.run(call, *args, timeout_s=ADMIN_TIMEOUT_S + 1.0, what=what)
+        return await self.sync.calls.run(call, *args, timeout_s=timeout_s + 1.0, what=what)
+
+    def drain_on_signals(self, signals: Iterable[int] = DRAIN_SIGNALS) -> bool:
+        """See :meth:`KafkaPurgatory.drain_on_signals`: answer waiting calls ``SHUTTING_DOWN``
+        as soon as SIGTERM / SIGINT arrive, then let the server's own handler run."""
+        return self.sync.drain_on_signals(signals)
 
     async def watch(self, op: Op, *, validate: bool = True) -> Outcome:
         """Submit any :class:`KafkaOperation` and await its outcome."""
@@ -795,8 +1067,15 @@ class AsyncKafkaPurgatory:
     ) -> DeleteRecordsResult:
         """Delete every record before ``before[partition]``; answer once the log start offsets moved."""
         op = DelayedDeleteRecords(self.sync.feed, before, delay_ms=timeout_ms)
-        await self._admin(self.sync._issue_delete, op, what="DeleteRecords")
-        await self.sync.watch(op, validate=False)
+        try:
+            issued = await self._admin(
+                self.sync._issue_delete, op, what="DeleteRecords", timeout_s=op.delay_ms / 1000.0
+            )
+        except KafkaUnavailableError as exc:  # the pool's deadline or refusal: Kafka did not answer
+            op.refuse(ErrorCode.KAFKA_UNAVAILABLE, exc)  # a no-op if the call answered it meanwhile
+            issued = False
+        if issued:
+            await self.sync.watch(op, validate=False)
         return op.result()
 
     async def create_topic(
@@ -808,14 +1087,25 @@ class AsyncKafkaPurgatory:
         config: Mapping[str, str] | None = None,
         timeout_ms: int | None = None,
     ) -> TopicReadyResult:
-        """Create ``topic`` unless it exists, then answer once every partition has a leader."""
-        await self._admin(
-            lambda: self.sync.create_topic(
-                topic, partitions=partitions, replication_factor=replication_factor, config=config
-            ),
-            what="CreateTopics",
-        )
-        return await self.wait_topic_ready(topic, timeout_ms)
+        """Create ``topic`` unless it exists, then answer once every partition has a leader.
+
+        Kafka not answering (within ``timeout_ms`` when given) is answered ``KAFKA_UNAVAILABLE``;
+        a refusal of the request itself (a bad name, more replicas than brokers) raises.
+        """
+        op = DelayedTopicReady(self.sync.feed, topic, delay_ms=timeout_ms)
+        try:
+            await self._admin(
+                lambda: self.sync.create_topic(
+                    topic, partitions=partitions, replication_factor=replication_factor, config=config
+                ),
+                what="CreateTopics",
+                timeout_s=min(ADMIN_TIMEOUT_S, op.delay_ms / 1000.0),
+            )
+        except KafkaUnavailableError as exc:
+            op.refuse(ErrorCode.KAFKA_UNAVAILABLE, exc)
+            return op.result()
+        await self.sync.watch(op)
+        return op.result()
 
     async def request(
         self,
@@ -858,7 +1148,8 @@ class AsyncKafkaPurgatory:
         return op.result()
 
     async def aclose(self) -> None:
-        """Close the :class:`KafkaPurgatory` without blocking the loop (operations drain)."""
+        """Close the :class:`KafkaPurgatory` without blocking the loop: every pending call is
+        answered ``SHUTTING_DOWN`` within a second, then the clients close."""
         await self.sync.aclose()
 
     async def __aenter__(self) -> Self:

@@ -238,9 +238,33 @@ class ClusterView:
         return self._finish_describe(self._start_describe(topics))
 
     def topic_exists(self, topics: Iterable[str]) -> dict[str, bool]:
-        """Which of ``topics`` exist (one DescribeTopics request)."""
-        described = self._describe(topics)
-        return {name: isinstance(d, _TopicDescription) for name, d in described.items()}
+        """Which of ``topics`` exist (one DescribeTopics request).
+
+        False only where Kafka answered that the topic does not exist; any other answer raises
+        its typed error (:class:`KafkaUnavailableError` when the cluster did not answer): an
+        outage is never reported as a missing topic.
+        """
+        out = {}
+        for name, d in self._describe(topics).items():
+            if isinstance(d, ErrorFact) and d.kind != "unknown_topic":
+                raise d.to_exception()
+            out[name] = isinstance(d, _TopicDescription)
+        return out
+
+    def partition_counts(self, topics: Iterable[str]) -> dict[str, int | None]:
+        """Each topic's partition count, ``None`` where Kafka answered that it does not exist.
+
+        One DescribeTopics request. A topic whose answer says neither (an authorization or other
+        error) is left out: the caller cannot conclude anything about it. Raises
+        :class:`KafkaUnavailableError` when the cluster did not answer.
+        """
+        out: dict[str, int | None] = {}
+        for name, d in self._describe(topics).items():
+            if isinstance(d, _TopicDescription):
+                out[name] = len(d.leaders)
+            elif d.kind == "unknown_topic":
+                out[name] = None
+        return out
 
     def topics(self, keys: Iterable[TopicKey]) -> dict[TopicKey, TopicFacts]:
         """Leaders of every partition of each topic; raises :class:`UnknownTopicError` for a missing one."""

@@ -166,3 +166,16 @@ async def test_stop_shuts_the_purgatories_down_and_leaves_the_clients_to_close(d
         kp.close()
     with pytest.raises(KafkaUnavailableError, match="closed"):
         await kp.calls.run(lambda: "served", timeout_s=5.0, what="probe")
+
+
+@pytest.mark.parametrize("result_type", RESULTS, ids=lambda t: t.__name__)
+def test_help_of_each_result_documents_shutdown_and_outage_answers(result_type: type) -> None:
+    text = pydoc.render_doc(result_type)
+    for name in ("shutting_down", "unavailable", "SHUTTING_DOWN"):
+        assert name in text, f"help({result_type.__name__}) explains {name}"
+    assert isinstance(result_type.shutting_down, property) and isinstance(result_type.unavailable, property)
+
+
+def test_help_of_commit_result_says_when_the_group_has_no_committed_offset() -> None:
+    text = pydoc.render_doc(CommitResult)
+    assert "uncommitted" in text and "nothing_committed" in text and "UNKNOWN_TOPIC_OR_PARTITION" in text

@@ -100,9 +100,11 @@ def test_replication_expires_with_request_timed_out_when_the_high_watermark_neve
     assert not op.succeeded
 
 
-def test_replication_of_an_unknown_topic_raises_unknown_topic_error(kp: KafkaPurgatory) -> None:
-    with pytest.raises(UnknownTopicError, match="no-such-topic-p"):
-        kp.submit(DelayedReplication(kp.feed, {TopicPartitionKey("no-such-topic-p", 0): 0}))
+def test_replication_of_an_unknown_topic_is_answered_unknown_at_once(kp: KafkaPurgatory) -> None:
+    key = TopicPartitionKey("no-such-topic-p", 0)
+    op = kp.submit(DelayedReplication(kp.feed, {key: 0}))
+    assert op.done.is_set() and op.statuses == {key: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+    assert isinstance(op.error, UnknownTopicError) and "no-such-topic-p" in str(op.error)
     assert all(p.watched() == 0 for p in kp.purgatories.values()), "nothing was watched"
 
 
@@ -169,9 +171,12 @@ def test_negative_fetch_offset_is_refused_before_submission(kp: KafkaPurgatory) 
         DelayedFetch(kp.feed, kp.reader, {TopicPartitionKey("any", 0): -1})
 
 
-def test_fetch_on_unknown_topic_raises_unknown_topic_error(kp: KafkaPurgatory) -> None:
-    with pytest.raises(UnknownTopicError):
-        kp.fetch({TopicPartitionKey("no-such-topic-f", 0): 0})
+def test_fetch_on_unknown_topic_is_answered_unknown_at_once(kp: KafkaPurgatory) -> None:
+    key = TopicPartitionKey("no-such-topic-f", 0)
+    op = kp.fetch({key: 0})
+    assert op.done.is_set(), "a status, not an exception, and no wait"
+    assert op.result().statuses == {key: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+    assert isinstance(op.error, UnknownTopicError)
 
 
 async def test_fetch_from_asyncio_returns_the_outcome(
