@@ -76,8 +76,7 @@ class ProducerRecord:
 
     def __post_init__(self) -> None:
         _check_topic(self.topic)
-        for name in ("value", "key"):
-            field_value = getattr(self, name)
+        for name, field_value in (("value", self.value), ("key", self.key)):
             if field_value is not None and not isinstance(field_value, bytes):
                 raise TypeError(
                     f"ProducerRecord.{name} must be bytes or None, got {type(field_value).__name__}"

@@ -169,16 +169,20 @@ class DelayedProduce(KafkaOperation):
             on_response=on_response,
         )
         records = tuple(records)
-        if not records:
-            raise ValueError("DelayedProduce needs at least one record")
-        for i, record in enumerate(records):
-            if type(record) is not ProducerRecord and not isinstance(record, ProducerRecord):
-                raise TypeError(f"records[{i}] must be a ProducerRecord, got {type(record).__name__}")
-        self.records = records
         count = len(records)
+        if count == 1 and type(records[0]) is ProducerRecord:
+            partitions: list[int | None] = [records[0].partition]  # the common request, checked
+        else:
+            if not count:
+                raise ValueError("DelayedProduce needs at least one record")
+            for i, record in enumerate(records):
+                if not isinstance(record, ProducerRecord):
+                    raise TypeError(f"records[{i}] must be a ProducerRecord, got {type(record).__name__}")
+            partitions = [r.partition for r in records]
+        self.records = records
         self.offsets: list[int | None] = [None] * count
         self.record_statuses: list[ErrorCode | None] = [None] * count
-        self.partitions: list[int | None] = [r.partition for r in records]
+        self.partitions = partitions
         self._unreported = count
         self._reports = threading.Lock()
         self.key = ProduceRequestKey(next(_ids))
@@ -275,6 +279,8 @@ class DelayedProduce(KafkaOperation):
         # Not reported by the deadline (or by shutdown): not known whether written. An outage
         # shows as REQUEST_TIMED_OUT, Kafka's own answer for it; the producer keeps the record's
         # sequence number, so a later write of it is never a duplicate.
+        if self._unreported == 0:
+            return  # every record reported: nothing undecided (the common finish)
         undecided = ErrorCode.SHUTTING_DOWN if self.shutting_down else ErrorCode.REQUEST_TIMED_OUT
         with self._reports:
             for i, status in enumerate(self.record_statuses):
