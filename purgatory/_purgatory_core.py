@@ -122,25 +122,25 @@ class LoopCallback:
     of each (tracemalloc); this is one small object.
     """
 
-    __slots__ = ("callback", "called", "handoff", "loop")
+    __slots__ = ("callback", "called", "loop", "thread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[OperationCore], None]) -> None:
+        # Built on the loop's thread (watch_then_call runs there): a finish on this thread is a
+        # finish on the loop. A thread id, not asyncio's running-loop lookup: CPython 3.11 makes
+        # that a getpid() system call each time (a produce completed on its loop paid three).
         self.loop = loop
-        self.handoff = handoff_for(loop)
+        self.thread = _thread_id()
         self.callback = callback
         self.called = False
 
     def __call__(self, finished: OperationCore) -> None:
         if self.called:
             return
-        # _get_running_loop (None off the loop) rather than get_running_loop: the finishing thread
-        # is usually not the loop's, and raising and catching RuntimeError there cost ~1 µs of
-        # each of 10,000 completions of one key event (purgatory bench fanout).
-        if asyncio._get_running_loop() is self.loop:
+        if _thread_id() == self.thread:
             self.called = True
             self.callback(finished)
         else:
-            self.handoff.post_call(self, finished)
+            handoff_for(self.loop).post_call(self, finished)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # DelayedOperationPurgatory, and applications'
@@ -347,7 +347,13 @@ class PurgatoryCore(Generic[T]):
             op._cancel_operation()
             raise
 
-    def watch_then_call(self, op: T, keys: Iterable[Hashable], callback: Callable[[T], None]) -> None:
+    def watch_then_call(
+        self,
+        op: T,
+        keys: Iterable[Hashable],
+        callback: Callable[[T], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         """asyncio, without a task: submit ``op``; ``callback(op)`` runs on this loop once it finished.
 
         What :meth:`watch` does for a task, for a waiter that is a callback (the service's
@@ -356,9 +362,11 @@ class PurgatoryCore(Generic[T]):
         loop through its :class:`LoopHandoff` with the other outcomes of its burst. ``callback``
         runs exactly once (if the op finished before this returned, it runs all the same). A
         waiter that leaves calls :meth:`abandon`. Raises as :meth:`try_complete_else_watch`; the
-        callback is then never called.
+        callback is then never called. ``loop``: the running loop, when the caller has it at hand
+        (saves asyncio's lookup of it).
         """
-        waiter = LoopCallback(asyncio.get_running_loop(), cast(Callable[[OperationCore], None], callback))
+        running = asyncio.get_running_loop() if loop is None else loop  # given: the caller's running loop
+        waiter = LoopCallback(running, cast(Callable[[OperationCore], None], callback))
         extras_of(op).waiter = waiter
         self.try_complete_else_watch(op, keys)
         if op.outcome is not None:

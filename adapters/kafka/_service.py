@@ -513,12 +513,19 @@ class KafkaPurgatory:
             purgatory = self._produce_purgatory = self.purgatory_for_kind(DelayedProduce)
         return purgatory
 
-    def _watch_then_call_or_refuse(self, op: Op, callback: Callable[[Op], None]) -> bool:
+    def _watch_then_call_or_refuse(
+        self, op: Op, callback: Callable[[Op], None], loop: asyncio.AbstractEventLoop | None = None
+    ) -> bool:
         """:meth:`watch_then_call`, or False with ``op`` answered ``SHUTTING_DOWN`` (see there)."""
         if self._shutting_down(op):
             return False
         try:
-            self.watch_then_call(op, callback)
+            if isinstance(op, DelayedProduce) and self._shared is None:
+                # The produce purgatory, kept (_produces): no lookup per request. The feed does
+                # not follow it, so there is nothing of the feed's to release on a refusal.
+                self._produces().watch_then_call(op, op.watch_keys(), callback, loop)
+            else:
+                self.watch_then_call(op, callback)
         except PurgatoryClosedError:
             if self._shutting_down(op):
                 return False
@@ -558,7 +565,7 @@ class KafkaPurgatory:
             if not future.done():
                 future.set_result(None)
 
-        if not self._watch_then_call_or_refuse(op, finished):
+        if not self._watch_then_call_or_refuse(op, finished, loop):
             return op  # answered SHUTTING_DOWN: nothing was sent
         self._send(op)
         try:

@@ -147,6 +147,11 @@ def _submit_waiting(
     return ops
 
 
+# What an operation that waited through an outage may answer per partition: not in time, or
+# Kafka unreachable (a commit wait whose group could not be read says so).
+_OUTAGE_STATUSES = frozenset({kafka.ErrorCode.REQUEST_TIMED_OUT, kafka.ErrorCode.KAFKA_UNAVAILABLE})
+
+
 def _clear_status(op: KafkaOperation) -> str | None:
     """None if ``op`` ended clearly for an outage, else what is unclear about it."""
     if not op.done.is_set() or op.outcome is not Outcome.EXPIRED:
@@ -158,9 +163,9 @@ def _clear_status(op: KafkaOperation) -> str | None:
     if (
         statuses
         and type(op).__name__ != "DelayedFetch"
-        and any(status is not kafka.ErrorCode.REQUEST_TIMED_OUT for status in statuses.values())
+        and any(status not in _OUTAGE_STATUSES for status in statuses.values())
     ):
-        return f"{type(op).__name__} statuses {statuses}, expected REQUEST_TIMED_OUT"
+        return f"{type(op).__name__} statuses {statuses}, expected REQUEST_TIMED_OUT or KAFKA_UNAVAILABLE"
     return None
 
 
