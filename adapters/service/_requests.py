@@ -75,12 +75,10 @@ def _ascii_digits(value: object) -> object:
     # Text must be ASCII digits only; Python callers may still give ints (not bools or floats).
     if isinstance(value, str):
         if _ASCII_DIGITS.fullmatch(value) is None:
-            raise ValueError(
-                f"must be written in ASCII digits only (no sign, space, dot or underscore), got {value!r}"
-            )
+            raise ValueError("must be written in ASCII digits only (no sign, space, dot or underscore)")
         return value
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"must be an integer, got {value!r}")
+        raise ValueError("must be an integer")
     return value
 
 
