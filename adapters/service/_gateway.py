@@ -117,6 +117,22 @@ INTERNED_KEYS = 65_536
 # default unless kafka.client_config sets it): checked for every record before any is appended,
 # so a request is refused whole (413) rather than half appended.
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+# GET /replicated waits for offsets past the high watermark by design: appended (acks=1) and not
+# yet on every in-sync replica. How far the log end is past the high watermark no client can ask
+# (ListOffsets answers the high watermark), so an offset is "past the log end" when no partition
+# could have appended it nor append it before the wait ends: the fastest partitions append ~1-2M
+# small records/s, 10x that is the rate bound, over the longest a lagging follower stays in sync
+# (replica.lag.time.max.ms, Kafka's default 30 s) plus the wait itself. Past that: 416 at once,
+# as a fetch past the high watermark, instead of a waiter held for its whole timeout.
+MAX_PARTITION_APPEND_RATE = 10_000_000  # records per second
+REPLICA_LAG_MAX_S = 30
+
+
+def unreachable_offset(offset: int, high_watermark: int, wait_ms: int) -> bool:
+    """True when ``offset`` lies further past ``high_watermark`` than any partition could have
+    appended, or append within ``wait_ms`` (see MAX_PARTITION_APPEND_RATE)."""
+    reach = MAX_PARTITION_APPEND_RATE * (REPLICA_LAG_MAX_S * 1000 + wait_ms) // 1000
+    return offset - high_watermark > reach
 
 
 def resolve_bootstrap(settings: Settings, bootstrap_servers: str | None = None) -> str:
@@ -583,6 +599,19 @@ class Gateway:
                     value=partition,
                 )
         targets = {TopicPartitionKey(topic, p): o for p, o in offsets.items()}
+        wait_ms = timeout_ms if timeout_ms is not None else self.settings.kafka.produce_timeout_ms
+        for key, offset in targets.items():
+            # The feed's high watermark when it follows the key, else one ListOffsets (shared).
+            high = await self._high_watermark(key)
+            if unreachable_offset(offset, high, wait_ms):
+                raise RequestError(
+                    416,
+                    "OFFSET_OUT_OF_RANGE",
+                    "offsets",
+                    f"offset {offset} of {key.label} is past the log end (high watermark {high}): "
+                    f"no append reaches it within {wait_ms} ms",
+                    value=offset,
+                )
         if leader_epochs is None:
             return await self._wait_replicated(targets, timeout_ms)
         epochs = {TopicPartitionKey(topic, p): e for p, e in leader_epochs.items()}

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import structlog
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -93,6 +94,10 @@ class CatchAll:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            # The client left (or h11 refused its body and closed): no one to answer, and not a
+            # bug — no traceback, not counted (a malformed body must stay a cheap refusal).
+            _log.debug("request_client_disconnected", method=scope["method"], path=scope["path"])
         except Exception:
             self.errors.count += 1
             _log.exception("request_failed_unexpectedly", method=scope["method"], path=scope["path"])

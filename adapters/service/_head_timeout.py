@@ -27,6 +27,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ._coalesced_timers import CoalescedTimeout, coalesced_timers
+from ._h1_framing import StrictH11Connection, refusal_response
 
 __all__ = ["LINGER_S", "HeadTimeoutH11Protocol", "head_timeout_protocol"]
 
@@ -47,8 +48,16 @@ class HeadTimeoutH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # h11 refusing ambiguous framing, bare LFs, obs-fold and unknown versions (._h1_framing).
+        self.conn = self._strict_connection()
         self._head_timer: CoalescedTimeout | None = None
         self._head_bytes = 0  # bytes of the head awaited now (0: the client has sent nothing)
+
+    def _strict_connection(self) -> StrictH11Connection:
+        size = self.config.h11_max_incomplete_event_size
+        if size is None:
+            return StrictH11Connection(h11.SERVER)
+        return StrictH11Connection(h11.SERVER, max_incomplete_event_size=size)
 
     def _arm_head_timer(self) -> None:
         self._disarm_head_timer()
@@ -81,8 +90,22 @@ class HeadTimeoutH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+        if self._awaiting_head():
             self._arm_head_timer()  # kept alive: the next request's head is bounded too
+
+    def _awaiting_head(self) -> bool:
+        """The connection is open and waits for the next request's head (not already reading one)."""
+        return not self.transport.is_closing() and self.conn.their_state is h11.IDLE
+
+    def send_400_response(self, msg: str) -> None:
+        refused = getattr(self.conn, "refused", None)
+        if refused is None:
+            super().send_400_response(msg)  # h11's own refusal: uvicorn's plain-text 400
+            return
+        # A head refused by StrictH11Connection: the service's JSON shape, and the connection
+        # closed (RFC 9112 §6.1: after ambiguous framing, the bytes that follow mean nothing).
+        self.transport.write(refusal_response(refused))
+        self.transport.close()
 
     def _head_timed_out(self) -> None:
         self._head_timer = None

@@ -71,6 +71,7 @@ from ._coalesced_timers import coalesced_timers
 from ._errors import RequestError
 from ._gateway import Gateway
 from ._guards import UNEXPECTED_ERROR_BODY, header_fields_problem
+from ._h1_framing import StrictH11Connection
 from ._head_timeout import HeadTimeoutH11Protocol
 from ._requests import FetchParams
 
@@ -108,7 +109,7 @@ def http11_response(response: Response, default_headers: list[tuple[bytes, bytes
     return b"".join(head) + bytes(response.body)
 
 
-class _PushbackConnection(h11.Connection):
+class _PushbackConnection(StrictH11Connection):
     """h11's connection with one event pushed back: the protocol looks at a request head first,
     and what it does not take, uvicorn's own loop reads again as if untouched."""
 
@@ -478,7 +479,13 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             self.conn.receive_data(trailing)
             self.on_response_complete()  # keep-alive and head timers, reading resumed
             self.handle_events()
-            if self.conn.their_state is not h11.IDLE:
+            # A pipelined long poll parked again (conn is None, its head timer disarmed):
+            # nothing more to do. Pinned by test_pipelined_poll_then_poll_are_answered_in_order.
+            if (
+                self._parked is None
+                and not self._parked_conn_gone()
+                and self.conn.their_state is not h11.IDLE
+            ):
                 self._disarm_head_timer()
             return
         # The common answer, one of a burst of thousands: uvicorn's on_response_complete without
@@ -493,6 +500,14 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         self.timeout_keep_alive_task = cast(asyncio.TimerHandle, keep_alive)
         self.flow.resume_reading()
         self._arm_head_timer()
+
+    def _awaiting_head(self) -> bool:
+        # After an ASGI response, uvicorn's on_response_complete reads the pipelined request at
+        # once (handle_events): a long poll parks there and lets go of h11's state (conn None),
+        # its head is in and its answer will re-arm the timer. Reading conn's state then was an
+        # AttributeError that closed the connection before the poll was answered.
+        # Pinned by test_pipelined_healthz_then_poll_are_answered_in_order.
+        return self._parked is None and not self._parked_conn_gone() and super()._awaiting_head()
 
     def _ensure_conn(self) -> None:
         """Give the connection its h11 state if an answer left it without one (_respond)."""

@@ -7,9 +7,19 @@ the field, never an allocation or a wait without end).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+)
 
 __all__ = [
     "MAX_FETCH_BYTES",
@@ -56,6 +66,26 @@ def _utf8(text: str) -> str:
 Utf8Text = Annotated[str, AfterValidator(_utf8)]
 
 
+_ASCII_DIGITS = re.compile(r"[0-9]+")
+
+
+def _ascii_digits(value: object) -> object:
+    # A query's numbers arrive as text, and pydantic's lax int reads "+1", " 1", "1_0", "1.0" and
+    # "-0" as numbers: a request a proxy or cache sees as one thing would be served as another.
+    # Text must be ASCII digits only; Python callers may still give ints (not bools or floats).
+    if isinstance(value, str):
+        if _ASCII_DIGITS.fullmatch(value) is None:
+            raise ValueError("must be written in ASCII digits only (no sign, space, dot or underscore)")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("must be an integer")
+    return value
+
+
+# An int in a query string: ASCII digits (then bounded by each field's own limits).
+QueryInt = Annotated[int, BeforeValidator(_ascii_digits)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -63,21 +93,23 @@ class _Strict(BaseModel):
 class FetchParams(_Strict):
     """Query of ``GET /topics/{topic}/partitions/{p}/records`` (names as Kafka's FetchRequest)."""
 
-    offset: int | None = Field(
+    offset: QueryInt | None = Field(
         None,
         ge=0,
         le=MAX_OFFSET,
         description="First offset to return; omitted: the high watermark (new records only).",
     )
-    max_wait_ms: int | None = Field(
+    max_wait_ms: QueryInt | None = Field(
         None, ge=0, le=MAX_WAIT_MS_LIMIT, description="Longest wait (default: kafka.fetch_max_wait_ms)."
     )
     # max_bytes is declared before min_bytes so that min_bytes' validator can compare with it.
-    max_bytes: int = Field(DEFAULT_FETCH_BYTES, gt=0, le=MAX_FETCH_BYTES, description="Response size bound.")
-    min_bytes: int | None = Field(
+    max_bytes: QueryInt = Field(
+        DEFAULT_FETCH_BYTES, gt=0, le=MAX_FETCH_BYTES, description="Response size bound."
+    )
+    min_bytes: QueryInt | None = Field(
         None, ge=0, le=MAX_FETCH_BYTES, description="Answer once this many bytes arrived (else: records)."
     )
-    min_records: int = Field(
+    min_records: QueryInt = Field(
         1, ge=0, le=MAX_RECORDS_PER_PRODUCE, description="Answer once this many arrived."
     )
 

@@ -63,9 +63,12 @@ __all__ = ["FORWARDED_HEADER", "OwnedFetch", "OwnedReplication", "ScaleOut", "Sc
 FORWARDED_HEADER = "x-purgatory-forwarded-by"
 # ASCII digits only, as many as the largest legal value has: str.isdigit() also accepts
 # superscript two (int() then fails: a 500) and Arabic-Indic three (int() reads it as 3).
-_PARTITION_NUMBER = re.compile(r"([0-9]{1,10}):([0-9]{1,19})")
+# A partition is written one way only, without leading zeros: "00" and "0" naming one partition
+# are two spellings of the same key for everything that compares the text (caches, routing).
+_CANONICAL_PARTITION = r"(0|[1-9][0-9]{0,9})"
+_PARTITION_NUMBER = re.compile(rf"{_CANONICAL_PARTITION}:([0-9]{{1,19}})")
 _RECORD_IDENTITY = re.compile(
-    rf"([0-9]{{1,10}}):([0-9]{{1,19}}):(-1|[0-9]{{1,19}}):([0-9a-fA-F]{{{DIGEST_BYTES * 2}}})"
+    rf"{_CANONICAL_PARTITION}:([0-9]{{1,19}}):(-1|[0-9]{{1,19}}):([0-9a-fA-F]{{{DIGEST_BYTES * 2}}})"
 )
 FORWARD_CONNECT_TIMEOUT_S = 2.0  # an owner that does not accept a connection in 2 s is not serving
 _RELAYED_HEADERS = ("content-type", "location", "retry-after")  # from the owner's answer

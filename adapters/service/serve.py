@@ -19,7 +19,7 @@ import uvicorn
 
 from purgatory.settings import ConfigError, load_settings
 
-from ._app import create_app
+from ._app import apply_log_settings, create_app
 from ._server import ReleasingServer, uvicorn_options
 
 __all__ = ["main"]
@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    # The process is the service's own: its log.* settings win (level, JSON or console).
+    apply_log_settings(settings, override=True)
     if settings.scaleout.enabled and settings.scaleout.advertised_url is None:
         url = f"http://{args.host}:{args.port}"
         settings = settings.model_copy(
