@@ -89,16 +89,24 @@ from ._app import (
 )
 from ._errors import RequestError
 from ._gateway import Gateway
-from ._guards import UNEXPECTED_ERROR_BODY
+from ._guards import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY
 from ._h2_answers import (
     SharedH2Answer,
     SharedHeaderEncoder,
     plain_answers_allowed,
     record_plain_stream,
 )
+from ._h2_inbound import BoundedHeaderDecoder, InboundFrames
 from ._long_poll import _app_state, _checked_poll, _long_poll_route, _plain_get_headers
 
-__all__ = ["H2_PREFACE", "H2PriorKnowledge", "H2ServerConnection", "H2Session", "http2_capable"]
+__all__ = [
+    "H2_PREFACE",
+    "H2PriorKnowledge",
+    "H2ServerConnection",
+    "H2Session",
+    "HeaderListTooLarge",
+    "http2_capable",
+]
 
 _log = structlog.get_logger("purgatory.service")
 
@@ -113,6 +121,19 @@ MAX_BRIDGED_BODY_BYTES = 2 * 1024 * 1024
 # 2^31-1 and read nothing), and asyncio copies what the socket does not take: 1,000 streams'
 # 21 MB answers would be 21 GB of copies (the memory-runaway report). The bodies stay shared.
 WRITE_BACKLOG = 256 * 1024
+# A connection whose transport holds more than this unsent is no longer read from until the
+# transport drains (resume_writing): what the service writes without being asked by a request —
+# PING and SETTINGS acknowledgements, RST_STREAMs, WINDOW_UPDATEs — is otherwise bounded only by
+# what the client sends, and a client that sends without reading made the service buffer every
+# acknowledgement (2,000,000 PINGs: +29 MB; the CVE-2019-9512 class). Twice WRITE_BACKLOG so the
+# answers, which stop at WRITE_BACKLOG, never pause it alone: only traffic the client drives does.
+READ_PAUSE_BACKLOG = 2 * WRITE_BACKLOG
+# Frames a client may send within one second that the service must act on while no request is
+# served by them (PING and SETTINGS to acknowledge, PRIORITY, empty DATA/HEADERS/CONTINUATION:
+# _h2_inbound.is_flood_frame), plus streams refused past SETTINGS_MAX_CONCURRENT_STREAMS, before
+# its connection is closed with GOAWAY ENHANCE_YOUR_CALM. Clients send a handful (a SETTINGS at
+# the start, a keep-alive PING every few seconds); 10,000 a second were acknowledged before.
+CONTROL_FRAMES_PER_SECOND = 1_000
 # A connection's streams whose request has not ended yet (HEADERS without END_STREAM, a body
 # still arriving): past this many a new one is refused (RST_STREAM REFUSED_STREAM: safe to retry).
 # A long poll ends its request with its HEADERS, so it never counts; this bounds what one
@@ -167,9 +188,19 @@ class H2ServerConnection(h2.connection.H2Connection):
     """
 
     _held_after_walk = 0  # streams held right after the last walk
+    _counted = False  # inside _receive_headers_frame: the stream limit was decided already
+    refused = 0  # streams refused past SETTINGS_MAX_CONCURRENT_STREAMS (the session counts them as a flood)
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config)
+        # h2's decoder enforces its own 64 KiB default, not the list size advertised (the session
+        # sets that); this one refuses an oversized list as a stream's error (_h2_inbound).
+        self.decoder = BoundedHeaderDecoder(self.DEFAULT_MAX_HEADER_LIST_SIZE)
 
     @property
     def open_inbound_streams(self) -> int:
+        if self._counted:
+            return 0  # decided by _receive_headers_frame before it let h2 open the stream
         held = len(self.streams)
         if (
             held < self.local_settings.max_concurrent_streams
@@ -179,6 +210,54 @@ class H2ServerConnection(h2.connection.H2Connection):
         count = super().open_inbound_streams
         self._held_after_walk = len(self.streams)
         return count
+
+    def _receive_headers_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
+        """As ``h2``'s, but a stream past the limit and a header list past its size are stream errors.
+
+        ``h2`` raises TooManyStreamsError for a stream past SETTINGS_MAX_CONCURRENT_STREAMS: a
+        connection error, GOAWAY, and every waiting long poll of the connection dropped. RFC 9113
+        §5.1.2 wants that stream refused alone (RST_STREAM REFUSED_STREAM: the client may retry
+        it). Its header block is still decoded (the HPACK table is the connection's, §4.3), so
+        the stream is opened as ``h2`` would open it, then reset, and its events dropped.
+        A header list over SETTINGS_MAX_HEADER_LIST_SIZE (:class:`BoundedHeaderDecoder`) becomes a
+        :class:`HeaderListTooLarge` in place of its request's events: the session answers 431.
+        """
+        stream_id = frame.stream_id
+        new = stream_id not in self.streams
+        refuse = new and self.open_inbound_streams + 1 > self.local_settings.max_concurrent_streams
+        decoder = self.decoder
+        assert isinstance(decoder, BoundedHeaderDecoder), "set in __init__; test_h2_hostile_clients"
+        # A new stream's oversized list stands in as a minimal valid request (h2 validates it);
+        # trailers (the stream exists) as no fields at all.
+        decoder.stand_in = _STAND_IN_REQUEST if new else []
+        self._counted = True
+        try:
+            frames, events = super()._receive_headers_frame(frame)
+        finally:
+            self._counted = False
+            oversized, decoder.oversized = decoder.oversized, False
+        if refuse:
+            self.refused += 1
+            self.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return frames, []
+        if oversized:
+            return frames, [HeaderListTooLarge(stream_id, "END_STREAM" in frame.flags)]
+        return frames, events
+
+
+# What an oversized request's header list is replaced by inside h2 (never served: the session
+# answers HeaderListTooLarge instead): the fewest fields RFC 9113 §8.3.1 requires of a request,
+# and the :authority h2 insists on.
+_STAND_IN_REQUEST = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"-"), (b":path", b"/")]
+
+
+class HeaderListTooLarge(h2.events.Event):
+    """A request's (or its trailers') header list over SETTINGS_MAX_HEADER_LIST_SIZE, decoded and
+    dropped; in place of the RequestReceived / TrailersReceived (and StreamEnded) h2 would give."""
+
+    def __init__(self, stream_id: int, stream_ended: bool) -> None:
+        self.stream_id = stream_id
+        self.stream_ended = stream_ended  # the client sent its whole request: no RST_STREAM needed
 
 
 class _H2Waiter:
@@ -304,7 +383,14 @@ class H2Session:
                 settings.admission.max_waiters + STREAM_HEADROOM
             )
             initial[h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE] = settings.service.max_header_bytes
+            # What is advertised is what is decoded (h2 would decode 64 KiB whatever it says).
+            self.conn.decoder.max_header_list_size = settings.service.max_header_bytes
         self.conn.local_settings = h2.settings.Settings(client=False, initial_values=initial)
+        # The frame headers walked before h2 buffers a byte (oversized frames, floods).
+        self.inbound = InboundFrames(len(H2_PREFACE))
+        self._floods_since = 0.0  # start of the current second of counted flood frames
+        self._floods = 0
+        self.read_paused = False  # reading paused past READ_PAUSE_BACKLOG, until the transport drains
         self.waiters: dict[int, _H2Waiter] = {}
         self.requests: dict[int, _H2Request] = {}
         self.bridged: dict[int, _Bridged] = {}
@@ -347,12 +433,24 @@ class H2Session:
     # -- bytes in ------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        # Checked as the frame headers arrive, before h2 buffers a frame whole (_h2_inbound).
+        floods, oversized = self.inbound.scan(data, conn.max_inbound_frame_size)
+        if oversized >= 0:
+            _log.info("h2_frame_too_large", length=oversized, max=conn.max_inbound_frame_size)
+            self._go_away(h2.errors.ErrorCodes.FRAME_SIZE_ERROR)  # RFC 9113 §4.2: a connection error
+            return
+        if floods and self._flooded(floods):
+            return
+        refused = conn.refused
         try:
-            events = self.conn.receive_data(data)
+            events = conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:  # h2 queued its GOAWAY naming the error
             _log.info("h2_protocol_error", error=str(exc)[:200])
             self.flush()
             self.transport.close()
+            return
+        if conn.refused != refused and self._flooded(conn.refused - refused):
             return
         for event in events:
             if isinstance(event, h2.events.RequestReceived):
@@ -373,12 +471,67 @@ class H2Session:
             elif isinstance(event, h2.events.RemoteSettingsChanged):
                 if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
                     self._unblock(0)
+            elif isinstance(event, HeaderListTooLarge):
+                self._header_list_too_large(event)
             elif isinstance(event, h2.events.ConnectionTerminated):
                 self.closing = True
         if self.requests and self._request_timer is None:
             self._arm_request_timer()
         self.flush()
+        self._pause_reading_if_backlogged()
         self._close_if_done()
+
+    def _flooded(self, frames: int) -> bool:
+        """Count flood frames; past CONTROL_FRAMES_PER_SECOND, GOAWAY ENHANCE_YOUR_CALM and close (True)."""
+        now = self.loop.time()
+        if now - self._floods_since >= 1.0:
+            self._floods_since, self._floods = now, 0
+        self._floods += frames
+        if self._floods <= CONTROL_FRAMES_PER_SECOND:
+            return False
+        _log.warning("h2_control_flood", frames=self._floods, client=str(self.protocol.client)[:100])
+        self._go_away(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        return True
+
+    def _go_away(self, code: h2.errors.ErrorCodes) -> None:
+        """GOAWAY naming ``code``, then close: connection_lost releases every stream still held."""
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.conn.close_connection(code)
+        self.flush()
+        self.transport.close()
+
+    def _pause_reading_if_backlogged(self) -> None:
+        """Stop reading while the transport holds more than READ_PAUSE_BACKLOG unsent (its comment).
+
+        Only while the transport has paused our writing: then its resume_writing is due once it
+        drains (writing_resumed reads on), or connection_lost if it never does.
+        """
+        if (
+            not self.read_paused
+            and self.transport.get_write_buffer_size() > READ_PAUSE_BACKLOG
+            and self.protocol.flow.write_paused
+            and not self.transport.is_closing()
+        ):
+            self.read_paused = True
+            self.protocol.flow.pause_reading()
+
+    def _header_list_too_large(self, event: HeaderListTooLarge) -> None:
+        """431 on the stream alone (as HTTP/1.1's HeaderLimits answers), its request dropped."""
+        stream_id = event.stream_id
+        self._opened += 1
+        request = self.requests.pop(stream_id, None)  # trailers of a request still arriving
+        if request is not None:
+            self._forget_body(request)
+        limit = self.conn.decoder.max_header_list_size
+        error = RequestError(
+            REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "REQUEST_HEADER_FIELDS_TOO_LARGE",
+            "headers",
+            f"header list over the {limit} bytes advertised (SETTINGS_MAX_HEADER_LIST_SIZE)",
+        )
+        self._respond_with(stream_id, error_response(error))
+        if not event.stream_ended:
+            self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)  # stop sending (RFC 9113 §8.1)
 
     def _request_received(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
@@ -717,7 +870,11 @@ class H2Session:
             self.loop.call_soon(self._unblock, 0)
 
     def writing_resumed(self) -> None:
-        """The transport's buffer drained (resume_writing): streams held back by the backlog go on."""
+        """The transport's buffer drained (resume_writing): reading goes on if the backlog paused
+        it, and streams held back by the backlog go on."""
+        if self.read_paused:
+            self.read_paused = False
+            self.protocol.flow.resume_reading()
         if self.backlogged:
             self.backlogged = False
             self._unblock(0)
@@ -803,10 +960,7 @@ class H2Session:
         if self._resets <= RAPID_RESETS_PER_SECOND:
             return False
         _log.warning("h2_rapid_reset", resets=self._resets, client=str(self.protocol.client)[:100])
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.conn.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
-        self.flush()
-        self.transport.close()  # connection_lost releases every stream still held
+        self._go_away(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         return True
 
     def _idle_check(self) -> None:
@@ -829,6 +983,29 @@ class H2Session:
         self._request_timer = self._idle_timer = None
         for stream_id in [*self.waiters, *self.requests, *self.bridged, *self.blocked]:
             self._released(stream_id)
+        self._free_buffers()
+
+    def _free_buffers(self) -> None:
+        """Let go of what the closed connection buffered, now rather than at a full collection.
+
+        ``h2``'s connection is a reference cycle of its own (its frame dispatch table holds its
+        bound methods), and the service raises the GC thresholds, so full collections are rare:
+        buffers it held stayed for minutes (a partial frame, a header block waiting for its
+        CONTINUATION, bytes never sent; the attack report's 150 MB a round of 10 connections).
+        Emptied here, and the cycle broken, the connection is freed by reference counting.
+        (test_h2_hostile_clients: test_a_closed_connection_is_freed_without_a_collection)
+        """
+        conn = self.conn
+        buffer = conn.incoming_buffer
+        buffer._data = bytearray()
+        buffer._headers_buffer = []
+        conn._data_to_send = bytearray()
+        conn.streams = {}
+        conn._frame_dispatch_table = {}  # the cycle: h2 reads nothing more once the transport is gone
+        self.out = bytearray()
+        self.blocked = {}
+        self.held_acks.clear()
+        self.finished = []
 
     def shutdown(self) -> None:
         """Graceful shutdown: no new streams; GOAWAY and close once the open ones are answered."""
@@ -898,6 +1075,10 @@ class H2PriorKnowledge:
     def connection_lost(self, exc: Exception | None) -> None:
         if self._h2 is not None:
             self._h2.connection_lost()
+            # The session and this protocol refer to each other: without this edge a closed
+            # connection waited for a full collection (H2Session._free_buffers). Nothing calls
+            # data_received, resume_writing or shutdown on a protocol whose connection is lost.
+            self._h2 = None
         super().connection_lost(exc)  # type: ignore[misc]
 
     def shutdown(self) -> None:

@@ -95,6 +95,9 @@ class RecordingTransport:
     def is_closing(self) -> bool:
         return self.closed
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # a socket that takes every write at once
+
     def close(self) -> None:
         self.closed = True
 
