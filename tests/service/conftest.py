@@ -101,9 +101,6 @@ class RecordingTransport:
     def close(self) -> None:
         self.closed = True
 
-    def get_write_buffer_size(self) -> int:
-        return 0  # every write taken at once: the peer reads
-
     def take(self) -> bytes:
         """What was written since the last take."""
         data, self.written = bytes(self.written), bytearray()
