@@ -428,7 +428,8 @@ def comparisons(
 ) -> list[Comparison]:
     """Per rate: CPU per request and enqueue time, from the same runs; then bytes per operation.
 
-    Targets (issue 15): at 100k/s >= 1.3x less CPU per request than the naive purgatory;
+    Targets (issue 15; 1.5x since operations are written as the README writes them): at 100k/s
+    >= 1.5x less CPU per request than the naive purgatory;
     unpaced >= 200k requests/s (<= 5 us per enqueue), every request finished exactly once (each
     run checks that itself and fails otherwise); <= 250 B per pending operation on 3 keys.
     """
@@ -442,7 +443,7 @@ def comparisons(
         if point.gc != "interpreter":
             case += f", {point.gc} GC"
         cpu_targets = (
-            [Target(">= 1.3x less CPU/request than naive at 100k/s", baseline="naive", min_ratio=1.3)]
+            [Target(">= 1.5x less CPU/request than naive at 100k/s", baseline="naive", min_ratio=1.5)]
             if rate == 100_000
             else []
         )
