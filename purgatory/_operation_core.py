@@ -176,6 +176,7 @@ class OperationCore(TimerTask):
         "_lock",
         "_lock_state",
         "_owner",
+        "_started_ns",
         "_watch",
         "outcome",
     )
@@ -198,6 +199,9 @@ class OperationCore(TimerTask):
         # The own lock's state in one word: 0 when free, else the owner thread's ident
         # shifted by OWNER_SHIFT plus the re-entry depth (see OwnLock; one field, not two: 8 B).
         self._lock_state = 0
+        # When last submitted, on the owner's latency clock (PurgatoryStats.now_ns): the start
+        # of the latency the finish counts. 8 B per operation, read once per finish.
+        self._started_ns = 0
         # None until claimed (see _finish): the claim and is_completed() both read this field.
         self.outcome: Outcome | None = None
         self._owner: OperationOwner | None = None
@@ -514,14 +518,13 @@ def own_release_as(op: OperationCore, me: int) -> None:
         _guard_release()
 
 
-def _claim(op: OperationCore, outcome: Outcome) -> bool:
-    """The claim's test-and-set and the owner's count: native steps only (see :func:`finish`)."""
+def _claim(op: OperationCore, outcome: Outcome, stats: PurgatoryStats | None, now_ns: int) -> bool:
+    """The claim's test-and-set and the owner's counts: native steps only (see :func:`finish`)."""
     if op.outcome is not None:
         return False
     op.outcome = outcome
-    owner = op._owner
-    if owner is not None:
-        owner.stats.count(outcome)
+    if stats is not None:
+        stats.count(outcome, now_ns - op._started_ns)
     return True
 
 
@@ -539,6 +542,12 @@ def finish(op: OperationCore, outcome: Outcome) -> bool:
     # ``purgatory bench purgatory`` ended with 40-70k of 100k requests expired, not ~4.6k).
     # acquire/release rather than ``with``: compiled, ``with`` also looks up and calls
     # ``__enter__``/``__exit__`` through the generic protocol (see WheelTimerCore.schedule).
+    # The latency clock is read before the claim: a MockTimer's clock is Python code, which must
+    # not run inside it. (One clock read per finish attempt; the losers' are wasted, and rare.)
+    # ``stats`` read once here: through the owner protocol, a generic attribute lookup.
+    owner = op._owner
+    stats = owner.stats if owner is not None else None
+    now_ns = stats.now_ns() if stats is not None else 0
     if _NATIVE_STEPS:
         # Compiled, the claim needs no lock: the test, the store and the counting run no Python
         # code (native field reads and writes, the owner's ``stats`` slot, PurgatoryStats.count,
@@ -547,16 +556,15 @@ def finish(op: OperationCore, outcome: Outcome) -> bool:
         # rely on the same). The lock's acquire and release were two calls of a method that
         # parses its arguments (``lock.acquire``: PyArg_ParseTupleAndKeywords) per finish.
         # (tests/core/test_concurrency.py: finishes racing on many threads, each claimed once.)
-        if not _claim(op, outcome):
+        if not _claim(op, outcome, stats, now_ns):
             return False
     else:
         _claim_acquire()
         try:
-            if not _claim(op, outcome):
+            if not _claim(op, outcome, stats, now_ns):
                 return False
         finally:
             _claim_release()
-    owner = op._owner
     # The winner removes the timer entry so the wheel frees it now rather than at expiry.
     cancel_task(op)
     try:

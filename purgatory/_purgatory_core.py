@@ -182,7 +182,7 @@ class PurgatoryCore(Generic[T]):
         # Per thread: the keys its check_and_complete calls are passing over, each with "asked
         # again meanwhile" (see check_and_complete: re-entrant calls are deferred).
         self._checking = threading.local()
-        self.stats = PurgatoryStats()
+        self.stats = PurgatoryStats(_mock_clock_ns(self._timer))
         _metrics.register(self)  # metrics registered at construction, removed at shutdown
         self._reaper: ExpiredOperationReaper | None = None
         if reaper_enabled:
@@ -250,6 +250,8 @@ class PurgatoryCore(Generic[T]):
             # (tests/core/test_purgatory.py::test_operation_finished_before_submission_is_not_kept)
             return False
         core._owner = self
+        # The start of the latency its finish counts (PurgatoryStats): before the first try.
+        core._started_ns = self.stats.now_ns()
         # Re-submitted after cancel_for_key: it is the purgatory's again, so drain must finish it
         # (tests/tools/test_faults.py, resubmitted after cancel_for_key).
         core._keys_cancelled = False
@@ -563,6 +565,14 @@ class PurgatoryCore(Generic[T]):
 # Module-level functions, not methods, for what runs on every request: compiled code calls a
 # method of PurgatoryCore (which allows interpreted subclasses) through Python-level dispatch,
 # a function directly (see purgatory/_operation_core.py).
+
+
+def _mock_clock_ns(timer: Timer) -> Callable[[], int] | None:
+    """The latency clock of a purgatory on ``timer``: a MockTimer's mock time (``timer.time``,
+    duck-typed: the core does not import the testing module), so that tests see the latencies
+    they stage; None (the monotonic clock) for any other timer."""
+    nanoseconds = getattr(getattr(timer, "time", None), "nanoseconds", None)
+    return nanoseconds if callable(nanoseconds) else None
 
 
 def _is_closed(purgatory: PurgatoryCore[Any]) -> bool:

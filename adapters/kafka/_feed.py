@@ -129,6 +129,9 @@ class FeedStats:
     indexed_tries: int = 0  # operations those tried: what they could complete, not all waiters
     last_error: str | None = None
     poll_ms: list[float] = field(default_factory=list)
+    # time.monotonic() of the last poll that refreshed the facts from Kafka; the feed's creation
+    # until the first one, so that an outage from the start ages too (the feed-health metric).
+    last_success: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -533,7 +536,8 @@ class ChangeFeed:
         except KafkaUnavailableError as exc:
             self._outage(exc)
             return True
-        self.stats.poll_ms.append((time.monotonic() - started) * 1000.0)
+        self.stats.last_success = finished = time.monotonic()
+        self.stats.poll_ms.append((finished - started) * 1000.0)
         if len(self.stats.poll_ms) > 10_000:
             del self.stats.poll_ms[:5_000]  # bounded history: the benchmark reads recent polls
         if self.stats.consecutive_failures:

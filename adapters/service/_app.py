@@ -24,8 +24,9 @@ Routes:
   answered 503 ``NOT_LEADER_OR_FOLLOWER`` instead of "replicated".
 * ``GET /owners`` — the scale-out ownership group: members, their URLs and partitions.
 * ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
-  (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations) and
-  the service's own (shared reads, change feed polls, Kafka reachability).
+  (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations), the
+  operations' latency histogram, and the service's own (answers by status and error code, shared
+  reads, change feed polls and health, Kafka reachability; :mod:`._metrics`).
 * ``GET /healthz`` — 200 while serving, 503 before start and while draining; Kafka details
   (bootstrap servers, reachability) only for an authenticated client.
 
@@ -99,7 +100,7 @@ from ._auth import Authenticator, RequireAuth, TopicPolicy, is_authenticated
 from ._errors import RequestError, from_validation_error
 from ._gateway import Gateway, resolve_bootstrap
 from ._guards import CatchAll, HeaderLimits, UnexpectedErrors
-from ._metrics import ServiceCollector
+from ._metrics import Answers, CountAnswers, ServiceCollector
 from ._requests import (
     MAX_PARTITION,
     MAX_PRODUCE_BODY_BYTES,
@@ -714,6 +715,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     service = settings.service
     unexpected = UnexpectedErrors()
     authenticator = Authenticator(service)
+    answers = Answers()  # by status and error code: the routes' (CountAnswers) and the fast paths'
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -746,6 +748,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
         # Outermost first: limits before anything reads headers, authentication before routing,
         # the catch-all innermost, around the routes (outside them: Starlette's 500 + close).
         middleware=[
+            Middleware(CountAnswers, answers=answers),  # outermost: every answer, refusals included
             Middleware(
                 HeaderLimits,
                 max_header_count=service.max_header_count,
@@ -759,6 +762,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     app.state.settings = settings
     app.state.topic_policy = TopicPolicy(service)
     app.state.unexpected_errors = unexpected
+    app.state.answers = answers
     app.state.rendered_fetches = RenderedFetches()
     # The long-poll route served below the ASGI app (._long_poll), with the checks above.
     app.state.long_poll = (
@@ -767,7 +771,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     # One registry per app: the collectors read every live purgatory and the gateway at scrape time.
     app.state.registry = CollectorRegistry()
     register_metrics(app.state.registry)
-    app.state.registry.register(ServiceCollector(lambda: getattr(app.state, "gateway", None)))
+    app.state.registry.register(ServiceCollector(lambda: getattr(app.state, "gateway", None), answers))
     app.state.registry.register(
         ScaleOutCollector(lambda: getattr(getattr(app.state, "gateway", None), "scaleout", None))
     )

@@ -729,6 +729,8 @@ class H2Session:
                 if waiters.pop(stream_id, None) is waiter:
                     self._respond_with(stream_id, self._unexpected())
         _SHARED_ANSWER.answers += answered
+        if answered and self.route is not None:
+            self.route.app.state.answers.count(200, None, answered)
         self.flush()
         self._close_if_done()
 
@@ -792,6 +794,8 @@ class H2Session:
         return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
 
     def _respond_with(self, stream_id: int, response: Response) -> None:
+        if self.route is not None:  # answered below the app: counted here, not by CountAnswers
+            self.route.app.state.answers.count(response.status_code, response.body)
         self._respond(stream_id, response.status_code, response.raw_headers, bytes(response.body))
 
     def _respond(

@@ -412,6 +412,9 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
 
     def _respond(self, parked: _Parked, data: bytes) -> None:
+        route = self._route
+        if route is not None:
+            route.app.state.answers.count_http11(data)
         if len(data) <= ANSWER_CHUNK:
             self.transport.write(data)
             self._answered(parked, data)

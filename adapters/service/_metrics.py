@@ -6,29 +6,127 @@ span (``SharedReadReader``); ``purgatory_service_feed_polls_total`` and
 ``purgatory_service_kafka_unavailable`` — 1 while the last poll could not reach Kafka;
 ``purgatory_service_kafka_requests_total`` — requests the cluster view sent (what scale-out
 divides between instances); ``purgatory_service_watched_partitions`` — partitions each poll asks about;
-``purgatory_service_task_free_long_polls_total`` — long polls the protocol-level path served.
+``purgatory_service_task_free_long_polls_total`` — long polls the protocol-level path served;
+``purgatory_service_answers_total{status, error}`` — answers sent, by HTTP status and the JSON
+error code (``NONE`` below 400); ``purgatory_service_feed_last_success_age_seconds`` — time since
+the change feed last refreshed its facts from Kafka (grows through an outage).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..kafka import TopicPartitionKey
 from ._gateway import Gateway
 
-__all__ = ["ServiceCollector"]
+__all__ = ["Answers", "CountAnswers", "ServiceCollector", "error_code_of"]
+
+# What an error label may hold: the service's codes are Kafka-style upper-case names; anything
+# else (a body that is not ours) is counted as UNKNOWN, so no client can grow the label set.
+_ERROR_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+NO_ERROR = "NONE"  # the error label of answers below 400 (Kafka's ErrorCode.NONE)
+UNKNOWN_ERROR = "UNKNOWN"  # an error answer whose body names no code of ours
+
+
+def error_code_of(status: int, body: bytes | memoryview | None) -> str:
+    """The ``error`` label of an answer: NONE below 400, else the code its JSON body names."""
+    if status < 400:
+        return NO_ERROR
+    try:
+        document: Any = json.loads(bytes(body or b""))
+    except ValueError:
+        return UNKNOWN_ERROR
+    code = document.get("error") if isinstance(document, dict) else None
+    return code if isinstance(code, str) and _ERROR_CODE.fullmatch(code) else UNKNOWN_ERROR
+
+
+class Answers:
+    """The service's answers by HTTP status and error code (``purgatory_service_answers_total``).
+
+    Counted where an answer is handed to the connection: :class:`CountAnswers` for the ASGI
+    app's routes, the protocol-level long-poll paths (HTTP/1.1 and HTTP/2) for the answers they
+    write themselves. Concurrency contract: the event loop's thread only (no lock).
+    """
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[int, str], int] = {}
+
+    def count(self, status: int, body: bytes | memoryview | None = None, n: int = 1) -> None:
+        """Count ``n`` answers of ``status``; ``body`` (its JSON) names the error code from 400 up."""
+        key = (status, error_code_of(status, body))
+        self._counts[key] = self._counts.get(key, 0) + n
+
+    def count_http11(self, data: bytes) -> None:
+        """Count one HTTP/1.1 answer written as bytes (status line, headers, body)."""
+        status = int(data[9:12])  # b"HTTP/1.1 200 ..."
+        body = data[data.find(b"\r\n\r\n") + 4 :] if status >= 400 else None
+        self.count(status, body)
+
+    def snapshot(self) -> dict[tuple[int, str], int]:
+        return dict(self._counts)
+
+
+class CountAnswers:
+    """ASGI middleware (outermost): counts every answer the app sends in :class:`Answers`.
+
+    Answers below 400 are counted at their start; error answers once their body (one message:
+    the service's JSON errors are small) says which code they carry."""
+
+    def __init__(self, app: ASGIApp, *, answers: Answers) -> None:
+        self.app = app
+        self.answers = answers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        answers = self.answers
+        error_status = 0
+
+        async def counting_send(message: Message) -> None:
+            nonlocal error_status
+            kind = message["type"]
+            if kind == "http.response.start":
+                status = int(message["status"])
+                if status < 400:
+                    answers.count(status)
+                else:
+                    error_status = status
+            elif kind == "http.response.body" and error_status:
+                answers.count(error_status, message.get("body", b""))
+                error_status = 0
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
 
 
 class ServiceCollector(Collector):
-    """Reads the current gateway (None before startup and after shutdown: then nothing is exported)."""
+    """Reads the answers and the current gateway (None before startup and after shutdown: then
+    only the answers are exported)."""
 
-    def __init__(self, gateway: Callable[[], Gateway | None]) -> None:
+    def __init__(self, gateway: Callable[[], Gateway | None], answers: Answers | None = None) -> None:
         self._gateway = gateway
+        self._answers = answers if answers is not None else Answers()
 
     def collect(self) -> Iterator[Metric]:
+        answers = CounterMetricFamily(
+            "purgatory_service_answers",
+            "Answers sent, by HTTP status and error code (NONE below 400).",
+            labels=["status", "error"],
+        )
+        for (status, code), count in sorted(self._answers.snapshot().items()):
+            answers.add_metric([str(status), code], count)
+        yield answers
         gateway = self._gateway()
         if gateway is None:
             return
@@ -46,6 +144,11 @@ class ServiceCollector(Collector):
             "purgatory_service_kafka_unavailable", "1 while the change feed cannot reach Kafka."
         )
         unavailable.add_metric([], 1.0 if gateway.feed.unavailable else 0.0)
+        age = GaugeMetricFamily(
+            "purgatory_service_feed_last_success_age_seconds",
+            "Seconds since the change feed last refreshed its facts from Kafka (grows in an outage).",
+        )
+        age.add_metric([], time.monotonic() - gateway.feed.stats.last_success)
         requests = CounterMetricFamily(
             "purgatory_service_kafka_requests",
             "Requests the cluster view sent to Kafka (the feed's batches).",
@@ -61,4 +164,4 @@ class ServiceCollector(Collector):
             "Long polls served below the ASGI app (service.fast_long_poll): no task waited for them.",
         )
         task_free.add_metric([], gateway.task_free_fetches)
-        yield from (reads, polls, failures, unavailable, requests, watched, task_free)
+        yield from (reads, polls, failures, unavailable, age, requests, watched, task_free)

@@ -301,7 +301,7 @@ async def test_metrics_export_kafka_purgatory_names_per_purgatory(
     topic = kafka_topic_factory(1)
     async with service.client() as client:
         before = (await client.get("/metrics")).text
-        expired_before = _sample(before, "ExpiresPerSec_total", "fetch")
+        expired_before = _sample(before, "Expires_total", "fetch")
         poll = asyncio.create_task(
             client.get(_records_url(topic), params={"offset": 0, "max_wait_ms": 2_000})
         )
@@ -312,7 +312,7 @@ async def test_metrics_export_kafka_purgatory_names_per_purgatory(
         assert _sample(during.text, "PurgatorySize", "fetch") >= 1
         assert (await asyncio.wait_for(poll, WAIT_S)).json()["outcome"] == "EXPIRED"
         after = (await client.get("/metrics")).text
-    assert _sample(after, "ExpiresPerSec_total", "fetch") == expired_before + 1
+    assert _sample(after, "Expires_total", "fetch") == expired_before + 1
     service_metrics = {
         line.split(" ")[0] for line in after.splitlines() if line.startswith("purgatory_service_")
     }

@@ -185,14 +185,13 @@ class _FakeBehaviour:
         self.sink.lateness_ms.append(_now_ms() - (self.created_at + self.delay_ms))
 
 
-# Each operation class's base constructor, called directly (Kafka's FakeOperation calls its
-# superclass's constructor; a JVM ``invokespecial``) rather than through ``super()``, which built a
-# super object and a bound method-wrapper per request: ~540 -> ~405 ns per construction of
-# FakeOperation (docs/performance.md, issue 15). Identical for every side.
-_operation_init = DelayedOperation.__init__
-_naive_operation_init = NaiveOperation.__init__
-
-
+# Both operation classes are written the way the README writes an operation: ``__slots__`` for
+# their fields, ``super().__init__(delay_ms)``, ``try_complete`` calling ``force_complete``. This
+# bench measures what a user's operation costs, not a hand-tuned one: calling the compiled base
+# constructor directly (``DelayedOperation.__init__(self, delay_ms)``, as this bench once did)
+# saved ~0.1 µs per request; leaving ``__slots__`` out costs ~1.4 µs (an instance dict per
+# operation: README, "Usage"). Identical for every side.
+#
 # FakeOperation and NaiveFakeOperation set the same fields in the same order, written out in
 # each: a shared helper would add a Python frame per request to the measured window (the
 # harness's cost is most of a request's, docs/performance.md); the two must stay identical.
@@ -200,7 +199,7 @@ class FakeOperation(_FakeBehaviour, DelayedOperation):
     __slots__ = ("completes_at", "created_at", "finishes", "latency_ms", "sink")
 
     def __init__(self, delay_ms: int, latency_ms: int, sink: _Sink) -> None:
-        _operation_init(self, delay_ms)
+        super().__init__(delay_ms)
         self.latency_ms = latency_ms
         self.created_at = created_at = _monotonic() * 1000.0
         self.completes_at = int(created_at) + latency_ms
@@ -212,7 +211,7 @@ class NaiveFakeOperation(_FakeBehaviour, NaiveOperation):
     __slots__ = ("completes_at", "created_at", "finishes", "latency_ms", "sink")
 
     def __init__(self, delay_ms: int, latency_ms: int, sink: _Sink) -> None:
-        _naive_operation_init(self, delay_ms)
+        super().__init__(delay_ms)
         self.latency_ms = latency_ms
         self.created_at = created_at = _monotonic() * 1000.0
         self.completes_at = int(created_at) + latency_ms
@@ -429,7 +428,8 @@ def comparisons(
 ) -> list[Comparison]:
     """Per rate: CPU per request and enqueue time, from the same runs; then bytes per operation.
 
-    Targets (issue 15): at 100k/s >= 1.3x less CPU per request than the naive purgatory;
+    Targets (issue 15; 1.5x since operations are written as the README writes them): at 100k/s
+    >= 1.5x less CPU per request than the naive purgatory;
     unpaced >= 200k requests/s (<= 5 us per enqueue), every request finished exactly once (each
     run checks that itself and fails otherwise); <= 250 B per pending operation on 3 keys.
     """
@@ -443,7 +443,7 @@ def comparisons(
         if point.gc != "interpreter":
             case += f", {point.gc} GC"
         cpu_targets = (
-            [Target(">= 1.3x less CPU/request than naive at 100k/s", baseline="naive", min_ratio=1.3)]
+            [Target(">= 1.5x less CPU/request than naive at 100k/s", baseline="naive", min_ratio=1.5)]
             if rate == 100_000
             else []
         )
