@@ -55,7 +55,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["BURST_CHUNK", "LoopHandoff", "handoff_burst", "handoff_for", "release_burst"]
+__all__ = ["BURST_CHUNK", "LoopHandoff", "draining_loop", "handoff_burst", "handoff_for", "release_burst"]
 
 _log = structlog.get_logger("purgatory")
 
@@ -169,6 +169,14 @@ class LoopHandoff:
 
     def _drain(self) -> None:
         self._scheduled = False  # first clear the flag, then pop (module docstring)
+        # The callbacks below run on this loop: say so to waiters finished by them (draining_loop).
+        _draining.loop = self._loop()
+        try:
+            self._drain_now()
+        finally:
+            _draining.loop = None
+
+    def _drain_now(self) -> None:
         # Only what is here now: what is posted meanwhile has a drain of its own coming
         # (module docstring, "A drain takes what was there when it started").
         queue = self._queue
@@ -185,6 +193,17 @@ class LoopHandoff:
                 # One failing waiter must not strand the rest of the batch in the mailbox.
                 name = getattr(callback, "__qualname__", "?")
                 _log.exception("loop_handoff_callback_failed", callback=name)
+
+
+# The loop whose mailbox this thread is draining now (None: none): per thread, so a finish on
+# another thread while a loop drains is never taken for a finish on that loop.
+_draining = threading.local()
+
+
+def draining_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop whose hand-off drain is running on this thread, or None."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_draining, "loop", None)
+    return loop
 
 
 _handoffs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopHandoff] = weakref.WeakKeyDictionary()

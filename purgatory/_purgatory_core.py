@@ -24,7 +24,7 @@ from mypy_extensions import mypyc_attr
 
 from . import _metrics
 from ._errors import PurgatoryClosedError, PurgatoryFullError
-from ._loop_handoff import handoff_for
+from ._loop_handoff import draining_loop, handoff_for
 from ._metrics import PurgatoryStats
 from ._operation_core import (
     OperationCore,
@@ -122,21 +122,23 @@ class LoopCallback:
     of each (tracemalloc); this is one small object.
     """
 
-    __slots__ = ("callback", "called", "loop", "thread")
+    __slots__ = ("callback", "called", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[OperationCore], None]) -> None:
-        # Built on the loop's thread (watch_then_call runs there): a finish on this thread is a
-        # finish on the loop. A thread id, not asyncio's running-loop lookup: CPython 3.11 makes
-        # that a getpid() system call each time (a produce completed on its loop paid three).
         self.loop = loop
-        self.thread = _thread_id()
         self.callback = callback
         self.called = False
 
     def __call__(self, finished: OperationCore) -> None:
         if self.called:
             return
-        if _thread_id() == self.thread:
+        # A finish inside the loop's own hand-off drain (a produce's delivery reports are applied
+        # there) is on the loop: known without asyncio's running-loop lookup, which on CPython
+        # 3.11 is a getpid() system call. Else _get_running_loop (None off the loop) rather than
+        # get_running_loop: the finishing thread is usually not the loop's, and raising and
+        # catching RuntimeError there cost ~1 µs of each of 10,000 completions of one key event
+        # (purgatory bench fanout). Not the thread id: a loop may run on another thread later.
+        if draining_loop() is self.loop or asyncio._get_running_loop() is self.loop:
             self.called = True
             self.callback(finished)
         else:
