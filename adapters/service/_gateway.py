@@ -540,14 +540,18 @@ class Gateway:
         """Produce the records (``acks=all``, idempotent); the finished operation once each has its
         delivery report, or at ``timeout_ms`` with the ones not reported ``REQUEST_TIMED_OUT``."""
         count = await self.partitions(topic)
+        records = []
         for i, record in enumerate(request.records):
-            value = len(record.value.encode()) if record.value is not None else 0
-            key = len(record.key.encode()) if record.key is not None else 0
-            if (size := key + value) > self.message_max_bytes:
+            # Encoded once: the size check and the record share the bytes.
+            value = None if record.value is None else record.value.encode()
+            key = None if record.key is None else record.key.encode()
+            size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+            if size > self.message_max_bytes:
+                larger = "key" if key is not None and (value is None or len(key) > len(value)) else "value"
                 raise RequestError(
                     413,
                     "MESSAGE_TOO_LARGE",
-                    f"records[{i}].{'key' if key > value else 'value'}",
+                    f"records[{i}].{larger}",
                     f"record {i} has {size} bytes of key and value, more than the producer's "
                     f"message.max.bytes ({self.message_max_bytes}); nothing was appended",
                 )
@@ -559,15 +563,7 @@ class Gateway:
                     f"topic {topic!r} has {count} partition(s): partition {record.partition} does not exist",
                     value=record.partition,
                 )
-        records = [
-            ProducerRecord(
-                topic,
-                None if r.value is None else r.value.encode(),
-                None if r.key is None else r.key.encode(),
-                r.partition,
-            )
-            for r in request.records
-        ]
+            records.append(ProducerRecord(topic, value, key, record.partition))
         with self._admitted():
             # Watched first, then sent (KafkaPurgatory.produce_async): a refusal sends nothing.
             return await self.kafka.produce_async(records, delay_ms=request.timeout_ms)
