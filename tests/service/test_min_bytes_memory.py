@@ -47,3 +47,54 @@ def test_large_min_bytes_long_polls_keep_rss_bounded_and_the_service_answering(
     assert result.health_failures == 0, f"/healthz answered within 2 s throughout: {result}"
     if mode != "idle":
         assert result.answer_statuses == {"200": WAITERS}, f"every reading client got its answer: {result}"
+
+
+# The back-pressure report: one HTTP/1.1 connection pipelines 100 long polls with max_bytes
+# 4,000,000 on a partition holding data and never reads (4 KB receive buffer): the service grew
+# +296 MB (its answers written whole into the transport). After the fix: +23-28 MB measured from a
+# warmed service, +75-80 MB here from a cold one (its first reads fill the shared record and
+# rendered-answer caches, bounded at 64 MiB each). The bound guards against the regression.
+PIPELINED = 100
+PIPELINED_MAX_GROWTH_MB = 150
+
+
+def test_pipelined_large_answers_to_a_client_that_never_reads_keep_rss_bounded(kafka_bootstrap: str) -> None:
+    import socket
+    import time
+    import uuid
+
+    from confluent_kafka import Producer
+    from purgatory.tools.bench.min_bytes_flood import _free_port, _rss_bytes, _Service
+
+    from tests.kafka.kafka_fixtures import create_topic
+
+    topic = create_topic(kafka_bootstrap, f"pipelined-{uuid.uuid4().hex[:8]}", 1, 1, None)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "log_level": 0})
+    for i in range(60):  # 6 MB: every answer is a full 4 MB
+        producer.produce(topic, bytes([i % 251]) * RECORD_BYTES, partition=0)
+    assert producer.flush(30) == 0
+    service = _Service(kafka_bootstrap, _free_port(), {})
+    try:
+        service.wait_ready()
+        start = _rss_bytes(service.pid)
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", int(service.url.rsplit(":", 1)[1])))
+        request = (
+            f"GET /topics/{topic}/partitions/0/records?offset=0&max_bytes=4000000&max_wait_ms=1000 "
+            "HTTP/1.1\r\nHost: t\r\n\r\n"
+        ).encode()
+        try:
+            client.sendall(request * PIPELINED)
+            peak = 0
+            # The service's answer to a client that never reads has no event to wait on: RSS is
+            # sampled for a bounded window (each poll's max_wait_ms is 1 s; all are due by then).
+            deadline = time.monotonic() + 8.0
+            while time.monotonic() < deadline:
+                peak = max(peak, _rss_bytes(service.pid) - start)
+                time.sleep(0.05)
+        finally:
+            client.close()
+        assert peak / 1e6 < PIPELINED_MAX_GROWTH_MB, f"RSS grew {peak / 1e6:.0f} MB for one unread connection"
+    finally:
+        service.stop()
