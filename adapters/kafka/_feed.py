@@ -372,6 +372,11 @@ class ChangeFeed:
             self._wake.set()
 
     def on_finished(self, purgatory: str, op: DelayedOperation) -> None:
+        if id(op) not in self._op_keys:
+            # Watches no Kafka key (a produce's own request key): nothing to release, and no
+            # lock taken per operation for it. A dict lookup is atomic under the GIL, and an op
+            # is registered by its own submission, before it can finish.
+            return
         finishing = getattr(self._finishing, "ops", None)
         if finishing is not None:  # inside a key event on this thread: released when it ends
             finishing.append(op)

@@ -128,9 +128,9 @@ def partition_key(topic: str, partition: int) -> TopicPartitionKey:
 class DelayedProduce(KafkaOperation):
     """Completes when every record has its delivery report (``acks=all``); see the module docstring.
 
-    Build it with the records (checked :class:`ProducerRecord` values), then hand
-    :meth:`report` to the sender as each record's delivery callback (``reporter(i)``) and submit
-    it: ``KafkaPurgatory.produce`` does both.
+    Build it with the records (checked :class:`ProducerRecord` values), submit it, then queue
+    each record with ``functools.partial(op.delivered, i)`` as its delivery callback:
+    ``KafkaPurgatory.produce`` does both.
 
     Attributes:
         records: the request's records, in order.
@@ -213,41 +213,21 @@ class DelayedProduce(KafkaOperation):
 
     def _apply(self, report: tuple[int, KafkaError | None, Message]) -> None:
         index, error, message = report
-        if error is None:
-            partition, offset = message.partition(), message.offset()
-            with self._reports:
-                if self.record_statuses[index] is not None:
-                    return
-                self.partitions[index] = partition
-                self.offsets[index] = offset
-                self.record_statuses[index] = ErrorCode.NONE
-                self._unreported -= 1
-                last = self._unreported == 0
-        else:
+        typed = None
+        if error is not None:
             topic = self.records[index].topic
             typed = _typed(error, f"topic {topic!r}: record not delivered", topic=topic)
-            last = self.report(index, typed, message)
-        if last and self._purgatory is not None:
+        if self.report(index, typed, message) and self._purgatory is not None:
             self._purgatory.check_and_complete(self.key)
-
-    def reporter(self, index: int) -> Callable[[KafkaAdapterError | None, Message | None], None]:
-        """The delivery callback of ``records[index]`` (for :class:`RecordSender.send`)."""
-
-        def report(error: KafkaAdapterError | None, message: Message | None) -> None:
-            self.report(index, error, message)
-
-        return report
 
     def report(self, index: int, error: KafkaAdapterError | None, message: Message | None) -> bool:
         """Record ``records[index]``'s delivery report; True iff it was the last one outstanding.
 
-        The caller (the sender's callback, via :class:`KafkaPurgatory`) then calls
-        ``check_and_complete(op.key)``: the key event that completes the operation.
+        The caller then calls ``check_and_complete(op.key)``: the key event that completes the
+        operation (``_apply`` does, for a delivery report; ``KafkaPurgatory`` for a refusal).
         """
-        if message is not None:
-            partition = message.partition()
-            if partition is not None and partition >= 0:
-                self.partitions[index] = partition
+        # The partition the producer chose (known from its report; -1: none was chosen).
+        partition = message.partition() if message is not None else None
         if error is None:
             offset = message.offset() if message is not None else None
             status = ErrorCode.NONE
@@ -258,6 +238,8 @@ class DelayedProduce(KafkaOperation):
         with self._reports:
             if self.record_statuses[index] is not None:
                 return False  # reported already (a record is reported once; defensive)
+            if partition is not None and partition >= 0:
+                self.partitions[index] = partition
             self.offsets[index] = offset
             self.record_statuses[index] = status
             if error is not None and self.error is None:
@@ -269,7 +251,8 @@ class DelayedProduce(KafkaOperation):
         return self._unreported == 0 and self.force_complete()
 
     def _set_status(self, key: TopicPartitionKey | None, code: ErrorCode) -> None:
-        # refuse(): the whole request is answered before anything was sent.
+        # refuse() (the whole request answered before anything was sent), and _respond: every
+        # record not reported yet gets ``code``.
         with self._reports:
             for i, status in enumerate(self.record_statuses):
                 if status is None:
@@ -281,11 +264,7 @@ class DelayedProduce(KafkaOperation):
         # sequence number, so a later write of it is never a duplicate.
         if self._unreported == 0:
             return  # every record reported: nothing undecided (the common finish)
-        undecided = ErrorCode.SHUTTING_DOWN if self.shutting_down else ErrorCode.REQUEST_TIMED_OUT
-        with self._reports:
-            for i, status in enumerate(self.record_statuses):
-                if status is None:
-                    self.record_statuses[i] = undecided
+        self._set_status(None, ErrorCode.SHUTTING_DOWN if self.shutting_down else ErrorCode.REQUEST_TIMED_OUT)
 
     def _respond_moved(self) -> None:
         # A produce is not owned by an instance (any instance appends to any partition): it is

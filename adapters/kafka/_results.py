@@ -59,21 +59,32 @@ class ErrorCode(StrEnum):
     SHUTTING_DOWN = "SHUTTING_DOWN"  # the purgatory was shut down while the operation waited
 
 
-# Statuses saying "nothing was decided: ask again later" (503 + Retry-After).
-_SHUTTING_DOWN = frozenset({ErrorCode.SHUTTING_DOWN})
-_UNAVAILABLE = frozenset({ErrorCode.KAFKA_UNAVAILABLE})
+class _AskAgain:
+    """``shutting_down`` and ``unavailable`` of a result, from the codes it holds (``_codes``):
+    the statuses that say "nothing was decided: ask again later" (503 + Retry-After)."""
+
+    __slots__ = ()
+
+    def _codes(self) -> Iterable[ErrorCode]:
+        raise NotImplementedError
+
+    @property
+    def shutting_down(self) -> bool:
+        """True iff the purgatory shut down before this was decided (some status ``SHUTTING_DOWN``)."""
+        return ErrorCode.SHUTTING_DOWN in self._codes()
+
+    @property
+    def unavailable(self) -> bool:
+        """True iff Kafka did not answer in time for part of it (some status ``KAFKA_UNAVAILABLE``)."""
+        return ErrorCode.KAFKA_UNAVAILABLE in self._codes()
 
 
 def _all_none(statuses: Mapping[TopicPartitionKey, ErrorCode | None]) -> bool:
     return bool(statuses) and all(status is ErrorCode.NONE for status in statuses.values())
 
 
-def _any(statuses: Iterable[ErrorCode], codes: frozenset[ErrorCode]) -> bool:
-    return any(status in codes for status in statuses)
-
-
 @dataclass(frozen=True, slots=True)
-class ProduceResult:
+class ProduceResult(_AskAgain):
     """The answer to a produce held until Kafka acknowledged it with ``acks=all`` (:class:`DelayedProduce`).
 
     A record is delivered when the partition leader answered the idempotent producer's request
@@ -120,19 +131,12 @@ class ProduceResult:
         """How many of the request's records were delivered."""
         return sum(1 for offset in self.offsets if offset is not None)
 
-    @property
-    def shutting_down(self) -> bool:
-        """True iff the purgatory shut down before this was decided (some status ``SHUTTING_DOWN``)."""
-        return _any(self.record_statuses, _SHUTTING_DOWN)
-
-    @property
-    def unavailable(self) -> bool:
-        """True iff Kafka did not answer in time for part of it (some status ``KAFKA_UNAVAILABLE``)."""
-        return _any(self.record_statuses, _UNAVAILABLE)
+    def _codes(self) -> Iterable[ErrorCode]:
+        return self.record_statuses
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicationResult:
+class ReplicationResult(_AskAgain):
     """The answer to a wait for offsets someone appended to be replicated (:class:`DelayedReplication`).
 
     Attributes:
@@ -142,10 +146,13 @@ class ReplicationResult:
         statuses: per partition: ``NONE`` (every in-sync replica has the offset),
             ``NOT_ENOUGH_REPLICAS`` (ISR below ``min.insync.replicas``), ``NOT_LEADER_OR_FOLLOWER``
             (the leader changed since the epoch given: the record may be lost),
-            ``UNKNOWN_TOPIC_OR_PARTITION``, or ``REQUEST_TIMED_OUT`` (not replicated in time).
+            ``UNKNOWN_TOPIC_OR_PARTITION``, ``REQUEST_TIMED_OUT`` (not replicated in time), or
+            ``SHUTTING_DOWN`` (the purgatory shut down first).
         error: the typed error that ended it early, or a ``KafkaUnavailableError`` when it
             expired while Kafka was unreachable; ``None`` otherwise.
         succeeded: True iff every partition's status is ``NONE``.
+        shutting_down: True iff a status is ``SHUTTING_DOWN`` (answer 503 + ``Retry-After``).
+        unavailable: True iff a status is ``KAFKA_UNAVAILABLE``.
     """
 
     outcome: Outcome
@@ -158,9 +165,12 @@ class ReplicationResult:
         """True iff every partition's status is ``NONE`` (replicated)."""
         return _all_none(self.statuses)
 
+    def _codes(self) -> Iterable[ErrorCode]:
+        return self.statuses.values()
+
 
 @dataclass(frozen=True, slots=True)
-class FetchResult:
+class FetchResult(_AskAgain):
     """The answer to a long poll (:class:`DelayedFetch`).
 
     Attributes:
@@ -189,19 +199,12 @@ class FetchResult:
         """True iff every partition's status is ``NONE`` and no error ended the fetch."""
         return self.error is None and _all_none(self.statuses)
 
-    @property
-    def shutting_down(self) -> bool:
-        """True iff the purgatory shut down before this was decided (some status ``SHUTTING_DOWN``)."""
-        return _any(self.statuses.values(), _SHUTTING_DOWN)
-
-    @property
-    def unavailable(self) -> bool:
-        """True iff Kafka did not answer in time for part of it (some status ``KAFKA_UNAVAILABLE``)."""
-        return _any(self.statuses.values(), _UNAVAILABLE)
+    def _codes(self) -> Iterable[ErrorCode]:
+        return self.statuses.values()
 
 
 @dataclass(frozen=True, slots=True)
-class CommitResult:
+class CommitResult(_AskAgain):
     """The answer to "has group G processed up to these offsets?" (:class:`DelayedConsumerCommit`).
 
     Attributes:
@@ -244,19 +247,12 @@ class CommitResult:
         """True iff Kafka said the group has no committed offset on any target partition."""
         return bool(self.targets) and self.uncommitted >= self.targets.keys()
 
-    @property
-    def shutting_down(self) -> bool:
-        """True iff the purgatory shut down before this was decided (some status ``SHUTTING_DOWN``)."""
-        return _any(self.statuses.values(), _SHUTTING_DOWN)
-
-    @property
-    def unavailable(self) -> bool:
-        """True iff Kafka did not answer in time for part of it (some status ``KAFKA_UNAVAILABLE``)."""
-        return _any(self.statuses.values(), _UNAVAILABLE)
+    def _codes(self) -> Iterable[ErrorCode]:
+        return self.statuses.values()
 
 
 @dataclass(frozen=True, slots=True)
-class TopicReadyResult:
+class TopicReadyResult(_AskAgain):
     """The answer to "wait until the topic exists and every partition has a leader".
 
     Attributes:
@@ -285,19 +281,12 @@ class TopicReadyResult:
         """Same as ``ready``."""
         return self.ready
 
-    @property
-    def shutting_down(self) -> bool:
-        """True iff the purgatory shut down before this was decided (some status ``SHUTTING_DOWN``)."""
-        return _any((self.status,), _SHUTTING_DOWN)
-
-    @property
-    def unavailable(self) -> bool:
-        """True iff Kafka did not answer in time for part of it (some status ``KAFKA_UNAVAILABLE``)."""
-        return _any((self.status,), _UNAVAILABLE)
+    def _codes(self) -> Iterable[ErrorCode]:
+        return (self.status,)
 
 
 @dataclass(frozen=True, slots=True)
-class DeleteRecordsResult:
+class DeleteRecordsResult(_AskAgain):
     """The answer to a DeleteRecords held until the log start offsets moved (:class:`DelayedDeleteRecords`).
 
     Attributes:
@@ -326,12 +315,5 @@ class DeleteRecordsResult:
         """True iff every partition's log start offset reached its target."""
         return _all_none(self.statuses)
 
-    @property
-    def shutting_down(self) -> bool:
-        """True iff the purgatory shut down before this was decided (some status ``SHUTTING_DOWN``)."""
-        return _any(self.statuses.values(), _SHUTTING_DOWN)
-
-    @property
-    def unavailable(self) -> bool:
-        """True iff Kafka did not answer in time for part of it (some status ``KAFKA_UNAVAILABLE``)."""
-        return _any(self.statuses.values(), _UNAVAILABLE)
+    def _codes(self) -> Iterable[ErrorCode]:
+        return self.statuses.values()

@@ -53,7 +53,14 @@ from ._clients import _typed
 from ._config import client_config, redacted
 from ._errors import KafkaAdapterError, KafkaUnavailableError
 
-__all__ = ["IDEMPOTENCE_WINDOW", "DeliveryCallback", "InFlightWindow", "RecordSender", "SenderStats"]
+__all__ = [
+    "IDEMPOTENCE_WINDOW",
+    "DeliveryCallback",
+    "InFlightWindow",
+    "RecordSender",
+    "SenderStats",
+    "produce_one",
+]
 
 _log = structlog.get_logger("purgatory.kafka.sender")
 
@@ -78,6 +85,44 @@ class SenderStats:
     sent: int = 0
     failed: int = 0  # reported undelivered
     held: int = 0  # records held back while their partition's window was full (module doc)
+
+
+ANY_PARTITION = -1  # librdkafka's RD_KAFKA_PARTITION_UA: its partitioner picks the partition
+
+
+def produce_one(
+    producer: Producer,
+    topic: str,
+    value: bytes | None,
+    key: bytes | None,
+    partition: int | None,
+    headers: Sequence[tuple[str, str | bytes | None]],
+    on_delivery: Callable[[KafkaError | None, Message], None],
+) -> None:
+    """Queue one record on ``producer``; raises the adapter's typed error when librdkafka refuses
+    it at once (nothing was queued): queue full (unavailable), too large or an unknown partition
+    (typed as the delivery errors are), a value or header of the wrong type."""
+    try:
+        producer.produce(
+            topic,
+            value,
+            key,
+            ANY_PARTITION if partition is None else partition,
+            headers=list(headers) if headers else None,
+            on_delivery=on_delivery,
+        )
+    except BufferError:
+        raise KafkaUnavailableError(
+            f"topic {topic!r}: the producer's queue is full (Kafka is not keeping up)"
+        ) from None
+    except KafkaException as exc:
+        # Typed (too large, unknown partition...): a produce turns it into the record's status.
+        raise _typed(exc.args[0], f"topic {topic!r}: record refused", topic=topic) from None
+    except (TypeError, ValueError) as exc:
+        # confluent_kafka checks the value's and headers' types only here: for a held record
+        # that is at its release, on the sender thread, where only a typed refusal is reported.
+        # Pinned by test_a_held_record_the_client_refuses_as_malformed_is_reported_typed_...
+        raise KafkaAdapterError(f"topic {topic!r}: record refused ({exc})") from None
 
 
 @dataclass(slots=True)
@@ -166,7 +211,6 @@ class RecordSender:
         name: str = "kafka",
         linger_ms: int = DEFAULT_LINGER_MS,
         message_timeout_ms: int | None = None,
-        window: bool = True,
     ) -> None:
         # A record not delivered within message_timeout_ms (default kafka.append_timeout_ms) is
         # reported failed and never lands later; until then the producer retries it.
@@ -193,17 +237,15 @@ class RecordSender:
         # produce(), so holding it across produce() cannot deadlock.
         self._window_lock = threading.Lock()
         self._window = InFlightWindow()
-        # False: every record goes to librdkafka at once, as a plain producer's would. The
-        # produce path needs that: its windows are per lane, so a record held behind a full
-        # partition lane could be overtaken by a later record of the same request whose
-        # partition the partitioner picks — records of one request must keep their order.
-        self._windowed = window
         self._lock = threading.Lock()
         self._producer: Producer | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _get(self) -> Producer:
+        producer = self._producer  # once built it stays until close(): no lock per record
+        if producer is not None:
+            return producer
         with self._lock:
             if self._producer is None:
                 _log.debug("kafka_sender_connect", sender=self.name, config=redacted(self._config))
@@ -215,16 +257,15 @@ class RecordSender:
             return self._producer
 
     def producer(self) -> Producer:
-        """The producer itself, for a caller that queues records with its own delivery callback.
+        """The producer itself, for a caller that queues records with its own delivery callback
+        (:func:`produce_one`), exactly in librdkafka's order and batching.
 
-        Only without the in-flight window (``window=False``): records produced here bypass it.
-        Its delivery reports are served on this sender's thread like any other; the caller
-        counts ``stats.sent`` itself.
+        Such records bypass the in-flight window, whose lanes are per destination: a record held
+        behind a full partition lane could be overtaken by a later record of the same request
+        whose partition the partitioner picks. So a sender is used either way, never both (the
+        produce path has one of its own; request-reply's uses :meth:`send`). Delivery reports
+        are served on this sender's thread; the caller counts ``stats.sent`` itself.
         """
-        if self._windowed:
-            raise RuntimeError(
-                "RecordSender.producer() bypasses the in-flight window: build it with window=False"
-            )
         return self._get()
 
     def send(
@@ -257,10 +298,6 @@ class RecordSender:
                 _log.exception("kafka_sender_report_failed", sender=self.name, topic=topic)
 
         record = HeldRecord(topic, value, key, partition, list(headers), report, time.monotonic())
-        if not self._windowed:
-            self._produce(producer, record)
-            self.stats.sent += 1
-            return
         with self._window_lock:
             if not self._window.admit(record):
                 self.stats.held += 1
@@ -279,8 +316,7 @@ class RecordSender:
         def delivered(error: KafkaError | None, message: Message) -> None:
             # On the sender thread (poll) or a flushing caller. The window moves first, so a
             # callback that sends again finds room in it.
-            if self._windowed:
-                self._released(producer, topic, partition)
+            self._released(producer, topic, partition)
             # Typed as the append's errors are: unavailable (worth another try) or a refusal
             # that will repeat (unknown topic or partition, too large).
             record.report(
@@ -290,27 +326,7 @@ class RecordSender:
                 message,
             )
 
-        try:
-            if partition is None:
-                producer.produce(
-                    topic, record.value, record.key, headers=record.headers, on_delivery=delivered
-                )
-            else:
-                producer.produce(
-                    topic, record.value, record.key, partition, headers=record.headers, on_delivery=delivered
-                )
-        except BufferError:
-            raise KafkaUnavailableError(
-                f"topic {topic!r}: the producer's queue is full (Kafka is not keeping up)"
-            ) from None
-        except KafkaException as exc:
-            # Typed (too large, unknown partition...): a produce turns it into the record's status.
-            raise _typed(exc.args[0], f"topic {topic!r}: record refused", topic=topic) from None
-        except (TypeError, ValueError) as exc:
-            # confluent_kafka checks the value's and headers' types only here: for a held record
-            # that is at its release, on the sender thread, where only a typed refusal is reported.
-            # Pinned by test_a_held_record_the_client_refuses_as_malformed_is_reported_typed_...
-            raise KafkaAdapterError(f"topic {topic!r}: record refused ({exc})") from None
+        produce_one(producer, topic, record.value, record.key, partition, record.headers, delivered)
 
     def _released(self, producer: Producer, topic: str, partition: int | None) -> None:
         """A record of lane (topic, partition) was reported: produce what the window now lets go.

@@ -68,16 +68,15 @@ from types import FrameType, TracebackType
 from typing import Any, Self, TypeVar
 
 import structlog
-from confluent_kafka import KafkaException, Producer
 
 from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError
-from purgatory._loop_handoff import LoopHandoff, handoff_for
+from purgatory._loop_handoff import handoff_for
 from purgatory.journal import Journal
 from purgatory.settings import ConfigError, KafkaSettings, Settings, load_settings
 
 from ._admin import BROKER_DEFAULT, create_topic, delete_records
 from ._calls import KafkaCalls
-from ._clients import ProducerRecord, RecordReader, _typed
+from ._clients import ProducerRecord, RecordReader
 from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
 from ._feed import ChangeFeed
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
@@ -103,7 +102,7 @@ from ._results import (
     ProduceResult,
     TopicReadyResult,
 )
-from ._sender import DEFAULT_LINGER_MS, RecordSender
+from ._sender import DEFAULT_LINGER_MS, RecordSender, produce_one
 from ._view import ClusterView
 
 __all__ = ["PURGATORY_NAMES", "AsyncKafkaPurgatory", "KafkaPurgatory"]
@@ -217,11 +216,10 @@ class KafkaPurgatory:
         self._signal_handlers: dict[int, tuple[Callable[[int, FrameType | None], None], _SignalHandler]] = {}
         self._redeliver: int | None = None  # a signal whose default action follows the drain
         self._router: ReplyRouter | None = None  # request-reply: built by replies() or the first request
-        self._produce_purgatory: DelayedOperationPurgatory[Any] | None = None
-        # Per-produce lookups kept (each took a lock or a weak-dict lookup per request): the
-        # sender's producer, and the last event loop that produced with its mailbox.
-        self._producer: Producer | None = None
-        self._mailbox: tuple[asyncio.AbstractEventLoop, LoopHandoff] | None = None
+        # The purgatory of each operation type seen: purgatory_for runs per request (a walk of
+        # the type's MRO and a lock otherwise). A purgatory once created stays (close() shuts
+        # it, never swaps it), so an entry never goes stale.
+        self._by_type: dict[type[KafkaOperation], DelayedOperationPurgatory[Any]] = {}
         if purgatory is not None:
             self._adopt(purgatory)
         self.aio = AsyncKafkaPurgatory(self)
@@ -290,7 +288,6 @@ class KafkaPurgatory:
                 name=f"{name}-produce",
                 linger_ms=kafka.produce_linger_ms,
                 message_timeout_ms=kafka.produce_timeout_ms,
-                window=False,  # exactly librdkafka's order and batching (RecordSender)
             ),
             reader,
             settings=full,
@@ -306,10 +303,7 @@ class KafkaPurgatory:
 
     def _adopt(self, purgatory: DelayedOperationPurgatory[Any]) -> None:
         self._purgatories[purgatory.name] = purgatory
-        # The produce purgatory's operations watch keys of their own (ProduceRequestKey), never a
-        # partition: the feed would only be told of each one to ignore it (a lock per produce).
-        if purgatory is self._shared or purgatory.name != PURGATORY_NAMES[DelayedProduce]:
-            self.feed.attach(purgatory)
+        self.feed.attach(purgatory)
         if self.journal is not None:
             self.journal.attach(purgatory)
 
@@ -343,7 +337,11 @@ class KafkaPurgatory:
 
     def purgatory_for(self, op: KafkaOperation) -> DelayedOperationPurgatory[Any]:
         """The purgatory ``op`` is held in: the one of its kind (:data:`PURGATORY_NAMES`)."""
-        return self.purgatory_for_kind(type(op))
+        kind = type(op)
+        purgatory = self._by_type.get(kind)
+        if purgatory is None:
+            purgatory = self._by_type[kind] = self.purgatory_for_kind(kind)
+        return purgatory
 
     def purgatory_for_kind(self, kind: type[KafkaOperation]) -> DelayedOperationPurgatory[Any]:
         """The purgatory operations of ``kind`` (or of a subclass of it) are held in; created now
@@ -493,25 +491,20 @@ class KafkaPurgatory:
         assert outcome is not None, f"{op!r} was answered without an outcome (refuse() finishes it)"
         return outcome
 
-    def watch_then_call(self, op: Op, callback: Callable[[Op], None]) -> None:
+    def watch_then_call(
+        self, op: Op, callback: Callable[[Op], None], loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         """asyncio without a task: submit ``op`` (not validated); ``callback(op)`` on the loop once finished.
 
-        See ``DelayedOperationPurgatory.watch_then_call``; the waiter gives up with
-        ``purgatory_for(op).abandon(op)``.
+        See ``DelayedOperationPurgatory.watch_then_call`` (``loop``: the running loop, when the
+        caller has it); the waiter gives up with ``purgatory_for(op).abandon(op)``.
         """
         purgatory = self.purgatory_for(op)
         try:
-            purgatory.watch_then_call(op, op.watch_keys(), callback)
+            purgatory.watch_then_call(op, op.watch_keys(), callback, loop)
         except BaseException:
             self.feed.on_finished(purgatory.name, op)  # as in submit(); a no-op once finished
             raise
-
-    def _produces(self) -> DelayedOperationPurgatory[Any]:
-        # Looked up per produce: a purgatory once created stays (close() shuts it, never swaps it).
-        purgatory = self._produce_purgatory
-        if purgatory is None:
-            purgatory = self._produce_purgatory = self.purgatory_for_kind(DelayedProduce)
-        return purgatory
 
     def _watch_then_call_or_refuse(
         self, op: Op, callback: Callable[[Op], None], loop: asyncio.AbstractEventLoop | None = None
@@ -520,12 +513,7 @@ class KafkaPurgatory:
         if self._shutting_down(op):
             return False
         try:
-            if isinstance(op, DelayedProduce) and self._shared is None:
-                # The produce purgatory, kept (_produces): no lookup per request. The feed does
-                # not follow it, so there is nothing of the feed's to release on a refusal.
-                self._produces().watch_then_call(op, op.watch_keys(), callback, loop)
-            else:
-                self.watch_then_call(op, callback)
+            self.watch_then_call(op, callback, loop)
         except PurgatoryClosedError:
             if self._shutting_down(op):
                 return False
@@ -556,10 +544,7 @@ class KafkaPurgatory:
         op = DelayedProduce(self.feed, list(records), delay_ms=delay_ms)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        mailbox = self._mailbox
-        if mailbox is None or mailbox[0] is not loop:
-            mailbox = self._mailbox = (loop, handoff_for(loop))
-        op._mailbox = mailbox[1]  # reports are applied on this loop (DelayedProduce.delivered)
+        op._mailbox = handoff_for(loop)  # reports are applied on this loop (DelayedProduce.delivered)
 
         def finished(_: DelayedProduce) -> None:
             if not future.done():
@@ -571,7 +556,7 @@ class KafkaPurgatory:
         try:
             await future
         except asyncio.CancelledError:
-            self._produces().abandon(op)
+            self.purgatory_for(op).abandon(op)
             raise
         return op
 
@@ -588,41 +573,30 @@ class KafkaPurgatory:
         on the caller's event loop for every record (``purgatory bench produce``: the sender's
         per-record objects and closures were a sixth of the loop thread's time).
         """
-        purgatory = self._produces()
+        purgatory = self.purgatory_for(op)
         op._purgatory = purgatory
-        producer = self._producer
-        if producer is None:
-            producer = self._producer = self.sender.producer()
+        producer = self.sender.producer()
         delivered = op.delivered
         sent = 0
         for index, record in enumerate(op.records):
             try:
-                if record.partition is None:
-                    producer.produce(
-                        record.topic,
-                        record.value,
-                        record.key,
-                        headers=list(record.headers) if record.headers else None,
-                        on_delivery=functools.partial(delivered, index),
-                    )
-                else:
-                    producer.produce(
-                        record.topic,
-                        record.value,
-                        record.key,
-                        record.partition,
-                        headers=list(record.headers) if record.headers else None,
-                        on_delivery=functools.partial(delivered, index),
-                    )
-                sent += 1
-            except (BufferError, KafkaException, TypeError, ValueError) as exc:
-                error = _refusal(exc, record.topic)
+                produce_one(
+                    producer,
+                    record.topic,
+                    record.value,
+                    record.key,
+                    record.partition,
+                    record.headers,
+                    functools.partial(delivered, index),
+                )
+            except KafkaAdapterError as error:
                 last = False
                 for rest in range(index, len(op.records)):
                     last |= op.report(rest, error, None)
                 if last:  # every record is reported now: this is the key event
                     purgatory.check_and_complete(op.key)
                 break
+            sent += 1
         self.sender.stats.sent += sent
 
     def fetch(self, fetch_offsets: Mapping[TopicPartitionKey, int], **options: Any) -> DelayedFetch:
@@ -1166,14 +1140,3 @@ class AsyncKafkaPurgatory:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
-
-
-def _refusal(exc: Exception, topic: str) -> KafkaAdapterError:
-    """What librdkafka's ``produce`` raised for a record it did not queue, typed."""
-    if isinstance(exc, BufferError):
-        return KafkaUnavailableError(
-            f"topic {topic!r}: the producer's queue is full (Kafka is not keeping up)"
-        )
-    if isinstance(exc, KafkaException):
-        return _typed(exc.args[0], f"topic {topic!r}: record refused", topic=topic)
-    return KafkaAdapterError(f"topic {topic!r}: record refused ({exc})")

@@ -213,9 +213,7 @@ def test_redacted_client_configs_mask_declared_secret_keys_by_value() -> None:
 
 def test_the_produce_producer_is_idempotent_whatever_client_config_tunes() -> None:
     """acks=all with retries the broker de-duplicates, in order: what a produce relies on."""
-    sender = RecordSender(
-        KafkaSettings(bootstrap_servers="x:1", client_config={"socket.timeout.ms": "300"}), window=False
-    )
+    sender = RecordSender(KafkaSettings(bootstrap_servers="x:1", client_config={"socket.timeout.ms": "300"}))
     config = sender._config
     assert config["enable.idempotence"] is True
     assert config["socket.timeout.ms"] == "300", "other passthrough properties still apply"
