@@ -103,6 +103,25 @@ class TopicPartitionKey(_HashSlot):
         return self.label
 
 
+# Partition keys shared by the operations and answers of a partition (a long poll's watch key, a
+# produce result's keys): one key and one topic string per partition instead of one per waiter
+# (~120 B of each), and no key built, checked and hashed per request. Cleared when this many are
+# held (topics come and go; a key made again is only a new object, never another partition).
+INTERNED_KEYS = 65_536
+_INTERNED: dict[tuple[str, int], TopicPartitionKey] = {}
+
+
+def partition_key(topic: str, partition: int) -> TopicPartitionKey:
+    """The shared :class:`TopicPartitionKey` of ``topic``/``partition`` (built, and checked, once)."""
+    key = _INTERNED.get((topic, partition))
+    if key is None:
+        key = TopicPartitionKey(topic, partition)
+        if len(_INTERNED) >= INTERNED_KEYS:
+            _INTERNED.clear()
+        _INTERNED[topic, partition] = key
+    return key
+
+
 @dataclass(frozen=True, slots=True)
 class GroupPartitionKey:
     """A consumer group's position on one partition: its committed offset is the fact."""

@@ -43,7 +43,7 @@ from purgatory._loop_handoff import LoopHandoff
 from ._clients import ProducerRecord, _typed
 from ._errors import KafkaAdapterError, KafkaUnavailableError, RecordTooLargeError, UnknownTopicError
 from ._facts import FactSource
-from ._keys import KafkaKey, TopicPartitionKey
+from ._keys import KafkaKey, TopicPartitionKey, partition_key
 from ._operations import KafkaOperation
 from ._results import ErrorCode, ProduceResult
 
@@ -106,23 +106,6 @@ def _refusal_status(error: KafkaAdapterError) -> ErrorCode:
     if isinstance(error, KafkaUnavailableError):
         return ErrorCode.REQUEST_TIMED_OUT  # queue full, or not sent in time: not written
     return ErrorCode.UNKNOWN_SERVER_ERROR
-
-
-# Result keys, built once per (topic, partition): a TopicPartitionKey checks its topic and
-# partition and hashes them when built, per record of every answer otherwise. Bounded.
-_PARTITION_KEYS: dict[tuple[str, int], TopicPartitionKey] = {}
-_PARTITION_KEYS_MAX = 65536
-
-
-def partition_key(topic: str, partition: int) -> TopicPartitionKey:
-    """The :class:`TopicPartitionKey` of ``topic``/``partition``, shared (see ``_PARTITION_KEYS``)."""
-    key = _PARTITION_KEYS.get((topic, partition))
-    if key is None:
-        key = TopicPartitionKey(topic, partition)
-        if len(_PARTITION_KEYS) >= _PARTITION_KEYS_MAX:
-            _PARTITION_KEYS.clear()
-        _PARTITION_KEYS[topic, partition] = key
-    return key
 
 
 class DelayedProduce(KafkaOperation):

@@ -83,6 +83,7 @@ from ..kafka import (
     UnknownTopicError,
     configured_bootstrap,
 )
+from ..kafka._keys import partition_key
 from ..kafka._off_loop import OffLoopReplication
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
@@ -109,10 +110,6 @@ READ_THREADS, READ_BACKLOG = 4, 1024
 # reader's READ_TIMEOUT_S when the record cache misses): a few, so a burst of catching-up
 # consumers cannot take every core. Queued attempts are bounded by admission.max_waiters.
 FETCH_ATTEMPT_THREADS = 4
-# Partition keys shared by the long polls of a partition (fetch_then_call): one key and one topic
-# string per partition instead of one per waiter (~120 B of each). Cleared when this many are
-# held (topics come and go; a key made again is only a new object, never another partition).
-INTERNED_KEYS = 65_536
 # librdkafka refuses a record whose key + value exceed the producer's message.max.bytes (this
 # default unless kafka.client_config sets it): checked for every record before any is appended,
 # so a request is refused whole (413) rather than half appended.
@@ -195,7 +192,6 @@ class Gateway:
                 purgatory.max_pending_per_key = settings.admission.max_waiters_per_key
         kafka = settings.kafka
         self._topics: dict[str, _TopicMeta] = {}
-        self._interned_keys: dict[TopicPartitionKey, TopicPartitionKey] = {}
         self._last_thread = 0  # see _loop_thread
         self.metadata_calls = KafkaCalls("metadata", METADATA_THREADS, METADATA_BACKLOG)
         self.read_calls = KafkaCalls("read", READ_THREADS, READ_BACKLOG)
@@ -415,7 +411,7 @@ class Gateway:
         meta = self._topics.get(topic)
         if meta is None or partition >= meta.partitions:
             return None
-        key = self._interned(TopicPartitionKey(topic, partition))
+        key = partition_key(topic, partition)  # one key object per partition, shared by its waiters
         offset = params.offset if params.offset is not None else self._known_high_watermark(key)
         if offset is None:
             return None
@@ -424,16 +420,6 @@ class Gateway:
             self.kafka.watch_then_call(op, callback)
         self.task_free_fetches += 1
         return op
-
-    def _interned(self, key: TopicPartitionKey) -> TopicPartitionKey:
-        """The one key object for ``key``'s partition that its waiting long polls share (INTERNED_KEYS)."""
-        keys = self._interned_keys
-        shared = keys.get(key)
-        if shared is None:
-            if len(keys) >= INTERNED_KEYS:
-                keys.clear()
-            shared = keys[key] = key
-        return shared
 
     def abandon_fetch(self, op: DelayedFetch) -> None:
         """The waiter of ``op`` (from :meth:`fetch_then_call`) left: finish it CANCELLED, out of the timer."""

@@ -22,9 +22,10 @@ from purgatory.adapters.kafka import (
     PartitionFacts,
     RecordReader,
     TopicPartitionKey,
+    _keys,
 )
+from purgatory.adapters.kafka._keys import INTERNED_KEYS, partition_key
 from purgatory.adapters.service._fetch import OffLoopFetch
-from purgatory.adapters.service._gateway import INTERNED_KEYS, Gateway
 
 from purgatory import DelayedOperationPurgatory, Outcome
 
@@ -130,16 +131,14 @@ def test_an_expired_fetch_result_carries_its_records_and_statuses() -> None:
 
 
 def test_long_polls_on_one_partition_share_one_key_object() -> None:
-    gateway = cast(Gateway, type("GatewayKeys", (), {"_interned_keys": {}})())
-    first = Gateway._interned(gateway, TopicPartitionKey("orders", 0))
-    second = Gateway._interned(gateway, TopicPartitionKey("orders", 0))
+    first = partition_key("orders", 0)
+    second = partition_key("orders", 0)
     assert second is first, "the second waiter holds the first one's key (and its topic string)"
-    assert Gateway._interned(gateway, TopicPartitionKey("orders", 1)) is not first
+    assert partition_key("orders", 1) is not first
 
 
 @pytest.mark.parametrize("held", [INTERNED_KEYS])
 def test_interned_keys_are_bounded(held: int) -> None:
-    gateway = cast(Gateway, type("GatewayKeys", (), {"_interned_keys": {}})())
     for partition in range(held + 1):
-        Gateway._interned(gateway, TopicPartitionKey("orders", partition))
-    assert len(gateway._interned_keys) <= held
+        partition_key("orders", partition)
+    assert len(_keys._INTERNED) <= held
