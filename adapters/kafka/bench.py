@@ -74,6 +74,7 @@ from confluent_kafka import (
 
 from purgatory.settings import KafkaSettings, load_settings
 
+from .._bench import pct
 from ._broker_pauses import (
     Collection,
     PauseSummary,
@@ -239,12 +240,6 @@ class BenchResult:
     gc_ms: float
     broker_pauses: PauseSummary | None = None  # only for a broker the bench started (module doc)
     broker_collections: tuple[Collection, ...] = ()  # its collections ending in the window (GC log)
-
-
-def _pct(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 class _GcClock:
@@ -553,15 +548,15 @@ def run_once(
         pending=workload.per_partition * partitions,
         partitions=partitions,
         completions=len(lags),
-        lag_p50_ms=_pct(lags, 0.50),
-        lag_p99_ms=_pct(lags, 0.99),
+        lag_p50_ms=pct(lags, 0.50),
+        lag_p99_ms=pct(lags, 0.99),
         lag_max_ms=lags[-1] if lags else float("nan"),
-        ack_lag_p50_ms=_pct(from_ack, 0.50),
-        ack_lag_p99_ms=_pct(from_ack, 0.99),
-        floor_p50_ms=_pct(floor_lags, 0.50),
-        floor_p99_ms=_pct(floor_lags, 0.99),
-        over_floor_p50_ms=_pct(over_floor, 0.50),
-        over_floor_p99_ms=_pct(over_floor, 0.99),
+        ack_lag_p50_ms=pct(from_ack, 0.50),
+        ack_lag_p99_ms=pct(from_ack, 0.99),
+        floor_p50_ms=pct(floor_lags, 0.50),
+        floor_p99_ms=pct(floor_lags, 0.99),
+        over_floor_p50_ms=pct(over_floor, 0.50),
+        over_floor_p99_ms=pct(over_floor, 0.99),
         tries_per_advance=(tries1 - tries0) / max(wakes1 - wakes0, 1),
         checks=checks1 - checks0,
         requests_per_s=(req1 - req0) / elapsed,

@@ -38,8 +38,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,7 +54,9 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from purgatory.settings import load_settings
 
+from .._bench import ChildFailed, cpu_seconds, pct, result_of_child, stop_child
 from ._provider import provide_cluster
+from .local import free_port
 
 __all__ = ["TARGETS", "PlainProducer", "plain_app", "produce", "run_side"]
 
@@ -196,19 +196,9 @@ def _plain_server_main(bootstrap: str, port: str, linger_ms: str) -> None:
 
 # -- one side's run (its own process) -----------------------------------------------------------
 
-_TICKS = os.sysconf("SC_CLK_TCK")
 
-
-def _cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of ``pid`` so far (Linux /proc; 0 without a pid)."""
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
-
-
-def _pct(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+def _server_cpu_s(pid: int | None) -> float:
+    return 0.0 if pid is None else cpu_seconds(pid)  # no server (the library case): 0
 
 
 Call = Callable[[int, int], Awaitable[bool]]  # (record index, worker slot) -> produced
@@ -251,9 +241,9 @@ async def _workloads(
         warmup = max(WARMUP_MIN, 2 * concurrency)
         await _drive(call, first, warmup, concurrency)
         first += warmup
-        server0, cpu0 = _cpu_s(server_pid), time.process_time()
+        server0, cpu0 = _server_cpu_s(server_pid), time.process_time()
         latencies, failures, elapsed = await _drive(call, first, count, concurrency)
-        cpu, server = time.process_time() - cpu0, _cpu_s(server_pid) - server0
+        cpu, server = time.process_time() - cpu0, _server_cpu_s(server_pid) - server0
         first += count
         ms = sorted(x * 1000.0 for x in latencies)
         client_us = cpu / count * 1e6
@@ -262,8 +252,8 @@ async def _workloads(
             "concurrency": concurrency,
             "failures": failures,
             "per_s": count / elapsed,
-            "p50_ms": _pct(ms, 0.50),
-            "p99_ms": _pct(ms, 0.99),
+            "p50_ms": pct(ms, 0.50),
+            "p99_ms": pct(ms, 0.99),
             "max_ms": ms[-1],
             "client_cpu_us": client_us,
             "server_cpu_us": server / count * 1e6 if server_pid is not None else float("nan"),
@@ -377,9 +367,7 @@ class _Server:
     """One side's HTTP server in a child process of its own; stopped by its PID."""
 
     def __init__(self, side: str, bootstrap: str, linger_ms: int) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "PURGATORY_LOG__LEVEL": "WARNING"}
         if side == "purgatory":
@@ -412,32 +400,21 @@ class _Server:
         raise RuntimeError(f"the server did not come up within {SERVER_READY_S:.0f} s")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_S)
+        stop_child(self.process, STOP_S)
         if self.process.stderr is not None:
             self.process.stderr.close()
 
 
 def _run_in_process(spec: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", __name__, "side", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PURGATORY_LOG__LEVEL": "WARNING"},
-        timeout=SIDE_TIMEOUT_S,
-        check=False,
-    )
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            result: dict[str, Any] = json.loads(line[len(RESULT_MARKER) :])
-            return result
-    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-    raise RuntimeError(f"side {spec['side']} ({spec['api']}) failed (exit {proc.returncode}):\n{tail}")
+    try:
+        return result_of_child(
+            [sys.executable, "-m", __name__, "side", json.dumps(spec)],
+            env={**os.environ, "PURGATORY_LOG__LEVEL": "WARNING"},
+            timeout_s=SIDE_TIMEOUT_S,
+            marker=RESULT_MARKER,
+        )
+    except ChildFailed as exc:
+        raise RuntimeError(f"side {spec['side']} ({spec['api']}) failed ({exc})") from None
 
 
 def run_once(spec: dict[str, Any]) -> dict[str, Any]:

@@ -43,15 +43,13 @@ import gc
 import json
 import os
 import resource
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,7 +60,9 @@ from confluent_kafka import Producer
 
 from purgatory.settings import load_settings
 
+from .._bench import cpu_seconds, pct, rss_bytes, stop_child
 from ..kafka import provide_cluster
+from ..kafka.local import free_port
 from ._h1_bench_client import AnswerReader, H1LongPoll, open_long_polls
 from ._h2_bench_client import H2LongPoll, open_h2_long_polls
 
@@ -110,12 +110,6 @@ class FanoutResult:
     answer_first_ms: float = 0.0  # produce -> the first answer: Kafka's and the feed's part of every answer
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def _raise_fd_limit(needed: int) -> int:
     """Raise RLIMIT_NOFILE for this process and its children (the service); return the soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -128,28 +122,12 @@ def _raise_fd_limit(needed: int) -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def _cpu_s(pid: int, tid: int | None = None) -> float:
-    """The process's user+system CPU seconds (or one thread's: ``tid``, the main thread = ``pid``)."""
-    # Fields after the command name (which may hold spaces, so split after its ')'): utime, stime
-    # are the 12th and 13th.
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _http_json(url: str, timeout_s: float = 30.0) -> dict[str, object]:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:  # loopback only
         return dict(json.loads(response.read()))
 
 
-class _Service:
+class ServiceProcess:
     """The example service under uvicorn in a child process; stopped by its PID."""
 
     def __init__(
@@ -159,6 +137,7 @@ class _Service:
         server_args: tuple[str, ...] = (),
         python: str | None = None,
         server: str = "serve",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         env = {
@@ -168,6 +147,7 @@ class _Service:
             # Waiters must not be answered by the 30 s default clamp while the case runs.
             "PURGATORY_ADMISSION__MAX_WAIT_MS": str(MAX_WAIT_MS),
             "PURGATORY_KAFKA__FEED_MODE": os.environ.get("PURGATORY_KAFKA__FEED_MODE", "push"),
+            **(env or {}),
         }
         if server == "serve":  # as deployed: uvicorn shaped by the service.* settings (its protocol too)
             command = [
@@ -221,28 +201,22 @@ class _Service:
         return self.process.stderr.read().decode(errors="replace")[-2000:]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(SERVICE_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(SERVICE_STOP_TIMEOUT_S)
+        stop_child(self.process, SERVICE_STOP_TIMEOUT_S)
         if self.process.stderr is not None:
             self.process.stderr.close()
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    def kill(self) -> None:
+        """SIGKILL now (a service past a memory cap must not take the machine's memory)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(SERVICE_STOP_TIMEOUT_S)
 
 
 @contextmanager
 def _service(
     bootstrap: str, server_args: tuple[str, ...], python: str | None = None, server: str = "serve"
-) -> Iterator[_Service]:
-    service = _Service(bootstrap, _free_port(), server_args, python, server)
+) -> Iterator[ServiceProcess]:
+    service = ServiceProcess(bootstrap, free_port(), server_args, python, server)
     try:
         service.wait_ready()
         yield service
@@ -293,14 +267,14 @@ def _delete_topic(bootstrap: str, topic: str) -> None:
         future.result(timeout=30)
 
 
-def _warm_up(service: _Service, topic: str, partitions: int) -> None:
+def _warm_up(service: ServiceProcess, topic: str, partitions: int) -> None:
     """One answered long poll per partition: metadata cached, feed and clients built, then idle."""
     for partition in range(partitions):
         _http_json(f"{service.url}/topics/{topic}/partitions/{partition}/records?offset=0&max_wait_ms=0", 30)
 
 
 async def _run_case_async(
-    service: _Service,
+    service: ServiceProcess,
     producer: Producer,
     topic: str,
     waiters: int,
@@ -311,7 +285,7 @@ async def _run_case_async(
 ) -> FanoutResult:
     port = int(service.url.rsplit(":", 1)[1])
     deadline = time.monotonic() + timeout_s
-    rss0 = _rss_bytes(service.pid)
+    rss0 = rss_bytes(service.pid)
     started = time.monotonic()
     polls: list[H1LongPoll] | list[H2LongPoll]
     reader: AnswerReader | None = None
@@ -337,7 +311,7 @@ async def _run_case_async(
 
 
 async def _measure_case(
-    service: _Service,
+    service: ServiceProcess,
     producer: Producer,
     topic: str,
     waiters: int,
@@ -361,14 +335,14 @@ async def _measure_case(
             break
         await asyncio.sleep(HEALTH_POLL_S)
     register_s = time.monotonic() - started
-    rss1 = _rss_bytes(service.pid)
+    rss1 = rss_bytes(service.pid)
     task_free = await asyncio.to_thread(service.task_free_long_polls)
-    cpu0, t0 = _cpu_s(service.pid), time.monotonic()
+    cpu0, t0 = cpu_seconds(service.pid), time.monotonic()
     await asyncio.sleep(idle_s)
-    idle_cpu_pct = 100.0 * (_cpu_s(service.pid) - cpu0) / (time.monotonic() - t0)
+    idle_cpu_pct = 100.0 * (cpu_seconds(service.pid) - cpu0) / (time.monotonic() - t0)
     produced_ns: dict[int, int] = {}
-    cpu_before_produce = _cpu_s(service.pid)
-    loop_cpu_before_produce = _cpu_s(service.pid, service.pid)
+    cpu_before_produce = cpu_seconds(service.pid)
+    loop_cpu_before_produce = cpu_seconds(service.pid, service.pid)
     client_cpu_before = time.process_time()
     for partition in range(partitions):
         produced_ns[partition] = time.monotonic_ns()
@@ -381,8 +355,8 @@ async def _measure_case(
         await asyncio.sleep(0.05)
     # The service's CPU per answer from the produce to the last answer: unlike the answer times,
     # it hardly depends on what else the (shared) machine runs.
-    answer_cpu_s = _cpu_s(service.pid) - cpu_before_produce
-    answer_loop_cpu_s = _cpu_s(service.pid, service.pid) - loop_cpu_before_produce
+    answer_cpu_s = cpu_seconds(service.pid) - cpu_before_produce
+    answer_loop_cpu_s = cpu_seconds(service.pid, service.pid) - loop_cpu_before_produce
     # ... and the client's: reading 50,000 answers shares the same two cores.
     client_cpu_s = time.process_time() - client_cpu_before
     lags: list[float] = []
@@ -406,8 +380,8 @@ async def _measure_case(
         register_per_s=registered / register_s if register_s > 0 else float("nan"),
         rss_per_waiter_bytes=(rss1 - rss0) / max(registered, 1),
         idle_cpu_pct=idle_cpu_pct,
-        answer_p50_ms=_pct(lags, 0.50),
-        answer_p99_ms=_pct(lags, 0.99),
+        answer_p50_ms=pct(lags, 0.50),
+        answer_p99_ms=pct(lags, 0.99),
         answer_max_ms=lags[-1] if lags else float("nan"),
         answer_cpu_us=1e6 * answer_cpu_s / max(completed, 1),
         completed=completed,

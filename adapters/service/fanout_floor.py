@@ -40,6 +40,8 @@ from typing import Annotated, cast
 
 import typer
 
+from .._bench import cpu_seconds, pct, rss_bytes
+from ..kafka.local import free_port
 from . import bench
 from ._h1_bench_client import AnswerReader, open_long_polls
 
@@ -116,18 +118,18 @@ def _get(port: int, path: str) -> bytes:
 
 
 async def _measure(pid: int, port: int, waiters: int) -> str:
-    rss0 = bench._rss_bytes(pid)
+    rss0 = rss_bytes(pid)
     polls = await open_long_polls(port, "floor", waiters, 1, bench.MAX_WAIT_MS)
     reader = AnswerReader(polls, time.monotonic() + MEASURE_TIMEOUT_S)  # the bench's client, as there
     reader.start()
     try:
         while int(await asyncio.to_thread(_get, port, "/count")) < waiters:
             await asyncio.sleep(bench.HEALTH_POLL_S)
-        rss1 = bench._rss_bytes(pid)
-        cpu0, client_cpu0, fired_ns = bench._cpu_s(pid), time.process_time(), time.monotonic_ns()
+        rss1 = rss_bytes(pid)
+        cpu0, client_cpu0, fired_ns = cpu_seconds(pid), time.process_time(), time.monotonic_ns()
         await asyncio.to_thread(_get, port, "/fire")
         await asyncio.to_thread(reader.join)
-        cpu_s, client_cpu_s = bench._cpu_s(pid) - cpu0, time.process_time() - client_cpu0
+        cpu_s, client_cpu_s = cpu_seconds(pid) - cpu0, time.process_time() - client_cpu0
     finally:
         reader.stop()
         await asyncio.to_thread(reader.join)
@@ -135,7 +137,7 @@ async def _measure(pid: int, port: int, waiters: int) -> str:
             poll.close()
     lags = sorted((p.answered_ns - fired_ns) / 1e6 for p in polls if p.answered_ns)
     ok = sum(p.status == 200 for p in polls)
-    p50, p99 = bench._pct(lags, 0.5), bench._pct(lags, 0.99)
+    p50, p99 = pct(lags, 0.5), pct(lags, 0.99)
     return (
         f"{waiters} waiters: {(rss1 - rss0) / waiters:.0f} B/waiter, answer p50 {p50:.1f} ms "
         f"p99 {p99:.1f} ms, server CPU {1e6 * cpu_s / waiters:.1f} µs/answer, client CPU "
@@ -201,7 +203,7 @@ def main(
         return
     bench._raise_fd_limit(2 * waiters + bench.FD_HEADROOM)
     for _ in range(repeats):
-        port = bench._free_port()
+        port = free_port()
         server = subprocess.Popen(  # our own interpreter and module
             [sys.executable, "-m", MODULE, "serve", str(port), "uvloop" if use_uvloop else "asyncio"]
         )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from purgatory.adapters.kafka.local import free_port
 
 from .kafka_fixtures import WAIT_S, create_topic
 
@@ -37,18 +37,11 @@ SCHEDULING_SLACK_S = 0.5
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def service(kafka_bootstrap: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     suffix = uuid.uuid4().hex[:8]
     topic = create_topic(kafka_bootstrap, f"orders-{suffix}", partitions=1)
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PURGATORY_KAFKA_BOOTSTRAP": kafka_bootstrap,

@@ -64,7 +64,9 @@ def test_pipelined_large_answers_to_a_client_that_never_reads_keep_rss_bounded(k
     import uuid
 
     from confluent_kafka import Producer
-    from purgatory.tools.bench.min_bytes_flood import _free_port, _rss_bytes, _Service
+    from purgatory.adapters._bench import rss_bytes
+    from purgatory.adapters.kafka.local import free_port
+    from purgatory.adapters.service.bench import ServiceProcess
 
     from tests.kafka.kafka_fixtures import create_topic
 
@@ -73,10 +75,10 @@ def test_pipelined_large_answers_to_a_client_that_never_reads_keep_rss_bounded(k
     for i in range(60):  # 6 MB: every answer is a full 4 MB
         producer.produce(topic, bytes([i % 251]) * RECORD_BYTES, partition=0)
     assert producer.flush(30) == 0
-    service = _Service(kafka_bootstrap, _free_port(), {})
+    service = ServiceProcess(kafka_bootstrap, free_port())
     try:
         service.wait_ready()
-        start = _rss_bytes(service.pid)
+        start = rss_bytes(service.pid)
         client = socket.socket()
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.connect(("127.0.0.1", int(service.url.rsplit(":", 1)[1])))
@@ -91,7 +93,7 @@ def test_pipelined_large_answers_to_a_client_that_never_reads_keep_rss_bounded(k
             # sampled for a bounded window (each poll's max_wait_ms is 1 s; all are due by then).
             deadline = time.monotonic() + 8.0
             while time.monotonic() < deadline:
-                peak = max(peak, _rss_bytes(service.pid) - start)
+                peak = max(peak, rss_bytes(service.pid) - start)
                 time.sleep(0.05)
         finally:
             client.close()

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from purgatory.adapters._bench import ChildFailed, result_of_child
+
 from ._worker import RESULT_MARKER
 
 __all__ = ["Comparison", "SideSpec", "Target", "run_comparison", "side_env", "side_specs"]
@@ -124,20 +126,16 @@ def _run_side(side: SideSpec) -> dict[str, Any]:
     env = {**os.environ, **side.env}
     if not side.env.get("PURGATORY_PURE"):
         env.pop("PURGATORY_PURE", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "purgatory.tools.bench._worker", json.dumps(side.spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=WORKER_TIMEOUT_S,
-        check=False,
-    )
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            result: dict[str, Any] = json.loads(line[len(RESULT_MARKER) :])
-            return result
-    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-    raise BenchError(f"side {side.name!r} of {side.spec} failed (exit {proc.returncode}):\n{tail}")
+    try:
+        result: dict[str, Any] = result_of_child(
+            [sys.executable, "-m", "purgatory.tools.bench._worker", json.dumps(side.spec)],
+            env=env,
+            timeout_s=WORKER_TIMEOUT_S,
+            marker=RESULT_MARKER,
+        )
+    except ChildFailed as exc:
+        raise BenchError(f"side {side.name!r} of {side.spec} failed ({exc})") from None
+    return result
 
 
 def run_comparison(comparison: Comparison, repeats: int, step: Callable[[str], None] | None = None) -> None:

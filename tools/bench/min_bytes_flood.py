@@ -25,9 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -36,15 +33,16 @@ from dataclasses import asdict, dataclass, field
 from typing import cast
 
 import httpx
+from purgatory.adapters._bench import rss_bytes
 from purgatory.adapters.kafka import provide_cluster
+from purgatory.adapters.kafka.local import free_port
 from purgatory.adapters.service._h2_bench_client import open_h2_long_polls
+from purgatory.adapters.service.bench import ServiceProcess
 
 from purgatory.settings import load_settings
 
 __all__ = ["FloodResult", "flood", "main"]
 
-SERVICE_START_TIMEOUT_S = 60.0
-SERVICE_STOP_TIMEOUT_S = 20.0
 RSS_SAMPLE_S = 0.05
 HEALTH_EVERY_S = 0.25
 HEALTH_TIMEOUT_S = 2.0  # /healthz slower than this counts as not answering
@@ -73,77 +71,6 @@ class FloodResult:
     answer_statuses: dict[str, int] = field(default_factory=dict)
     killed_at_cap: bool = False
     seconds: float = 0.0
-
-
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class _Service:
-    """The service in a child process (``serve``), stopped by its PID."""
-
-    def __init__(self, bootstrap: str, port: int, env: dict[str, str]) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "purgatory.adapters.service.serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            env={
-                **os.environ,
-                "PURGATORY_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
-                "PURGATORY_LOG__LEVEL": "WARNING",
-                "PURGATORY_KAFKA__FEED_MODE": "push",
-                **env,
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.pid = self.process.pid
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the service exited with {self.process.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:  # loopback
-                    if json.loads(response.read()).get("status") == "ok":
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("the service did not come up")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(SERVICE_STOP_TIMEOUT_S)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(SERVICE_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 class _Reading(asyncio.Protocol):
@@ -207,10 +134,12 @@ async def _health(url: str, result: FloodResult, stop: asyncio.Event) -> None:
                 await asyncio.wait_for(stop.wait(), HEALTH_EVERY_S)
 
 
-async def _sample(service: _Service, start: int, cap: int, result: FloodResult, stop: asyncio.Event) -> None:
+async def _sample(
+    service: ServiceProcess, start: int, cap: int, result: FloodResult, stop: asyncio.Event
+) -> None:
     peak = start
     while not stop.is_set() and service.process.poll() is None:
-        rss = _rss_bytes(service.pid)
+        rss = rss_bytes(service.pid)
         peak = max(peak, rss)
         result.rss_peak_above_start_mb = (peak - start) / 2**20
         result.rss_end_above_start_mb = (rss - start) / 2**20
@@ -228,7 +157,7 @@ async def _pending_fetches(client: httpx.AsyncClient, url: str) -> int:
 
 
 async def _flood(
-    service: _Service,
+    service: ServiceProcess,
     port: int,
     topic: str,
     *,
@@ -243,7 +172,7 @@ async def _flood(
 ) -> FloodResult:
     started = time.monotonic()
     url = service.url
-    start_rss = _rss_bytes(service.pid)
+    start_rss = rss_bytes(service.pid)
     result = FloodResult(mode, waiters, 0, records, record_bytes, start_rss / 2**20, 0.0, 0.0, 0)
     stop = asyncio.Event()
     sampler = asyncio.create_task(_sample(service, start_rss, rss_cap, result, stop))
@@ -340,8 +269,9 @@ def flood(
         producer = Producer({"bootstrap.servers": bootstrap, "log_level": 0})
         producer.produce(topic, b"written-before", partition=0)  # the polls wait at offset 1
         producer.flush(30)
-        port = _free_port()
-        service = _Service(bootstrap, port, env or {})
+        port = free_port()
+        # The fanout bench's service process (as deployed: ``serve``, its stop and kill by PID).
+        service = ServiceProcess(bootstrap, port, env=env)
         try:
             service.wait_ready()
             # One answered poll first: metadata cached, clients built (the start RSS is warm).

@@ -46,6 +46,7 @@ import typer
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from purgatory.adapters._bench import stop_child
 from purgatory.adapters.kafka import (
     CORRELATION_ID,
     REPLY_PARTITION,
@@ -166,13 +167,7 @@ class _ResponderProcess:
 
     def stop(self) -> None:
         # Our own child, by PID: SIGTERM (it leaves its group), then SIGKILL if it hangs.
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_S)
+        stop_child(self.process, STOP_S)
 
 
 # -- the machine's scheduling delay ---------------------------------------------------------------
