@@ -15,6 +15,7 @@ import purgatory._logging as purgatory_logging
 from tests.kafka.kafka_fixtures import (  # noqa: F401
     kafka_bootstrap,
     kafka_cluster,
+    kafka_cluster1,
     kafka_cluster3,
     kafka_settings,
     kafka_topic_factory,

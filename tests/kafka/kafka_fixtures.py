@@ -123,6 +123,20 @@ def kafka_topic_factory(kafka_bootstrap: str) -> TopicFactory:
     return make
 
 
+@pytest.fixture(scope="module")  # module: its JVM stops once that module's tests are done
+def kafka_cluster1() -> Iterator[LocalKafkaCluster]:
+    """One local broker of the module's own: its tests may stop or kill it (the session's
+    broker, ``kafka_cluster``, serves every other test)."""
+    from purgatory.adapters.kafka import LocalKafkaCluster
+
+    cluster = LocalKafkaCluster(brokers=1)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture(scope="module")  # module: its three JVMs stop once that module's tests are done
 def kafka_cluster3() -> Iterator[LocalKafkaCluster]:
     """Three local brokers; node 1 is also the only controller (faults hit the followers 2 and 3)."""

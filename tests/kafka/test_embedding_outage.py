@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from purgatory.adapters.kafka import (
@@ -36,14 +34,10 @@ AT_ONCE_S = 2.0  # "at once": one DescribeTopics round trip, nowhere near the ca
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
-    cluster = LocalKafkaCluster(brokers=1, work_dir=Path(tmp_path_factory.mktemp("outage")) / "kafka")
-    cluster.start()
-    try:
-        create_topic(cluster.bootstrap_servers, TOPIC, partitions=3)
-        yield cluster
-    finally:
-        cluster.stop()
+def cluster(kafka_cluster1: LocalKafkaCluster) -> LocalKafkaCluster:
+    """The module's own broker (the tests stop it), with the topic every test uses."""
+    create_topic(kafka_cluster1.bootstrap_servers, TOPIC, partitions=3)
+    return kafka_cluster1
 
 
 def _settings(cluster: LocalKafkaCluster) -> Settings:

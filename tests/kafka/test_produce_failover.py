@@ -21,7 +21,6 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -280,17 +279,6 @@ def _ends(view: ClusterView, topic: str) -> dict[int, int] | None:
     except Exception:
         return None
     return {k.partition: v for k, v in marks.items()}
-
-
-@pytest.fixture(scope="module")
-def kafka_cluster1() -> Iterator[LocalKafkaCluster]:
-    """One broker of this module's own: the tests kill it (the session's broker serves the rest)."""
-    cluster = LocalKafkaCluster(brokers=1)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.mark.parametrize("fault", [KILL, FREEZE])

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -44,16 +43,6 @@ SLACK_S = 1.5  # event-loop and thread scheduling on a shared 2-core machine
 CONCURRENT = 16  # of each kind: asyncio's default executor has min(32, cores + 4) = 6 threads here
 PRODUCE_BOUND_S = (APPEND_TIMEOUT_MS + PRODUCE_TIMEOUT_MS) / 1000 + SLACK_S
 FETCH_BOUND_S = (MAX_WAIT_MS + REQUEST_TIMEOUT_MS) / 1000 + READ_TIMEOUT_S + SLACK_S
-
-
-@pytest.fixture(scope="module")
-def kafka_cluster1() -> Iterator[LocalKafkaCluster]:
-    cluster = LocalKafkaCluster(brokers=1)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 async def _burst(url: str, topic: str) -> list[tuple[str, int, float, str]]:
