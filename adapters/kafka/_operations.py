@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 DEFAULT_FETCH_MAX_BYTES = 1 << 20  # Kafka's fetch.max.bytes per partition default is 1 MiB
-# A produce's read-back reads on to the high watermark, this far (DelayedReplication._read_back).
+# A replication wait's read-back reads on to the high watermark, this far (DelayedReplication._read_back).
 READ_BACK_MAX_BYTES = 64 << 10
 # Guards the lazy creation of an operation's completion event against its setting: held for a
 # few bytecodes, once per operation that finishes and once per first use of ``op.done``.

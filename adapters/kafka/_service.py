@@ -121,8 +121,6 @@ PURGATORY_NAMES: dict[type[KafkaOperation], str] = {
     DelayedTopicReady: "topic_ready",
     DelayedDeleteRecords: "delete_records",
 }
-# The read-back cache of connect(shared_reads=False): recent records of the watched partitions.
-READ_BACK_CACHE_BYTES = 8 << 20
 ADMIN_TIMEOUT_S = 30.0  # CreateTopics / DeleteRecords: a metadata round trip and the controller's work
 # The async methods' pool: threads blocked at most a client timeout each, and the calls admitted.
 ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG = 4, 1024
@@ -192,13 +190,11 @@ class KafkaPurgatory:
         name: str = "kafka",
         purgatory: DelayedOperationPurgatory[Any] | None = None,
         journal: Journal | None = None,
-        read_back: RecordReader | None = None,
     ) -> None:
         self.feed = feed
         self.view = feed.view
         self.sender = sender
         self.reader = reader
-        self._read_back = read_back if read_back is not reader else None  # closed with the rest
         self.calls = KafkaCalls(f"purgatory-{name}", ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG)
         self.settings = feed.settings
         self.journal = journal
@@ -264,17 +260,9 @@ class KafkaPurgatory:
         )
         # Long polls on one partition share their reads (one Kafka read answers them all), and
         # in push mode the feed's tail fills the shared reader with every watched partition's
-        # new records. Produces read their records back (DelayedProduce) through a shared reader
-        # too: a small one of their own without shared_reads (a Kafka read per produce cost 5x
-        # the throughput of kp.produce), where the tail puts what it reads.
-        read_back = (
-            reader
-            if isinstance(reader, SharedReadReader)
-            else SharedReadReader(
-                kafka, bootstrap_servers=bootstrap_servers, total_max_bytes=READ_BACK_CACHE_BYTES
-            )
-        )
-        feed = ChangeFeed(view, settings=kafka, name=name, records=read_back)
+        # new records. (No cache without shared_reads: nothing would read it.)
+        shared = reader if isinstance(reader, SharedReadReader) else None
+        feed = ChangeFeed(view, settings=kafka, name=name, records=shared)
         journal = None
         if full is not None and full.journal.enabled:
             from .journal_sink import build_journal
@@ -294,7 +282,6 @@ class KafkaPurgatory:
             name=name,
             purgatory=purgatory,
             journal=journal,
-            read_back=read_back,
         )
         feed.start()
         return service
@@ -896,8 +883,6 @@ class KafkaPurgatory:
             self.calls.close()
             self.sender.close()
             self.reader.close()
-            if self._read_back is not None:
-                self._read_back.close()
             self.view.close()
         finally:
             self._close_done = True
