@@ -104,7 +104,7 @@ class PartitionFacts:
     log_start_offset: int | None = None
     leader: int = NO_LEADER
     # The partition leader's epoch, from the same ListOffsets answer as the high watermark: the
-    # watermark is a position in the log of that epoch's leader (see DelayedProduce).
+    # watermark is a position in the log of that epoch's leader (see DelayedReplication).
     leader_epoch: int | None = None
     isr: tuple[int, ...] = ()
     replicas: tuple[int, ...] = ()

@@ -31,11 +31,11 @@ The poll (one thread, ``kafka-feed-<name>``), every interval:
 4. For each key whose facts changed (including "first seen"), call ``check_and_complete(key)``
    on each purgatory watching it — except when only a partition's high watermark moved and
    every operation of that purgatory on it is indexed by the high watermark it needs
-   (``KafkaOperation.indexed_by_high_watermark``: ``DelayedProduce``): then only the ones it
+   (``KafkaOperation.indexed_by_high_watermark``: ``DelayedReplication``): then only the ones it
    reached are tried (:class:`OffsetIndex`), so a key event costs what it completes, not every
    waiter on the key. The tail's pushes go the same way.
 
-Worked example: 10,000 ``DelayedProduce`` on 100 partitions → 100 watched keys → 1.2 requests
+Worked example: 10,000 ``DelayedReplication`` on 100 partitions → 100 watched keys → 1.2 requests
 per interval (ListOffsets latest for the 100 partitions every poll, DescribeTopics for the one
 topic every 5th; earliest is polled only for partitions watched by operations with
 ``needs_log_start``, e.g. DelayedFetch);
@@ -673,7 +673,7 @@ class ChangeFeed:
 
         A position whose records a newer leader appended than the facts' leader epoch says is not
         published (PartitionTail's module doc): the facts' epoch and high watermark must come from
-        one leader, or DelayedProduce could count another leader's records at its offset. The
+        one leader, or DelayedReplication could count another leader's records at its offset. The
         poll is woken instead and re-describes the partition; its ListOffsets answer brings the
         new leader's epoch.
         """
@@ -684,7 +684,7 @@ class ChangeFeed:
             partitions = dict(old.partitions)  # copy-on-write: readers keep the snapshot they hold
             for key, position in positions.items():
                 facts = partitions.get(key)
-                # Leader, ISR and min ISR come from a poll first (DelayedProduce reads them); a
+                # Leader, ISR and min ISR come from a poll first (DelayedReplication reads them); a
                 # partition in error waits for the poll that says it recovered.
                 if facts is None or facts.error is not None:
                     continue
@@ -741,7 +741,7 @@ def _newest(polled: PartitionFacts, current: PartitionFacts | None) -> Partition
     in-sync replica has; a poll answer sent before the push must not move it back, or a long
     poll started at the newer watermark is refused as out of range (CI saw that once, in
     tests/service/test_answer_bounds.py with a broker of three killed, while this also reset on
-    any epoch change). DelayedProduce still compares epochs itself.
+    any epoch change). DelayedReplication still compares epochs itself.
     """
     if (
         current is None

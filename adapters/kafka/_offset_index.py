@@ -4,12 +4,12 @@ Why it lives in the change feed: a key event must cost what it completes (issue 
 the commonest event — a partition's high watermark moved, nothing else about it changed — the
 feed knows exactly which operations that can finish: the ones whose offset it passed.
 ``check_and_complete(key)`` tries every operation on the key (Kafka's ``Watchers``): with 10,000
-``DelayedProduce`` on 100 partitions, ~100 tries per push to complete the one or two whose
+``DelayedReplication`` on 100 partitions, ~100 tries per push to complete the one or two whose
 records were just replicated (docs/performance.md, "Change-feed completion lag").
 
 Algorithm: per (purgatory, partition) a binary heap (``heapq``) of entries
 ``[at, seq, op]``: ``op`` may progress once the high watermark reaches ``at`` (for a
-``DelayedProduce``: its offset + 1). A high-watermark advance to ``hw`` pops the entries with
+``DelayedReplication``: its offset + 1). A high-watermark advance to ``hw`` pops the entries with
 ``at <= hw`` — O(k log n) for k due — and the feed tries each (``safe_try_complete``). An
 operation still waiting after its try tells again what it needs (``high_watermark_needed``) and
 is pushed back (a read-back that brought nothing: it is then tried on every later advance, as
