@@ -441,7 +441,7 @@ class DelayedReplication(KafkaOperation):
             return None  # no epoch in this answer: the watermark cannot be vouched for
         if facts.leader_epoch != epoch:
             # Another leader: its high watermark is a position in its own log, which may lack
-            # the record (the old leader died before a follower fetched it). See DelayedReplication's docstring.
+            # the record (the old leader died before a follower fetched it). (docstring)
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         if facts.under_min_isr:
             # Kafka 4 (eligible leader replicas, KIP-966) holds the high watermark still while the

@@ -35,8 +35,8 @@ records below the high watermark, so every offset below it is replicated), and t
 epoch of that record — the epoch of the leader that *appended* it. Not the cached high watermark
 of the fetch response: librdkafka follows a new leader silently, so that number may come from a
 leader the feed's facts do not know yet, whose log may lack a record the old leader appended
-(the acks=1 hole :class:`DelayedReplication`'s epoch fence closes). The feed publishes a push only while the
-epoch is at most the leader epoch of its facts; DelayedReplication compares that epoch with the
+(the acks=1 hole :class:`DelayedReplication`'s epoch fence closes). The feed publishes a push
+only while the epoch is at most the leader epoch of its facts; DelayedReplication compares that epoch with the
 one noted before its append. Why that is enough: epochs never decrease along a log, so a record
 the tail read at or after offset ``X`` carries an epoch at least that of the record at ``X``;
 if it is at most the epoch noted before ``X`` was appended, no later leader rewrote ``X``.
