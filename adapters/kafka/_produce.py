@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
 
 from confluent_kafka import KafkaError, Message
@@ -141,7 +141,7 @@ class DelayedProduce(KafkaOperation):
     def __init__(
         self,
         facts: FactSource,
-        records: Sequence[ProducerRecord],
+        records: Iterable[ProducerRecord],
         *,
         delay_ms: int | None = None,
         on_response: Callable[[KafkaOperation], None] | None = None,
@@ -151,7 +151,7 @@ class DelayedProduce(KafkaOperation):
             facts,
             on_response=on_response,
         )
-        records = tuple(records)
+        records = tuple(records)  # the request's records, copied once (a caller's list may change)
         count = len(records)
         if count == 1 and type(records[0]) is ProducerRecord:
             partitions: list[int | None] = [records[0].partition]  # the common request, checked

@@ -514,7 +514,7 @@ class KafkaPurgatory:
         Watched first, then sent: a refusal of the submission (``PurgatoryFullError``, closed)
         sends nothing, and a delivery report always finds the operation watched.
         """
-        op = DelayedProduce(self.feed, list(records), delay_ms=delay_ms)
+        op = DelayedProduce(self.feed, records, delay_ms=delay_ms)
         self.submit(op, validate=False)
         if not op.shutting_down:  # answered SHUTTING_DOWN at submission: nothing is sent
             self._send(op)
@@ -528,7 +528,7 @@ class KafkaPurgatory:
         Cancelling the awaiting task finishes the operation ``CANCELLED``; records already
         queued are still delivered (nothing takes back a sent record).
         """
-        op = DelayedProduce(self.feed, list(records), delay_ms=delay_ms)
+        op = DelayedProduce(self.feed, records, delay_ms=delay_ms)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         op._mailbox = handoff_for(loop)  # reports are applied on this loop (DelayedProduce.delivered)
