@@ -1,11 +1,14 @@
 """The example service: an HTTP gateway over one KafkaPurgatory (Kafka's Fetch and Produce purgatories).
 
-Run it (``service`` and ``kafka`` extras) against a cluster::
+Run it (``service`` and ``kafka`` extras) against a cluster on its own server, which serves long
+polls below the ASGI app and HTTP/2 beside HTTP/1.1 (the fast paths)::
 
     PURGATORY_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092 \\
-        uvicorn --factory purgatory.adapters.service:create_app --host 127.0.0.1 --port 8080
+        python -m purgatory.adapters.service.serve --host 127.0.0.1 --port 8080
 
-or let ``purgatory run`` start a local Kafka, the service, and a short exercise of both.
+or let ``purgatory run`` start a local Kafka, the service, and a short exercise of both. The plain
+``uvicorn --factory purgatory.adapters.service:create_app`` serves every request through the
+ASGI app instead (no fast paths, no HTTP/2).
 See :mod:`._app` for the routes and :mod:`._gateway` for how requests become operations.
 """
 
