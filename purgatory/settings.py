@@ -306,12 +306,23 @@ class JournalSettings(_Section):
     watermark: str = Field("10 minutes", description="Streaming: how late an event may arrive and count.")
 
 
+MIN_SCALEOUT_SECRET_CHARS = 16
+
+
+def _check_http_url(value: str) -> None:
+    # fullmatch: re.match's "$" also matches before a trailing newline ("http://a:1\n").
+    if not re.fullmatch(r"https?://[^/\s]+", value):
+        raise ValueError(f"should be http(s)://host:port without a path, got {value!r}")
+
+
 class ScaleOutSettings(_Section):
     """Many instances of one service split the watched partitions through Kafka's group protocol.
 
     Each instance joins the consumer group ``group_id`` (subscribed to ``topics``) and owns the
     partitions the group assigns it; its ``advertised_url`` travels as the member's ``client.id``
     so that every instance can tell a client where a partition's owner is (docs/design.md §7).
+    Any client able to join the group could advertise a URL too: an instance forwards or redirects
+    only to members that prove they belong (``secret`` and/or ``trusted_urls``; docs/scaleout.md).
     """
 
     enabled: bool = Field(False, description="Join the ownership group; serve only owned partitions.")
@@ -343,13 +354,60 @@ class ScaleOutSettings(_Section):
     forward_max_connections: PositiveInt = Field(
         100, description="Connection pool of forwarding (all owners together)."
     )
+    secret: SecretStr | None = Field(
+        None,
+        description="Shared by every instance of the service: each signs its advertised URL with it "
+        "(HMAC-SHA256, carried in its client.id) and forwards or redirects only to members whose "
+        f"signature verifies (at least {MIN_SCALEOUT_SECRET_CHARS} characters; docs/scaleout.md).",
+    )
+    trusted_urls: tuple[str, ...] = Field(
+        (),
+        description="If set, only members advertising one of these URLs are forwarded or redirected "
+        "to (with secret: both must hold). Scale-out needs secret or trusted_urls.",
+        validate_default=True,
+    )
 
     @field_validator("advertised_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        # fullmatch: re.match's "$" also matches before a trailing newline ("http://a:1\n").
-        if value is not None and not re.fullmatch(r"https?://[^/\s]+", value):
-            raise ValueError(f"should be http(s)://host:port without a path, got {value!r}")
+        if value is not None:
+            _check_http_url(value)
+        return value
+
+    @field_validator("secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_SCALEOUT_SECRET_CHARS:
+            raise ValueError(
+                f"should have at least {MIN_SCALEOUT_SECRET_CHARS} characters "
+                "(e.g. the output of `openssl rand -hex 32`)"
+            )
+        return value
+
+    # A field validator (validate_default: it runs when trusted_urls is not given), not a model
+    # validator: a refusal then shows this field's value, never the section with its secret.
+    @field_validator("trusted_urls")
+    @classmethod
+    def _owners_authenticated(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        for url in value:
+            _check_http_url(url)
+        advertised = info.data.get("advertised_url")
+        if value and advertised and advertised not in value:
+            raise ValueError(
+                f"scaleout.advertised_url {advertised!r} is not one of scaleout.trusted_urls: "
+                "the other instances would not trust this one"
+            )
+        if "secret" not in info.data:
+            return value  # the secret itself was refused: that error says why
+        # Secure by default: without a way to tell instances from any other group member, a
+        # consumer joining the group with a forged client.id would receive forwarded requests
+        # (with their callers' credentials) or have clients redirected to it.
+        if info.data.get("enabled") and info.data["secret"] is None and not value:
+            raise ValueError(
+                "scaleout.enabled needs scaleout.secret (PURGATORY_SCALEOUT__SECRET, the same on "
+                "every instance) or scaleout.trusted_urls (PURGATORY_SCALEOUT__TRUSTED_URLS): without "
+                "them any member of the consumer group could pose as an instance"
+            )
         return value
 
 

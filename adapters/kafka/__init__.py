@@ -73,6 +73,7 @@ from ._operations import (
     KafkaOperation,
     PartitionRead,
 )
+from ._owner_proof import OwnerProof
 from ._ownership import (
     Member,
     Owner,
@@ -167,6 +168,7 @@ __all__ = [
     "NodeNotRunningError",
     "OwnedOperation",
     "Owner",
+    "OwnerProof",
     "OwnerStatus",
     "OwnersSnapshot",
     "OwnershipGuard",

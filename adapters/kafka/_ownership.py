@@ -16,6 +16,11 @@ its membership (heartbeats run on librdkafka's own thread; ``poll`` serves the r
 callbacks). The assignor is ``cooperative-sticky``: a rebalance revokes only the partitions that
 really move, so a new member takes over a share without disturbing the rest.
 
+Any client that may join the group is a member, so a URL is believed only when the member proves
+it is an instance (:class:`OwnerProof`: an HMAC of the URL with ``scaleout.secret`` next to it in
+the ``client.id``, and/or ``scaleout.trusted_urls``). A partition held by a member that does not
+is ``UNTRUSTED``: served here, and nothing — no client, no request — is sent to that member.
+
 Revocation (a rebalance, this instance stopping, or the session lost) is told to listeners
 *inside* the rebalance callback, before the partitions are handed over — the
 :class:`OwnershipGuard` finishes every operation waiting on them with a ``Moved`` answer then.
@@ -51,6 +56,7 @@ from purgatory.settings import KafkaSettings, ScaleOutSettings
 from ._config import client_config
 from ._keys import GroupPartitionKey, KafkaKey, TopicPartitionKey
 from ._moved import Moved, MovedReason
+from ._owner_proof import OwnerProof
 
 __all__ = [
     "Member",
@@ -76,12 +82,15 @@ STATS_INTERVAL_MS = 1000
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """One instance in the group: its member id, advertised URL (its ``client.id``) and partitions."""
+    """One member of the group: its member id, advertised URL (from its ``client.id``), partitions,
+    and whether it proved it is an instance (``distrust`` says why not)."""
 
     member_id: str
     url: str
     host: str
     partitions: frozenset[TopicPartitionKey]
+    trusted: bool = True
+    distrust: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +118,12 @@ class OwnerStatus(StrEnum):
     OTHER = "OTHER"  # another member owns it: redirect or forward to ``Owner.url``
     NONE = "NONE"  # no owner known right now (rebalancing, or just revoked): retry after a moment
     UNMANAGED = "UNMANAGED"  # not a topic of the group: any instance serves it
+    # Held by a member that did not prove it is an instance (OwnerProof), or by another member
+    # claiming this instance's own URL: serve it here, never send a client or a request there.
+    UNTRUSTED = "UNTRUSTED"
+
+
+SERVED_HERE = frozenset({OwnerStatus.SELF, OwnerStatus.UNMANAGED, OwnerStatus.UNTRUSTED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +134,11 @@ class Owner:
     url: str | None = None
     moving: bool = False  # the assignment is changing: the answer may be stale, retry after a moment
     generation: int = 0
+
+    @property
+    def served_here(self) -> bool:
+        """True when this instance answers the key itself (owned, unmanaged or untrusted owner)."""
+        return self.status in SERVED_HERE
 
 
 class OwnershipListener(Protocol):
@@ -161,12 +181,13 @@ def _describe(admin: AdminClient, group: str, timeout_s: float) -> Any:
     return futures[group].result(timeout=timeout_s + 1.0)
 
 
-def _snapshot_of(group: str, description: Any) -> OwnersSnapshot:
+def _snapshot_of(group: str, description: Any, proof: OwnerProof) -> OwnersSnapshot:
     owners: dict[TopicPartitionKey, Member] = {}
     members = []
     for m in description.members:
         parts = _keys(m.assignment.topic_partitions if m.assignment is not None else ())
-        member = Member(m.member_id, m.client_id, m.host, parts)
+        verdict = proof.verify(m.client_id or "")
+        member = Member(m.member_id, verdict.url, m.host, parts, verdict.trusted, verdict.reason)
         members.append(member)
         for key in parts:
             owners[key] = member
@@ -175,11 +196,19 @@ def _snapshot_of(group: str, description: Any) -> OwnersSnapshot:
 
 
 def describe_owners(
-    settings: KafkaSettings, group: str, *, bootstrap_servers: str | None = None
+    settings: KafkaSettings,
+    group: str,
+    *,
+    bootstrap_servers: str | None = None,
+    scaleout: ScaleOutSettings | None = None,
 ) -> OwnersSnapshot:
-    """The ownership group as Kafka describes it now (``purgatory kafka owners``): one request."""
+    """The ownership group as Kafka describes it now (``purgatory kafka owners``): one request.
+
+    Members are checked against ``scaleout``'s secret and trusted URLs (none given: none trusted).
+    """
     admin = AdminClient({**client_config(settings, bootstrap_servers), "log_level": "0"})
-    return _snapshot_of(group, _describe(admin, group, settings.request_timeout_ms / 1000.0))
+    proof = OwnerProof(group, scaleout.secret, scaleout.trusted_urls) if scaleout else OwnerProof(group, None)
+    return _snapshot_of(group, _describe(admin, group, settings.request_timeout_ms / 1000.0), proof)
 
 
 class PartitionOwnership:
@@ -202,6 +231,8 @@ class PartitionOwnership:
         self.group_id = scaleout.group_id
         self.topics = tuple(scaleout.topics)
         self.scaleout = scaleout
+        self.proof = OwnerProof(scaleout.group_id, scaleout.secret, scaleout.trusted_urls)
+        self._distrust_logged: frozenset[str] = frozenset()  # member ids already logged untrusted
         self._settings = settings
         self._bootstrap = bootstrap_servers
         self._covers = _topic_matcher(self.topics)
@@ -240,7 +271,8 @@ class PartitionOwnership:
             "group.id": self.group_id,
             # The URL travels as client.id: DescribeConsumerGroups shows it next to each
             # member's assignment, so no other channel is needed to find a partition's owner.
-            "client.id": self.url,
+            # With its proof (OwnerProof): other instances trust it only if that verifies.
+            "client.id": self.proof.client_id(self.url),
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": str(timeouts.session_timeout_ms),
             "heartbeat.interval.ms": str(timeouts.heartbeat_interval_ms),
@@ -303,9 +335,9 @@ class PartitionOwnership:
         return self._covers(topic)
 
     def owns(self, key: KafkaKey) -> bool:
-        """True if this instance serves ``key`` (owned, or of a topic the group does not split)."""
-        status = self.owner(key).status
-        return status is OwnerStatus.SELF or status is OwnerStatus.UNMANAGED
+        """True if this instance serves ``key`` (owned, of a topic the group does not split, or
+        held by an untrusted member)."""
+        return self.owner(key).served_here
 
     def owner(self, key: KafkaKey) -> Owner:
         """Who owns ``key``'s partition (see :class:`OwnerStatus`); never blocks on Kafka."""
@@ -320,7 +352,24 @@ class PartitionOwnership:
             return Owner(OwnerStatus.SELF, self.url, generation=generation)
         member = snapshot.owners.get(tp)
         stale = snapshot.taken_at < changed_at
-        if member is None or member.member_id == self._member_id or member.url == self.url:
+        member_id = self._member_id
+        if member is not None and not member.trusted:
+            # Not shown to be an instance: nothing goes there (a forward would carry the client's
+            # credentials to it); the partition is served here (docs/scaleout.md).
+            return Owner(OwnerStatus.UNTRUSTED, self.url, generation=generation)
+        if (
+            member is not None
+            and not stale
+            and member.url == self.url
+            and member_id is not None
+            and member.member_id != member_id
+        ):
+            # A describe newer than our last change shows another member with our URL (a copied
+            # proof, or our own crashed incarnation until its session expires): requests for it
+            # would be sent here anyway. Serve them. (A stale describe may still show our own
+            # earlier state: that is the "moving" case below.)
+            return Owner(OwnerStatus.UNTRUSTED, self.url, generation=generation)
+        if member is None or member.member_id == member_id or member.url == self.url:
             # Unknown, or the snapshot still shows us, who no longer own it: the group is moving it.
             self._refresh_wanted.set()
             return Owner(OwnerStatus.NONE, None, moving=True, generation=generation)
@@ -349,6 +398,7 @@ class PartitionOwnership:
                     "url": m.url,
                     "host": m.host,
                     "partitions": sorted(k.label for k in m.partitions),
+                    "trusted": m.trusted,
                 }
                 for m in snapshot.members
             ],
@@ -365,10 +415,29 @@ class PartitionOwnership:
         except Exception:
             self.stats.describe_failures += 1
             raise
-        snapshot = _snapshot_of(self.group_id, description)
+        snapshot = _snapshot_of(self.group_id, description, self.proof)
         with self._lock:
             self._snapshot = snapshot
+        self._log_untrusted(snapshot)
         return snapshot
+
+    def _log_untrusted(self, snapshot: OwnersSnapshot) -> None:
+        # Once per member (not per describe): a rogue member must not be able to flood the log.
+        logged = self._distrust_logged
+        for member in snapshot.members:
+            if member.trusted or member.member_id in logged:
+                continue
+            _log.warning(
+                "ownership_member_untrusted",
+                group=self.group_id,
+                member_id=member.member_id[:200],
+                url=member.url[:200],
+                host=member.host,
+                partitions=len(member.partitions),
+                reason=member.distrust,
+            )
+        # Remember only current members: the set is bounded by the group's size.
+        self._distrust_logged = frozenset(m.member_id for m in snapshot.members if not m.trusted)
 
     # -- the group thread -----------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from purgatory import DelayedOperation, DelayedOperationPurgatory
 
 from ._keys import GroupPartitionKey, KafkaKey, TopicPartitionKey
 from ._moved import Moved
-from ._ownership import OwnerStatus, PartitionOwnership
+from ._ownership import PartitionOwnership
 
 __all__ = ["OwnedOperation", "OwnershipGuard", "WatchedKeys"]
 
@@ -111,7 +111,7 @@ class OwnershipGuard:
             if tp is None:
                 continue
             owner = self.ownership.owner(tp)
-            if owner.status is OwnerStatus.SELF or owner.status is OwnerStatus.UNMANAGED:
+            if owner.served_here:
                 continue
             moved = Moved("not_owner", owner.url, owner.generation)
             return bool(self._move(op, moved))
@@ -137,7 +137,7 @@ class OwnershipGuard:
                 if tp in owned:
                     continue
                 owner = ownership.owner(tp)
-                if owner.status is not OwnerStatus.SELF and owner.status is not OwnerStatus.UNMANAGED:
+                if not owner.served_here:
                     return Moved("not_owner", owner.url, owner.generation)
             return None
 

@@ -38,7 +38,7 @@ def redirect_for(
     owner: Owner, path_and_query: str, *, retry_after_s: int = DEFAULT_RETRY_AFTER_S
 ) -> Redirect | None:
     """What to answer a request for a partition whose owner is ``owner`` (None: serve it here)."""
-    if owner.status is OwnerStatus.SELF or owner.status is OwnerStatus.UNMANAGED:
+    if owner.served_here:
         return None
     if owner.status is OwnerStatus.OTHER and owner.url:
         headers = {"Location": owner.url.rstrip("/") + path_and_query}

@@ -214,7 +214,9 @@ class ReplyRouter:
         else:
             self.ownership = PartitionOwnership(
                 self._settings,
-                ScaleOutSettings(enabled=True, group_id=self.group, topics=(self.topic,)),
+                # Not the service's scale-out (enabled stays False: no secret is needed): the
+                # reply group only splits reply partitions and sends nothing to other members.
+                ScaleOutSettings(group_id=self.group, topics=(self.topic,)),
                 advertised_url=_instance_id(),
                 bootstrap_servers=self._bootstrap,
             )

@@ -181,7 +181,9 @@ def owners(
         raise typer.Exit(2)
     name = group or settings.scaleout.group_id
     try:
-        snapshot = describe_owners(settings.kafka, name, bootstrap_servers=servers)
+        snapshot = describe_owners(
+            settings.kafka, name, bootstrap_servers=servers, scaleout=settings.scaleout
+        )
     except Exception as exc:  # KafkaException and timeouts: one line, not a traceback
         typer.echo(f"could not describe group {name!r}: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -195,6 +197,7 @@ def owners(
                     "member_id": m.member_id,
                     "host": m.host,
                     "partitions": sorted(k.label for k in m.partitions),
+                    "trusted": m.trusted,
                 }
                 for m in snapshot.members
             ],
@@ -204,4 +207,5 @@ def owners(
     typer.echo(f"group {name}: {snapshot.state}, {len(snapshot.members)} member(s)")
     for member in snapshot.members:
         labels = ", ".join(sorted(k.label for k in member.partitions)) or "-"
-        typer.echo(f"  {member.url}  ({len(member.partitions)} partitions)  {labels}")
+        untrusted = "" if member.trusted else f"  UNTRUSTED: {member.distrust}"
+        typer.echo(f"  {member.url}  ({len(member.partitions)} partitions)  {labels}{untrusted}")

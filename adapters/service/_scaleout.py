@@ -12,6 +12,10 @@ owner with the same offset and what remains of its ``max_wait_ms``; a replicatio
 (``GET /topics/{t}/replicated``) gets ``307`` to the same wait at the new owner. While the new
 owner is not known yet: ``503`` + ``Retry-After`` and a relative ``Location`` any instance answers.
 
+Only members that proved they are instances (``scaleout.secret`` / ``scaleout.trusted_urls``,
+:class:`OwnerProof`) are redirected or forwarded to; a partition held
+by any other member is served here (docs/scaleout.md).
+
 A produce does not depend on ownership: any instance produces to any partition (the idempotent
 producer's ``acks=all`` is answered by the partition's leader, wherever the request came in).
 """
@@ -140,7 +144,7 @@ class ScaleOut:
     def owner_of(self, topic: str, partitions: Iterable[int]) -> Owner | RequestError:
         """The one owner of ``partitions`` of ``topic``, or a 409 when they span several owners."""
         owners = {self.ownership.owner(TopicPartitionKey(topic, p)) for p in partitions}
-        here = {o for o in owners if o.status in (OwnerStatus.SELF, OwnerStatus.UNMANAGED)}
+        here = {o for o in owners if o.served_here}
         if here == owners:
             return next(iter(owners), Owner(OwnerStatus.UNMANAGED, self.url))
         if any(o.status is OwnerStatus.NONE for o in owners):
@@ -192,6 +196,9 @@ class ScaleOut:
         headers = {FORWARDED_HEADER: self.url}
         # The client's credentials go along: the owner authenticates the request itself (the
         # instances share service.auth_tokens), so a forward grants nothing a redirect would not.
+        # ``url`` is a verified owner's (owner_of answers OTHER only for a member whose proof
+        # verified): an unproven member never receives a request, let alone a token. Cookies
+        # are not forwarded (the service does not use them).
         for name in _FORWARDED_REQUEST_HEADERS:
             if name in request.headers:
                 headers[name] = request.headers[name]
@@ -359,6 +366,12 @@ class ScaleOutCollector(Collector):
             "purgatory_ownership_members", "Members of the group at the last describe."
         )
         members.add_metric([], len(ownership.snapshot().members))
+        untrusted = GaugeMetricFamily(
+            "purgatory_ownership_untrusted_members",
+            "Members of the group at the last describe that did not prove they are instances "
+            "(their partitions are served here; nothing is sent to them).",
+        )
+        untrusted.add_metric([], sum(not m.trusted for m in ownership.snapshot().members))
         rebalances = CounterMetricFamily(
             "purgatory_ownership_rebalances", "Rebalance events of this member.", labels=["kind"]
         )
@@ -385,7 +398,17 @@ class ScaleOutCollector(Collector):
         )
         for answer in ("redirect", "forward", "forward_failed", "unavailable", "span"):
             misdirected.add_metric([answer], scaleout.misdirected[answer])
-        yield from (owned, generation, members, rebalances, moved, describes, consumer, misdirected)
+        yield from (
+            owned,
+            generation,
+            members,
+            untrusted,
+            rebalances,
+            moved,
+            describes,
+            consumer,
+            misdirected,
+        )
 
 
 async def release_on_shutdown(scaleout: ScaleOut | None) -> None:

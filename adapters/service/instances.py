@@ -6,12 +6,14 @@ and hands over (``--fd``: no race between choosing a port and binding it); the i
 advertises ``http://127.0.0.1:<port>`` through the ownership group. ``fleet.kill(a)`` sends
 SIGKILL, ``fleet.stop(a)`` SIGTERM (graceful: the instance leaves its group, answers what it holds
 MOVED, drains); leaving the ``with`` block stops every instance still running, by PID, bounded.
-Each instance's output goes to ``<log_dir>/instance-<port>.log``.
+Each instance's output goes to ``<log_dir>/instance-<port>.log``. The instances of one fleet share
+a ``scaleout.secret`` made for it (``fleet.secret``): they trust each other and no one else.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -70,6 +72,7 @@ class LocalInstances:
             Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="purgatory-fleet-"))
         )
         self.graceful_shutdown_s = graceful_shutdown_s
+        self.secret = secrets.token_hex(32)  # scaleout.secret of this fleet's instances
         self.env = {
             "PURGATORY_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers,
             "PURGATORY_SCALEOUT__ENABLED": "true",
@@ -77,6 +80,7 @@ class LocalInstances:
             "PURGATORY_SCALEOUT__TOPICS": "[" + ",".join(f'"{t}"' for t in topics) + "]",
             "PURGATORY_SCALEOUT__SESSION_TIMEOUT_MS": str(session_timeout_ms),
             "PURGATORY_SCALEOUT__HEARTBEAT_INTERVAL_MS": str(max(100, session_timeout_ms // 6)),
+            "PURGATORY_SCALEOUT__SECRET": self.secret,
             "PURGATORY_LOG__FORMAT": "json",
             **(env or {}),
         }

@@ -30,6 +30,7 @@ from purgatory.adapters.kafka import (
     moved_answer,
     redirect_for,
 )
+from pydantic import SecretStr
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
 from purgatory.settings import KafkaSettings, ScaleOutSettings
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 TOPIC = "orders"
 ME, OTHER = "http://127.0.0.1:8001", "http://127.0.0.1:8002"
+SECRET = SecretStr("ownership-test-secret-0123456789")
 
 
 class FakeFacts:
@@ -86,7 +88,7 @@ def tp(partition: int) -> TopicPartitionKey:
 
 @pytest.fixture
 def ownership() -> PartitionOwnership:
-    settings = ScaleOutSettings(enabled=True, topics=(TOPIC,), advertised_url=ME)
+    settings = ScaleOutSettings(enabled=True, secret=SECRET, topics=(TOPIC,), advertised_url=ME)
     return PartitionOwnership(KafkaSettings(bootstrap_servers="127.0.0.1:1"), settings)
 
 
@@ -130,7 +132,7 @@ def service_scaleout(purgatory: DelayedOperationPurgatory[DelayedOperation]) -> 
 
     settings = Settings(
         kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
-        scaleout=ScaleOutSettings(enabled=True, topics=(TOPIC,), advertised_url=ME),
+        scaleout=ScaleOutSettings(enabled=True, secret=SECRET, topics=(TOPIC,), advertised_url=ME),
     )
     return ScaleOut(settings, "127.0.0.1:1", [purgatory], NoKeys())
 
@@ -169,7 +171,7 @@ def test_owner_is_none_for_a_partition_no_member_holds(ownership: PartitionOwner
 
 
 def test_a_regex_topic_is_covered_like_librdkafka_subscribes_it() -> None:
-    settings = ScaleOutSettings(enabled=True, topics=("^orders-.*",), advertised_url=ME)
+    settings = ScaleOutSettings(enabled=True, secret=SECRET, topics=("^orders-.*",), advertised_url=ME)
     ownership = PartitionOwnership(KafkaSettings(bootstrap_servers="127.0.0.1:1"), settings)
     assert ownership.covers("orders-eu") and not ownership.covers("audit")
 
@@ -177,9 +179,9 @@ def test_a_regex_topic_is_covered_like_librdkafka_subscribes_it() -> None:
 def test_ownership_needs_an_advertised_url_and_topics() -> None:
     kafka = KafkaSettings(bootstrap_servers="127.0.0.1:1")
     with pytest.raises(ValueError, match="advertised_url"):
-        PartitionOwnership(kafka, ScaleOutSettings(enabled=True, topics=(TOPIC,)))
+        PartitionOwnership(kafka, ScaleOutSettings(enabled=True, secret=SECRET, topics=(TOPIC,)))
     with pytest.raises(ValueError, match="topics"):
-        PartitionOwnership(kafka, ScaleOutSettings(enabled=True, advertised_url=ME))
+        PartitionOwnership(kafka, ScaleOutSettings(enabled=True, secret=SECRET, advertised_url=ME))
 
 
 def test_advertised_url_must_be_a_bare_http_url() -> None:
