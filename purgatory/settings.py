@@ -322,7 +322,7 @@ class ScaleOutSettings(_Section):
     partitions the group assigns it; its ``advertised_url`` travels as the member's ``client.id``
     so that every instance can tell a client where a partition's owner is (docs/design.md §7).
     Any client able to join the group could advertise a URL too: an instance forwards or redirects
-    only to members that prove they belong (``secret`` and/or ``trusted_urls``; docs/scaleout.md).
+    only to members that prove they belong (``secret`` and/or ``trusted_urls``; docs/guide/scale-out.md).
     """
 
     enabled: bool = Field(False, description="Join the ownership group; serve only owned partitions.")
@@ -358,7 +358,7 @@ class ScaleOutSettings(_Section):
         None,
         description="Shared by every instance of the service: each signs its advertised URL with it "
         "(HMAC-SHA256, carried in its client.id) and forwards or redirects only to members whose "
-        f"signature verifies (at least {MIN_SCALEOUT_SECRET_CHARS} characters; docs/scaleout.md).",
+        f"signature verifies (at least {MIN_SCALEOUT_SECRET_CHARS} characters; docs/guide/scale-out.md).",
     )
     trusted_urls: tuple[str, ...] = Field(
         (),

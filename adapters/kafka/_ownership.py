@@ -355,7 +355,7 @@ class PartitionOwnership:
         member_id = self._member_id
         if member is not None and not member.trusted:
             # Not shown to be an instance: nothing goes there (a forward would carry the client's
-            # credentials to it); the partition is served here (docs/scaleout.md).
+            # credentials to it); the partition is served here (docs/guide/scale-out.md).
             return Owner(OwnerStatus.UNTRUSTED, self.url, generation=generation)
         if (
             member is not None

@@ -14,7 +14,7 @@ owner is not known yet: ``503`` + ``Retry-After`` and a relative ``Location`` an
 
 Only members that proved they are instances (``scaleout.secret`` / ``scaleout.trusted_urls``,
 :class:`OwnerProof`) are redirected or forwarded to; a partition held
-by any other member is served here (docs/scaleout.md).
+by any other member is served here (docs/guide/scale-out.md).
 
 A produce does not depend on ownership: any instance produces to any partition (the idempotent
 producer's ``acks=all`` is answered by the partition's leader, wherever the request came in).
