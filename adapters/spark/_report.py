@@ -155,6 +155,14 @@ def with_gaps(rows: pd.DataFrame, grid: pd.DatetimeIndex) -> pd.DataFrame:
     )
 
 
+def _full_range(axis: Axes, grid: pd.DatetimeIndex) -> None:
+    """Show every window of the run: autoscaling skips NaN, so trailing empty windows (and
+    suppressed ratios) would otherwise fall off the axis instead of showing as gaps."""
+    if len(grid) > 1:
+        margin = pd.Series(grid).diff().min() / 2  # half a window: the end points are not cut
+        axis.set_xlim(grid[0] - margin, grid[-1] + margin)
+
+
 def ratio_shown(rows: pd.DataFrame, column: str, minimum: int = MIN_RATIO_OPERATIONS) -> pd.Series:
     """``rows[column]`` where the window finished at least ``minimum`` operations, else NaN."""
     return rows[column].where(rows["finished"] >= minimum)
@@ -178,6 +186,7 @@ def latency_figure(stats: pd.DataFrame) -> Figure:
             )
         # Expired and cancelled operations have no completion latency: say so on the plot.
         axis.set_title(f"{op_type}: completion latency per window (completed operations only)", fontsize=10)
+        _full_range(axis, grid)
         axis.set_ylabel("ms")
         if (seen[list(PERCENTILE_STYLES)] > 0).any().any():
             _plain_log_scale(axis)
@@ -232,6 +241,7 @@ def outcome_figure(stats: pd.DataFrame, min_ratio_operations: int = MIN_RATIO_OP
                 color=lines[0].get_color(),
                 label=f"{op_type} with error",
             )
+    _full_range(ratio, grid)
     title = "expiry and error ratios per window"
     if few:
         title += f" ({few} window(s) with < {min_ratio_operations} finished operations not plotted)"
