@@ -71,6 +71,11 @@ READ_BACK_MAX_BYTES = 64 << 10
 # few bytecodes, once per operation that finishes and once per first use of ``op.done``.
 _DONE_LOCK = threading.Lock()
 _log = structlog.get_logger("purgatory.kafka")
+# answer_code's codes, read once per answer: module constants, not enum attribute lookups.
+_NONE, _TIMED_OUT = ErrorCode.NONE, ErrorCode.REQUEST_TIMED_OUT
+_NONE_CODE: str = ErrorCode.NONE.value
+_UNAVAILABLE_CODE: str = ErrorCode.KAFKA_UNAVAILABLE.value
+_UNKNOWN_SERVER_ERROR_CODE: str = ErrorCode.UNKNOWN_SERVER_ERROR.value
 # Set on the thread that drains purgatories at shutdown: the core's drain expires each pending
 # operation on the calling thread (DelayedOperationPurgatory.shutdown), so an EXPIRED claim made
 # on that thread while this is set is the drain's — and one made by the reaper on its own thread
@@ -236,15 +241,16 @@ class KafkaOperation(DelayedOperation):
         a COMPLETED operation with a code other than ``NONE`` completed *with an error*
         (``NOT_LEADER_OR_FOLLOWER`` included).
         """
+        # Plain strs (``_value_``, not the ``.value`` descriptor, nor the member: a StrEnum
+        # member hashes through Python code, and the metric's dict hashes the answer): this runs
+        # once per answer, on the finishing thread.
         for status in self._answer_statuses():
-            if status is not ErrorCode.NONE:
-                return (status or ErrorCode.REQUEST_TIMED_OUT).value
+            if status is not _NONE:
+                return (status or _TIMED_OUT)._value_
         error = self.error
         if error is None:
-            return ErrorCode.NONE.value
-        if isinstance(error, KafkaUnavailableError):
-            return ErrorCode.KAFKA_UNAVAILABLE.value
-        return ErrorCode.UNKNOWN_SERVER_ERROR.value
+            return _NONE_CODE
+        return _UNAVAILABLE_CODE if isinstance(error, KafkaUnavailableError) else _UNKNOWN_SERVER_ERROR_CODE
 
     def _count_answer(self) -> None:
         try:

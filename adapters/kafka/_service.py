@@ -336,11 +336,7 @@ class KafkaPurgatory:
     def purgatory_for_kind(self, kind: type[KafkaOperation]) -> DelayedOperationPurgatory[Any]:
         """The purgatory operations of ``kind`` (or of a subclass of it) are held in; created now
         if need be, so an owner can set it up (limits, listeners) before the first operation."""
-        for base in kind.__mro__:
-            name = PURGATORY_NAMES.get(base)
-            if name is not None:
-                return self._named(name)
-        return self.purgatory
+        return self._named(self._name_for_kind(kind))
 
     @property
     def purgatory(self) -> DelayedOperationPurgatory[Any]:
