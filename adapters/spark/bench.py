@@ -39,10 +39,11 @@ def marginal_line(small: int, small_s: float, large: int, large_s: float) -> str
     """
     extra = large_s - small_s
     if large <= small or extra < MIN_MARGINAL_SHARE * small_s:
+        how = "was faster than" if extra < 0 else "took hardly longer than"
         return (
-            f"marginal rate: not measurable — the {large:,}-event run took {large_s:.2f} s against "
-            f"{small_s:.2f} s for {small:,}: the difference is within run-to-run noise (fixed costs "
-            f"dominate, or the machine was busy); use more --events or --repeats"
+            f"marginal rate: not measurable — the {large:,}-event run ({large_s:.2f} s) {how} the "
+            f"{small:,}-event run ({small_s:.2f} s): run-to-run noise (fixed costs dominate, or the "
+            f"machine was busy) is larger than the extra rows' cost; use more --events or --repeats"
         )
     marginal = (large - small) / extra
     fixed = small_s - small / marginal
@@ -94,7 +95,10 @@ def pipeline(
     ] = None,
 ) -> None:
     """Rows/s of `purgatory analyze` (batch, files) at N/2 and N journal events."""
+    from ._session import artifacts_baseline, remove_stray_artifacts
+
     base = Path(tempfile.mkdtemp(prefix="purgatory-bench-", dir=workdir))
+    artifacts_before = artifacts_baseline()  # Spark's empty artifacts/ is not left behind
     try:
         sizes = [events // 2, events]
         warmup = min(WARMUP_EVENTS, events // 2)
@@ -132,3 +136,4 @@ def pipeline(
         spark_session(master).stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        remove_stray_artifacts(artifacts_before)
