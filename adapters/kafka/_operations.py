@@ -27,9 +27,12 @@ thread finished the operation (feed, timer executor, or submitter).
 from __future__ import annotations
 
 import threading
+import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+
+import structlog
 
 from purgatory import DelayedOperation, Outcome
 
@@ -38,6 +41,7 @@ from ._clients import LOG_END, FetchedRecord, RecordIdentity, RecordReader
 from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError
 from ._facts import FactSource, PartitionFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
+from ._metrics import ANSWERS
 from ._moved import Moved
 from ._results import (
     CommitResult,
@@ -66,6 +70,12 @@ READ_BACK_MAX_BYTES = 64 << 10
 # Guards the lazy creation of an operation's completion event against its setting: held for a
 # few bytecodes, once per operation that finishes and once per first use of ``op.done``.
 _DONE_LOCK = threading.Lock()
+_log = structlog.get_logger("purgatory.kafka")
+# answer_code's codes, read once per answer: module constants, not enum attribute lookups.
+_NONE, _TIMED_OUT = ErrorCode.NONE, ErrorCode.REQUEST_TIMED_OUT
+_NONE_CODE: str = ErrorCode.NONE.value
+_UNAVAILABLE_CODE: str = ErrorCode.KAFKA_UNAVAILABLE.value
+_UNKNOWN_SERVER_ERROR_CODE: str = ErrorCode.UNKNOWN_SERVER_ERROR.value
 # Set on the thread that drains purgatories at shutdown: the core's drain expires each pending
 # operation on the calling thread (DelayedOperationPurgatory.shutdown), so an EXPIRED claim made
 # on that thread while this is set is the drain's — and one made by the reaper on its own thread
@@ -112,11 +122,27 @@ class KafkaOperation(DelayedOperation):
         done: a ``threading.Event`` set once ``on_complete`` has run.
         on_response: called once with the operation, on the finishing thread, after its fields
             are final (a response callback; exceptions are logged and counted).
+        requested_ns: ``time.monotonic_ns()`` when it was built, i.e. when the caller asked:
+            the start of the latency the journal records (checks and sends before the
+            submission included: what the caller waited).
+
+    Each finished operation is counted once by its answer (``answer_code``) in
+    ``purgatory_kafka_answers_total`` (``_metrics``), refusals before any wait included.
     """
 
     # Slotted: the service holds tens of thousands of waiting operations, and an instance dict
     # cost ~340 B of each (a subclass that declares no __slots__ of its own gets one back).
-    __slots__ = ("_done", "_moving", "_responded", "error", "facts", "moved", "on_response", "shutting_down")
+    __slots__ = (
+        "_done",
+        "_moving",
+        "_responded",
+        "error",
+        "facts",
+        "moved",
+        "on_response",
+        "requested_ns",
+        "shutting_down",
+    )
 
     # Whether try_complete reads log start offsets: the feed polls ListOffsets(earliest) only
     # for partitions some watcher needs it for.
@@ -134,6 +160,7 @@ class KafkaOperation(DelayedOperation):
         on_response: Callable[[KafkaOperation], None] | None = None,
     ) -> None:
         super().__init__(delay_ms)
+        self.requested_ns = time.monotonic_ns()
         self.facts = facts
         self.error: KafkaAdapterError | None = None
         self.on_response = on_response
@@ -199,6 +226,38 @@ class KafkaOperation(DelayedOperation):
             self._set_status(key, code)
         return self.force_complete()
 
+    def _answer_statuses(self) -> Iterable[ErrorCode | None]:
+        """The final statuses of the answer (a ``statuses`` mapping by default)."""
+        statuses: Mapping[TopicPartitionKey, ErrorCode | None] | None = getattr(self, "statuses", None)
+        return () if statuses is None else statuses.values()
+
+    def answer_code(self) -> str:
+        """The caller's answer in one code, once finished: ``NONE`` when every status is
+        ``NONE``, else the first other status (an undecided one as ``REQUEST_TIMED_OUT``, as
+        ``result()`` shows it); with no status to say it, the error's (``KAFKA_UNAVAILABLE``,
+        else ``UNKNOWN_SERVER_ERROR``) or ``NONE``.
+
+        What the journal records as ``error_code`` and the answers metric counts as ``status``:
+        a COMPLETED operation with a code other than ``NONE`` completed *with an error*
+        (``NOT_LEADER_OR_FOLLOWER`` included).
+        """
+        # Plain strs (``_value_``, not the ``.value`` descriptor, nor the member: a StrEnum
+        # member hashes through Python code, and the metric's dict hashes the answer): this runs
+        # once per answer, on the finishing thread.
+        for status in self._answer_statuses():
+            if status is not _NONE:
+                return (status or _TIMED_OUT)._value_
+        error = self.error
+        if error is None:
+            return _NONE_CODE
+        return _UNAVAILABLE_CODE if isinstance(error, KafkaUnavailableError) else _UNKNOWN_SERVER_ERROR_CODE
+
+    def _count_answer(self) -> None:
+        try:
+            ANSWERS.count(type(self).__name__, self.answer_code())
+        except Exception:  # a metric must never stop an answer (user subclasses' statuses)
+            _log.exception("answer_not_counted", operation=type(self).__name__)
+
     def high_watermark_needed(self, key: TopicPartitionKey) -> int | None:
         """The high watermark of ``key`` from which this operation may progress, or None if an
         advance of it alone never lets it (done with that partition already).
@@ -231,6 +290,7 @@ class KafkaOperation(DelayedOperation):
             self.moved = self._moving
             try:
                 self._respond_moved()
+                self._count_answer()
                 if self.on_response is not None:
                     self.on_response(self)
             finally:
@@ -244,6 +304,7 @@ class KafkaOperation(DelayedOperation):
                     f"{type(self).__name__} expired while Kafka was unreachable: {self.facts.unavailable}"
                 )
             self._respond()
+            self._count_answer()
             if self.on_response is not None:
                 self.on_response(self)
         finally:
@@ -884,6 +945,9 @@ class DelayedTopicReady(KafkaOperation):
 
     def _respond_moved(self) -> None:
         self.status = ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+    def _answer_statuses(self) -> tuple[ErrorCode | None]:
+        return (self.status,)
 
     def result(self) -> TopicReadyResult:
         """The finished operation's answer (raises ``RuntimeError`` before it finished)."""

@@ -254,6 +254,9 @@ class DelayedProduce(KafkaOperation):
         # never moved. Answered as a timeout should it be, which says what it is: not known.
         self._respond()
 
+    def _answer_statuses(self) -> list[ErrorCode | None]:
+        return self.record_statuses  # per record: a refusal before a partition was chosen counts
+
     @property
     def succeeded(self) -> bool:
         """True iff every record was delivered."""

@@ -80,6 +80,7 @@ from ._clients import ProducerRecord, RecordReader
 from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
 from ._feed import ChangeFeed
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
+from ._metrics import register_kafka_metrics, track_feed, untrack_feed
 from ._operations import (
     DEFAULT_FETCH_MAX_BYTES,
     DelayedConsumerCommit,
@@ -156,6 +157,7 @@ def _register_metrics() -> None:
     except ImportError:  # the metrics extra is not installed: nothing to export to
         return
     register_metrics()
+    register_kafka_metrics()  # answers per status, feed health (adapters/kafka/_metrics.py)
 
 
 class KafkaPurgatory:
@@ -219,6 +221,7 @@ class KafkaPurgatory:
         if purgatory is not None:
             self._adopt(purgatory)
         self.aio = AsyncKafkaPurgatory(self)
+        track_feed(self)  # feed health exported while open (purgatory_kafka_feed_*)
 
     @classmethod
     def connect(
@@ -333,11 +336,7 @@ class KafkaPurgatory:
     def purgatory_for_kind(self, kind: type[KafkaOperation]) -> DelayedOperationPurgatory[Any]:
         """The purgatory operations of ``kind`` (or of a subclass of it) are held in; created now
         if need be, so an owner can set it up (limits, listeners) before the first operation."""
-        for base in kind.__mro__:
-            name = PURGATORY_NAMES.get(base)
-            if name is not None:
-                return self._named(name)
-        return self.purgatory
+        return self._named(self._name_for_kind(kind))
 
     @property
     def purgatory(self) -> DelayedOperationPurgatory[Any]:
@@ -401,7 +400,34 @@ class KafkaPurgatory:
 
     def _refuse_unknown(self, op: KafkaOperation, refusal: _Missing) -> None:
         missing, error = refusal
-        op.refuse(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, error, missing or None)
+        self._refuse(op, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, error, missing or None)
+
+    def _refuse(
+        self,
+        op: KafkaOperation,
+        code: ErrorCode,
+        error: KafkaAdapterError | None = None,
+        keys: Iterable[TopicPartitionKey] | None = None,
+    ) -> bool:
+        """``op.refuse(...)`` for an operation never handed to a purgatory, and the journal told:
+        no purgatory's listener sees such an answer, yet the caller got it (issue 28). True iff
+        this call finished ``op`` (a no-op, unrecorded, if something answered it first)."""
+        if not op.refuse(code, error, keys):
+            return False
+        journal = self.journal
+        if journal is not None:
+            journal.record_unsubmitted(self._name_for_kind(type(op)), op, op.watch_keys())
+        return True
+
+    def _name_for_kind(self, kind: type[KafkaOperation]) -> str:
+        """The name of the purgatory ``kind`` is held in, without creating it."""
+        if self._shared is not None:
+            return self._shared.name
+        for base in kind.__mro__:
+            name = PURGATORY_NAMES.get(base)
+            if name is not None:
+                return name
+        return self.name
 
     def _shutting_down(self, op: KafkaOperation) -> bool:
         """True (and ``op`` answered ``SHUTTING_DOWN``) iff stop() began and close() has not ended.
@@ -412,7 +438,7 @@ class KafkaPurgatory:
         """
         if not self._closed or self._close_done:
             return False
-        op.refuse(ErrorCode.SHUTTING_DOWN)
+        self._refuse(op, ErrorCode.SHUTTING_DOWN)
         return True
 
     def submit(self, op: Op, *, validate: bool = True) -> Op:
@@ -634,13 +660,13 @@ class KafkaPurgatory:
             # Bounded by the operation's own timeout too: the caller asked for an answer by then.
             delete_records(self.view.admin, op.targets, timeout_s=min(ADMIN_TIMEOUT_S, op.delay_ms / 1000.0))
         except UnknownTopicError as exc:
-            op.refuse(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, exc)
+            self._refuse(op, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, exc)
         except InvalidOffsetError as exc:
-            op.refuse(ErrorCode.OFFSET_OUT_OF_RANGE, exc)
+            self._refuse(op, ErrorCode.OFFSET_OUT_OF_RANGE, exc)
         except KafkaUnavailableError as exc:
-            op.refuse(ErrorCode.KAFKA_UNAVAILABLE, exc)
+            self._refuse(op, ErrorCode.KAFKA_UNAVAILABLE, exc)
         except KafkaAdapterError as exc:
-            op.refuse(ErrorCode.UNKNOWN_SERVER_ERROR, exc)
+            self._refuse(op, ErrorCode.UNKNOWN_SERVER_ERROR, exc)
         else:
             return True
         return False
@@ -885,6 +911,7 @@ class KafkaPurgatory:
             self.reader.close()
             self.view.close()
         finally:
+            untrack_feed(self)
             self._close_done = True
 
     async def aclose(self) -> None:
@@ -1038,7 +1065,7 @@ class AsyncKafkaPurgatory:
                 self.sync._issue_delete, op, what="DeleteRecords", timeout_s=op.delay_ms / 1000.0
             )
         except KafkaUnavailableError as exc:  # the pool's deadline or refusal: Kafka did not answer
-            op.refuse(ErrorCode.KAFKA_UNAVAILABLE, exc)  # a no-op if the call answered it meanwhile
+            self.sync._refuse(op, ErrorCode.KAFKA_UNAVAILABLE, exc)  # a no-op if answered meanwhile
             issued = False
         if issued:
             await self.sync.watch(op, validate=False)
@@ -1068,7 +1095,7 @@ class AsyncKafkaPurgatory:
                 timeout_s=min(ADMIN_TIMEOUT_S, op.delay_ms / 1000.0),
             )
         except KafkaUnavailableError as exc:
-            op.refuse(ErrorCode.KAFKA_UNAVAILABLE, exc)
+            self.sync._refuse(op, ErrorCode.KAFKA_UNAVAILABLE, exc)
             return op.result()
         await self.sync.watch(op)
         return op.result()

@@ -10,13 +10,15 @@ divides between instances); ``purgatory_service_watched_partitions`` — partiti
 ``purgatory_service_answers_total{status, error}`` — answers sent, by HTTP status and the JSON
 error code (``NONE`` below 400); ``purgatory_service_feed_last_success_age_seconds`` — time since
 the change feed last refreshed its facts from Kafka (grows through an outage).
+
+The two feed-health gauges are built by the Kafka adapter's :func:`feed_health` (a bare
+``KafkaPurgatory`` exports the same pair as ``purgatory_kafka_...``); the service keeps its names.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,6 +27,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..kafka import TopicPartitionKey
+from ..kafka._metrics import feed_health
 from ._gateway import Gateway
 
 __all__ = ["Answers", "CountAnswers", "ServiceCollector", "error_code_of"]
@@ -140,15 +143,11 @@ class ServiceCollector(Collector):
         polls.add_metric([], stats.polls)
         failures = CounterMetricFamily("purgatory_service_feed_failures", "Change feed polls that failed.")
         failures.add_metric([], stats.failures)
-        unavailable = GaugeMetricFamily(
-            "purgatory_service_kafka_unavailable", "1 while the change feed cannot reach Kafka."
+        unavailable, age = feed_health(
+            ("purgatory_service_kafka_unavailable", "purgatory_service_feed_last_success_age_seconds"),
+            [((), gateway.feed)],
+            [],
         )
-        unavailable.add_metric([], 1.0 if gateway.feed.unavailable else 0.0)
-        age = GaugeMetricFamily(
-            "purgatory_service_feed_last_success_age_seconds",
-            "Seconds since the change feed last refreshed its facts from Kafka (grows in an outage).",
-        )
-        age.add_metric([], time.monotonic() - gateway.feed.stats.last_success)
         requests = CounterMetricFamily(
             "purgatory_service_kafka_requests",
             "Requests the cluster view sent to Kafka (the feed's batches).",

@@ -4,9 +4,16 @@ Per operation type and tumbling event-time window (``window``, default one minut
 
 * ``created`` — operations submitted in the window (by their ``created`` event's time);
 * ``completed`` / ``expired`` / ``cancelled`` — operations that *finished* in the window, by
-  outcome; ``expiry_ratio = expired / (completed + expired + cancelled)``;
-* ``latency_p50/p95/p99_ms`` — completion latency (completed operations finishing in the window),
-  with Spark's ``percentile_approx``;
+  outcome; ``completed`` splits into ``completed_ok`` and ``completed_error``: an operation that
+  finished early because of an error (its finish event's ``error_code`` is set and not ``NONE``:
+  an unknown topic, a refused append, ``NOT_LEADER_OR_FOLLOWER``, Kafka unavailable) is
+  completed *with error*, not a success; ``finished`` = completed + expired + cancelled;
+  ``expiry_ratio = expired / finished`` and ``error_ratio = completed_error / finished`` (null
+  when nothing finished; the report does not plot ratios of windows with fewer than
+  ``MIN_RATIO_OPERATIONS`` finished operations: 3 operations make a ratio of 1.0 meaningless);
+* ``latency_p50/p95/p99_ms`` — completion latency (completed operations finishing in the window,
+  with or without error: each is an answer its caller waited for), from the caller's request to
+  the answer, with Spark's ``percentile_approx``;
 * key counts — per watch key, the operations created in the window that watch it; the hottest
   keys are the top ``n`` of these.
 
@@ -30,6 +37,7 @@ __all__ = [
     "DEFAULT_TOP_KEYS",
     "PERCENTILES",
     "aggregate",
+    "completed_with_error",
     "hot_keys",
     "key_counts_of",
     "stats_of",
@@ -40,6 +48,12 @@ PERCENTILES = (0.5, 0.95, 0.99)
 DEFAULT_ACCURACY = 10_000  # Spark's default: rank error <= n / 10,000 (see the module docstring)
 DEFAULT_TOP_KEYS = 10
 OUTCOME_COUNTS = ("created", "completed", "expired", "cancelled")
+NO_ERROR = "NONE"  # the error_code of a successful answer (Kafka's Errors.NONE)
+
+
+def completed_with_error() -> Column:
+    """A ``completed`` event whose answer was an error (``error_code`` set and not ``NONE``)."""
+    return _is("completed") & F.col("error_code").isNotNull() & (F.col("error_code") != NO_ERROR)
 
 
 def _is(event_type: str) -> Column:
@@ -52,6 +66,7 @@ def _measures(selected: Column, accuracy: int) -> list[Column]:
     completed_latency = F.when(selected & _is("completed"), F.col("latency_ms"))
     return [
         *[F.count(F.when(selected & _is(kind), 1)).alias(kind) for kind in OUTCOME_COUNTS],
+        F.count(F.when(selected & completed_with_error(), 1)).alias("completed_error"),
         F.percentile_approx(completed_latency, percentiles, accuracy).alias("latency"),
     ]
 
@@ -61,7 +76,11 @@ def _derived() -> list[Column]:
     finished = F.col("completed") + F.col("expired") + F.col("cancelled")
     return [
         *[F.col(kind) for kind in OUTCOME_COUNTS],
+        (F.col("completed") - F.col("completed_error")).alias("completed_ok"),
+        F.col("completed_error"),
+        finished.alias("finished"),
         F.when(finished > 0, F.col("expired") / finished).alias("expiry_ratio"),
+        F.when(finished > 0, F.col("completed_error") / finished).alias("error_ratio"),
         *[F.col("latency")[i].alias(f"latency_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)],
     ]
 
@@ -75,7 +94,9 @@ def aggregate(events: DataFrame, window: str, accuracy: int = DEFAULT_ACCURACY) 
     """
     none = F.array(F.lit(None).cast("string"))
     dims = F.when(_is("created") & F.col("keys").isNotNull(), F.concat(none, F.col("keys"))).otherwise(none)
-    rows = events.select("event_time", "op_type", "event_type", "latency_ms", F.explode(dims).alias("key"))
+    rows = events.select(
+        "event_time", "op_type", "event_type", "latency_ms", "error_code", F.explode(dims).alias("key")
+    )
     stats_row = F.col("key").isNull()
     return rows.groupBy(F.window("event_time", window).alias("window"), "op_type", "key").agg(
         *_measures(stats_row, accuracy),

@@ -4,8 +4,9 @@ Input: a DataFrame with a string column ``value`` (one JSON line per row — a f
 record's value) plus any provenance columns (file name; topic, partition, offset). Output: the
 same rows split in two, every input row landing in exactly one of them:
 
-* events — ``event_id, event_type, op_type, latency_ms, keys, event_time`` (``event_time`` =
-  ``ts_ms`` as a UTC timestamp): what the aggregates need;
+* events — ``event_id, event_type, op_type, latency_ms, keys, error_code, event_time``
+  (``event_time`` = ``ts_ms`` as a UTC timestamp; ``error_code`` null when the journal's
+  operations do not say, as a journal written before it existed): what the aggregates need;
 * bad records — ``value``, the provenance columns and ``reason``:
   ``malformed_json`` (not a JSON object, or a field of the wrong type), ``unknown_event_type``,
   ``missing_field`` (an id, type, purgatory, timestamp, or a finish event's latency is missing).
@@ -41,12 +42,13 @@ JOURNAL_SCHEMA = T.StructType(
         T.StructField("keys", T.ArrayType(T.StringType())),
         T.StructField("timeout_ms", T.LongType()),
         T.StructField("latency_ms", T.DoubleType()),
+        T.StructField("error_code", T.StringType()),
         # PERMISSIVE mode puts the raw line here when it is not JSON or a field has the wrong type.
         T.StructField(CORRUPT, T.StringType()),
     ]
 )
 # What the aggregates read; the rest of an event (op_id, purgatory, timeout) is not carried along.
-PARSED_COLUMNS = ("event_id", "event_type", "op_type", "latency_ms", "keys")
+PARSED_COLUMNS = ("event_id", "event_type", "op_type", "latency_ms", "keys", "error_code")
 ANALYSIS_COLUMNS = (*PARSED_COLUMNS, "event_time")
 REQUIRED = ("event_id", "op_id", "op_type", "purgatory", "ts_ms")
 

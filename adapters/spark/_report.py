@@ -29,7 +29,17 @@ __all__ = ["REPORT_FILE", "write_report"]
 REPORT_FILE = "report.html"
 BAD_SAMPLE_ROWS = 20  # bad lines shown in full; all of them are in the bad_records table
 HOT_KEYS_SHOWN = 10
-OUTCOME_COLOURS = {"completed": "#4c956c", "expired": "#d1495b", "cancelled": "#edae49"}
+# Completed splits into answered-ok and answered-with-error (the journal's error_code): a
+# produce refused with NOT_ENOUGH_REPLICAS is not a success, though it did not expire.
+OUTCOME_COLOURS = {
+    "completed_ok": "#4c956c",
+    "completed_error": "#8e44ad",
+    "expired": "#d1495b",
+    "cancelled": "#edae49",
+}
+# A ratio over fewer finished operations than this is not plotted (a gap, and a note says how
+# many): 3 operations of which 3 expired read as a spike to 1.0 next to windows of thousands.
+MIN_RATIO_OPERATIONS = 20
 PERCENTILE_STYLES = {
     "latency_p50_ms": "-",
     "latency_p95_ms": "--",
@@ -103,24 +113,82 @@ def _linestyle(style: str, windows: int) -> str:
     return style if windows >= MIN_WINDOWS_FOR_LINES else "none"
 
 
+def with_outcome_columns(stats: pd.DataFrame) -> pd.DataFrame:
+    """``stats`` with ``completed_ok``, ``completed_error`` and ``finished`` (tables written
+    before the journal carried error codes lack them: their completed operations count as ok)."""
+    stats = stats.copy()
+    if "completed_error" not in stats:
+        stats["completed_error"] = 0
+    if "completed_ok" not in stats:
+        stats["completed_ok"] = stats["completed"] - stats["completed_error"]
+    if "finished" not in stats:
+        stats["finished"] = stats["completed"] + stats["expired"] + stats["cancelled"]
+    return stats
+
+
+def window_grid(stats: pd.DataFrame) -> pd.DatetimeIndex:
+    """Every window start from the first to the last, at the windows' width: the x positions
+    a type with no operations in some window must show as a gap, not bridge with a line."""
+    starts = pd.DatetimeIndex(sorted(stats["window_start"].unique()))
+    if "window_end" in stats and len(stats):
+        width = (stats["window_end"] - stats["window_start"]).min()
+    elif len(starts) > 1:
+        width = pd.Series(starts).diff().min()
+    else:
+        return starts
+    if not width or pd.isna(width) or width <= pd.Timedelta(0):
+        return starts
+    grid = pd.date_range(starts[0], starts[-1], freq=width)
+    # Windows need not be aligned to the grid's origin (a sliding layout): keep every start seen.
+    return grid.union(starts)
+
+
+def with_gaps(rows: pd.DataFrame, grid: pd.DatetimeIndex) -> pd.DataFrame:
+    """One op_type's rows reindexed on ``grid``: NaN where the type had no row, so matplotlib
+    breaks its line there instead of drawing across the empty windows."""
+    return (
+        rows.sort_values("window_start")
+        .set_index("window_start")
+        .reindex(grid)
+        .rename_axis("window_start")
+        .reset_index()
+    )
+
+
+def _full_range(axis: Axes, grid: pd.DatetimeIndex) -> None:
+    """Show every window of the run: autoscaling skips NaN, so trailing empty windows (and
+    suppressed ratios) would otherwise fall off the axis instead of showing as gaps."""
+    if len(grid) > 1:
+        margin = pd.Series(grid).diff().min() / 2  # half a window: the end points are not cut
+        axis.set_xlim(grid[0] - margin, grid[-1] + margin)
+
+
+def ratio_shown(rows: pd.DataFrame, column: str, minimum: int = MIN_RATIO_OPERATIONS) -> pd.Series:
+    """``rows[column]`` where the window finished at least ``minimum`` operations, else NaN."""
+    return rows[column].where(rows["finished"] >= minimum)
+
+
 def latency_figure(stats: pd.DataFrame) -> Figure:
     """One panel per operation type: p50/p95/p99 completion latency per window (completed only)."""
     types = sorted(stats["op_type"].unique())
+    grid = window_grid(stats)
     figure, axes = plt.subplots(len(types), 1, figsize=(10, 2.6 * len(types)), sharex=True, squeeze=False)
     for axis, op_type in zip(axes[:, 0], types, strict=True):
-        rows = stats[stats["op_type"] == op_type].sort_values("window_start")
+        seen = stats[stats["op_type"] == op_type]
+        rows = with_gaps(seen, grid)  # NaN in empty windows: the line breaks there
         for column, style in PERCENTILE_STYLES.items():
             axis.plot(
                 rows["window_start"],
                 rows[column],
-                linestyle=_linestyle(style, len(rows)),
-                marker="o" if len(rows) < MIN_WINDOWS_FOR_LINES else ".",
+                linestyle=_linestyle(style, len(seen)),
+                marker="o" if len(seen) < MIN_WINDOWS_FOR_LINES else ".",
                 label=column.split("_")[1],
             )
         # Expired and cancelled operations have no completion latency: say so on the plot.
         axis.set_title(f"{op_type}: completion latency per window (completed operations only)", fontsize=10)
+        _full_range(axis, grid)
         axis.set_ylabel("ms")
-        if (rows[list(PERCENTILE_STYLES)] > 0).any().any():
+        if (seen[list(PERCENTILE_STYLES)] > 0).any().any():
             _plain_log_scale(axis)
         axis.grid(alpha=0.3)
         axis.legend(loc="upper right", fontsize=8)
@@ -129,8 +197,11 @@ def latency_figure(stats: pd.DataFrame) -> Figure:
     return figure
 
 
-def outcome_figure(stats: pd.DataFrame) -> Figure:
-    """Outcome counts per type (grouped bars, each labelled) and the expiry ratio per window."""
+def outcome_figure(stats: pd.DataFrame, min_ratio_operations: int = MIN_RATIO_OPERATIONS) -> Figure:
+    """Outcome counts per type (grouped bars, each labelled; completed split into ok and with
+    error) and the expiry and error ratios per window (windows with fewer than
+    ``min_ratio_operations`` finished operations left out: gaps, counted in the title)."""
+    stats = with_outcome_columns(stats)
     totals = stats.groupby("op_type")[list(OUTCOME_COLOURS)].sum().sort_index()
     figure, (bars, ratio) = plt.subplots(1, 2, figsize=(11, 3.6))
     # Grouped, not stacked: 3 expired next to 20,000 completed would be a sliver on a stack.
@@ -138,7 +209,7 @@ def outcome_figure(stats: pd.DataFrame) -> Figure:
     positions = range(len(totals.index))
     for index, (outcome, colour) in enumerate(OUTCOME_COLOURS.items()):
         offsets = [p - 0.4 + width * (index + 0.5) for p in positions]
-        drawn = bars.bar(offsets, totals[outcome], width=width, color=colour, label=outcome)
+        drawn = bars.bar(offsets, totals[outcome], width=width, color=colour, label=outcome.replace("_", " "))
         bars.bar_label(drawn, labels=[f"{int(v):,}" if v else "" for v in totals[outcome]], fontsize=7)
     bars.set_xticks(list(positions), list(totals.index))
     counts = totals.to_numpy().ravel()
@@ -148,16 +219,33 @@ def outcome_figure(stats: pd.DataFrame) -> Figure:
     bars.set_title("outcomes per operation type", fontsize=10)
     bars.legend(fontsize=8)
     bars.tick_params(axis="x", labelrotation=15)
+    grid = window_grid(stats)
+    few = 0
     for op_type in sorted(stats["op_type"].unique()):
-        rows = stats[stats["op_type"] == op_type].sort_values("window_start")
-        ratio.plot(
+        seen = stats[stats["op_type"] == op_type]
+        few += int((seen["finished"] < min_ratio_operations).sum())
+        rows = with_gaps(seen, grid)
+        lines = ratio.plot(
             rows["window_start"],
-            rows["expiry_ratio"],
-            linestyle=_linestyle("-", len(rows)),
-            marker="o" if len(rows) < MIN_WINDOWS_FOR_LINES else ".",
-            label=op_type,
+            ratio_shown(rows, "expiry_ratio", min_ratio_operations),
+            linestyle=_linestyle("-", len(seen)),
+            marker="o" if len(seen) < MIN_WINDOWS_FOR_LINES else ".",
+            label=f"{op_type} expired",
         )
-    ratio.set_title("expiry ratio per window", fontsize=10)
+        if "error_ratio" in rows and (rows["completed_error"].fillna(0) > 0).any():
+            ratio.plot(
+                rows["window_start"],
+                ratio_shown(rows, "error_ratio", min_ratio_operations),
+                linestyle=_linestyle("--", len(seen)),
+                marker="x",
+                color=lines[0].get_color(),
+                label=f"{op_type} with error",
+            )
+    _full_range(ratio, grid)
+    title = "expiry and error ratios per window"
+    if few:
+        title += f" ({few} window(s) with < {min_ratio_operations} finished operations not plotted)"
+    ratio.set_title(title, fontsize=10)
     ratio.set_ylim(bottom=0)
     ratio.grid(alpha=0.3)
     ratio.legend(fontsize=8)
@@ -167,9 +255,11 @@ def outcome_figure(stats: pd.DataFrame) -> Figure:
 
 def _summary_from_windows(stats: pd.DataFrame) -> pd.DataFrame:
     # Streaming has no whole-journal percentiles (they cannot be merged from window percentiles).
-    totals = stats.groupby("op_type")[["created", *OUTCOME_COLOURS]].sum().reset_index()
+    stats = with_outcome_columns(stats)
+    totals = stats.groupby("op_type")[["created", "completed", *OUTCOME_COLOURS]].sum().reset_index()
     finished = totals[list(OUTCOME_COLOURS)].sum(axis=1)
     totals["expiry_ratio"] = (totals["expired"] / finished).where(finished > 0)
+    totals["error_ratio"] = (totals["completed_error"] / finished).where(finished > 0)
     return totals
 
 
@@ -210,8 +300,16 @@ def write_report(out_dir: str | Path, *, title: str = "Delayed operations: journ
         summary = _summary_from_windows(stats)
     parts.append(_table(summary.sort_values("op_type") if not summary.empty else summary))
     parts.append(
-        f'<p class="note">Latency: completion latency of completed operations, from submission to '
-        f"completion, in ms. Percentiles by Spark's percentile_approx with accuracy {run.accuracy:,}: "
+        '<p class="note">completed = completed_ok + completed_error: an operation whose answer was '
+        "an error (its journal event's error_code, e.g. UNKNOWN_TOPIC_OR_PARTITION, "
+        "NOT_ENOUGH_REPLICAS, NOT_LEADER_OR_FOLLOWER, KAFKA_UNAVAILABLE) finished early but did not "
+        "succeed; expired and cancelled ones are counted apart. error_ratio = completed_error / "
+        "finished, expiry_ratio = expired / finished.</p>"
+    )
+    parts.append(
+        f'<p class="note">Latency: completion latency of completed operations (ok and with error), '
+        f"from the caller's request to its answer, in ms. Percentiles by Spark's percentile_approx "
+        f"with accuracy {run.accuracy:,}: "
         f"the value returned is within n/{run.accuracy:,} ranks of the exact percentile.</p>"
     )
 

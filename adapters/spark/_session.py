@@ -12,7 +12,13 @@ from pyspark.sql import SparkSession
 
 from purgatory import PurgatoryError
 
-__all__ = ["SparkEnvironmentError", "prepare_environment", "spark_session"]
+__all__ = [
+    "SparkEnvironmentError",
+    "artifacts_baseline",
+    "prepare_environment",
+    "remove_stray_artifacts",
+    "spark_session",
+]
 
 LOOPBACK = "127.0.0.1"  # Spark binds the driver here: no surprises from the host's other interfaces
 DEFAULT_SHUFFLE_PARTITIONS = 8  # journals are small next to Spark's default of 200 (one task each)
@@ -21,6 +27,9 @@ DEFAULT_DRIVER_MEMORY = "2g"  # local mode runs everything in the driver JVM; 1g
 # busy to the end instead of one core finishing a lone 128 MiB split (Spark's default) alone.
 DEFAULT_MAX_PARTITION_BYTES = "32m"
 QUIET_LOG4J2 = Path(__file__).with_name("log4j2.properties")  # errors only, to stderr
+# Spark 4's driver makes ``artifacts/spark-<uuid>/`` in the JVM's working directory (its
+# ArtifactManager, for Spark Connect's uploads) and leaves it behind, empty, at stop.
+ARTIFACTS_DIR = "artifacts"
 
 
 class SparkEnvironmentError(PurgatoryError):
@@ -78,3 +87,30 @@ def spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(log_level)
     return session
+
+
+def artifacts_baseline(cwd: Path | None = None) -> frozenset[Path] | None:
+    """What ``artifacts/`` in ``cwd`` (default: the working directory) holds before a session
+    starts; None if it does not exist. Hand it to :func:`remove_stray_artifacts` after ``stop()``."""
+    root = (cwd or Path.cwd()) / ARTIFACTS_DIR
+    return frozenset(root.iterdir()) if root.is_dir() else None
+
+
+def remove_stray_artifacts(before: frozenset[Path] | None, cwd: Path | None = None) -> None:
+    """Remove the ``artifacts/spark-*`` directories a session left in ``cwd`` since ``before``,
+    and ``artifacts/`` itself if this run made it — only directories that hold no file: a
+    command writes only where it was told to (``--out``), and never deletes anything of the user's."""
+    root = (cwd or Path.cwd()) / ARTIFACTS_DIR
+    if not root.is_dir():
+        return
+    for child in root.iterdir():
+        if before is not None and child in before:
+            continue
+        if (
+            child.is_dir()
+            and child.name.startswith("spark-")
+            and not any(p.is_file() for p in child.rglob("*"))
+        ):
+            shutil.rmtree(child, ignore_errors=True)
+    if before is None and not any(root.iterdir()):
+        root.rmdir()

@@ -24,6 +24,33 @@ BLOCK_EVENTS = 1_000_000  # generated once; larger journals are copies of it wit
 WARMUP_EVENTS = 200_000  # enough rows for the JIT to compile the hot paths before the timed runs
 
 
+# The larger run must take at least this much longer than the smaller (relative) before the
+# difference is read as the cost of its extra rows: below it, run-to-run noise (a busy machine,
+# JIT warm-up, GC) is as large as the difference, and the quotient is any number at all.
+MIN_MARGINAL_SHARE = 0.10
+
+
+def marginal_line(small: int, small_s: float, large: int, large_s: float) -> str:
+    """The marginal rate (the extra rows over the extra time: the per-row cost without the
+    job's fixed costs) and the fixed cost it implies — or, when the timings cannot say, why not.
+
+    Only meaningful when the larger run took measurably longer (``MIN_MARGINAL_SHARE`` of the
+    smaller's time): a larger run as fast or faster (it happens under load) gave "5e15 rows/s".
+    """
+    extra = large_s - small_s
+    if large <= small or extra < MIN_MARGINAL_SHARE * small_s:
+        how = "was faster than" if extra < 0 else "took hardly longer than"
+        return (
+            f"marginal rate: not measurable — the {large:,}-event run ({large_s:.2f} s) {how} the "
+            f"{small:,}-event run ({small_s:.2f} s): run-to-run noise (fixed costs dominate, or the "
+            f"machine was busy) is larger than the extra rows' cost; use more --events or --repeats"
+        )
+    marginal = (large - small) / extra
+    fixed = small_s - small / marginal
+    shown = f"; fixed cost per run ~{fixed:.1f} s" if fixed >= 0 else ""
+    return f"marginal rate {marginal:,.0f} rows/s (extra rows over extra time){shown}"
+
+
 def _write_journal(directory: Path, events: int) -> None:
     from purgatory.journal.synthetic import synthetic_events
 
@@ -68,7 +95,10 @@ def pipeline(
     ] = None,
 ) -> None:
     """Rows/s of `purgatory analyze` (batch, files) at N/2 and N journal events."""
+    from ._session import artifacts_baseline, remove_stray_artifacts
+
     base = Path(tempfile.mkdtemp(prefix="purgatory-bench-", dir=workdir))
+    artifacts_before = artifacts_baseline()  # Spark's empty artifacts/ is not left behind
     try:
         sizes = [events // 2, events]
         warmup = min(WARMUP_EVENTS, events // 2)
@@ -100,14 +130,10 @@ def pipeline(
         small, large = sizes
         ratio = (medians[large] / medians[small]) / (large / small)
         typer.echo(f"cost ratio (t_N / t_N/2) / 2 = {ratio:.2f}  (1.00 = linear; < 1: fixed costs amortised)")
-        # The second half's rows over the second half's time: the per-row cost without the
-        # job's fixed costs (planning, job scheduling, writing small tables).
-        marginal = (large - small) / max(medians[large] - medians[small], 1e-9)
-        fixed = medians[small] - small / marginal
-        shown = f"; fixed cost per run ~{fixed:.1f} s" if fixed >= 0 else " (noisy run)"
-        typer.echo(f"marginal rate {marginal:,.0f} rows/s{shown}")
+        typer.echo(marginal_line(small, medians[small], large, medians[large]))
         # Other processes on the machine change these figures: say how busy it was.
         typer.echo("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
         spark_session(master).stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        remove_stray_artifacts(artifacts_before)

@@ -148,7 +148,7 @@ def analyze(
     extra = _kafka_extra(kafka_option or [])
 
     from ._jars import ConnectorJarsMissingError, connector_jars
-    from ._session import SparkEnvironmentError, spark_session
+    from ._session import SparkEnvironmentError, artifacts_baseline, remove_stray_artifacts, spark_session
 
     jars = []
     bootstrap_servers = ""
@@ -170,6 +170,7 @@ def analyze(
     journal_path = path or Path(js.directory)
     if source is Source.files and not journal_path.exists():
         raise _fail(f"journal path {str(journal_path)!r} does not exist (set --path or journal.directory)")
+    artifacts_before = artifacts_baseline()  # what Spark leaves in the working directory is removed
     try:
         spark = spark_session(master or js.spark_master, jars=jars)
     except SparkEnvironmentError as exc:
@@ -231,6 +232,7 @@ def analyze(
         ) from None
     finally:
         spark.stop()
+        remove_stray_artifacts(artifacts_before)
     typer.echo(
         f"{label}: {run.lines:,} lines, {run.duplicates_removed:,} duplicates removed, "
         f"{run.bad_total:,} bad records {run.bad_records or ''}".rstrip()

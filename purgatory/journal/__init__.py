@@ -5,12 +5,13 @@
 ``purgatory.adapters.kafka.journal_sink`` and the analytics in ``purgatory.adapters.spark``.
 """
 
-from ._event import EventType, JournalEvent, JournalFormatError, event_type_for
+from ._event import AnsweredOperation, EventType, JournalEvent, JournalFormatError, event_type_for
 from ._file_sink import FileJournalSink
 from ._journal import Journal, JournalStats, SinkStats
 from ._sink import JournalSink
 
 __all__ = [
+    "AnsweredOperation",
     "EventType",
     "FileJournalSink",
     "Journal",

@@ -4,7 +4,11 @@ Every operation handed to a journaled purgatory yields exactly two events (when 
 
 * ``created`` — type, purgatory, watch keys, timeout; written when the operation is submitted.
 * ``completed`` / ``expired`` / ``cancelled`` — its outcome, with ``latency_ms`` measured on the
-  monotonic clock from submission to finish.
+  monotonic clock from submission to finish, and ``error_code`` when the operation says what its
+  caller was answered (:class:`AnsweredOperation`: the Kafka operations do): ``"NONE"`` for
+  success, else the first error status (``"UNKNOWN_TOPIC_OR_PARTITION"``, ``"REQUEST_TIMED_OUT"``,
+  ...). A ``completed`` event with an error code other than ``NONE`` is an operation that
+  finished early because of an error: *completed with error*, which the analytics count apart.
 
 ``event_id`` is ``<op_id>:<event_type>``: deterministic, so a retried or re-sent event carries the
 same id and the consumer (the Spark job) removes the duplicate. ``op_id`` is unique per submission
@@ -15,6 +19,8 @@ A line looks like::
 
     {"event_id":"7f3a…-1:created","event_type":"created","op_id":"7f3a…-1","op_type":"DelayedFetch",
      "purgatory":"Fetch","ts_ms":1795308354865,"keys":["orders-0"],"timeout_ms":500}
+    {"event_id":"7f3a…-1:completed","event_type":"completed","op_id":"7f3a…-1","op_type":"DelayedFetch",
+     "purgatory":"Fetch","ts_ms":1795308354871,"latency_ms":6.2,"error_code":"NONE"}
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ import enum
 import json
 import json.encoder
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from .._errors import PurgatoryError
 from .._outcome import Outcome
 
-__all__ = ["EventType", "JournalEvent", "JournalFormatError", "event_type_for"]
+__all__ = ["AnsweredOperation", "EventType", "JournalEvent", "JournalFormatError", "event_type_for"]
 
 
 class JournalFormatError(PurgatoryError, ValueError):
@@ -54,12 +60,31 @@ def event_type_for(outcome: Outcome) -> EventType:
     return _FINISH_TYPES[outcome]
 
 
+@runtime_checkable
+class AnsweredOperation(Protocol):
+    """What an operation may tell the journal about the answer its caller got (optional).
+
+    ``requested_ns``: ``time.monotonic_ns()`` when the caller asked (0: unknown), which may be
+    before the purgatory was handed the operation (a check, a send): the journal's latency then
+    runs from it, so it is what the caller waited, not only the purgatory's part.
+    ``answer_code()``: the answer in one code, ``"NONE"`` for success (Kafka's error names).
+
+    Both are read on the journal's writer thread, after the finish: they must be final then (an
+    operation that defines them is not submitted again).
+    """
+
+    requested_ns: int
+
+    def answer_code(self) -> str: ...
+
+
 # The C string escaper behind json.dumps (non-ASCII kept as is, like ensure_ascii=False).
 _quote: Callable[[str], str] = json.encoder.encode_basestring
 
 
 class JournalEvent(NamedTuple):
-    """One lifecycle event. ``keys``/``timeout_ms`` only on ``created``; ``latency_ms`` only on finishes.
+    """One lifecycle event. ``keys``/``timeout_ms`` only on ``created``; ``latency_ms`` and
+    ``error_code`` (None: the operation does not say, the key is then left out) only on finishes.
 
     A NamedTuple: immutable, and ~4x cheaper to build than a frozen dataclass — the journal's
     writer builds one per operation event, sharing the GIL with the purgatory's threads.
@@ -74,6 +99,7 @@ class JournalEvent(NamedTuple):
     keys: tuple[str, ...] = ()
     timeout_ms: int | None = None
     latency_ms: float | None = None
+    error_code: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -90,6 +116,8 @@ class JournalEvent(NamedTuple):
             record["timeout_ms"] = self.timeout_ms
         else:
             record["latency_ms"] = self.latency_ms
+            if self.error_code is not None:
+                record["error_code"] = self.error_code
         return record
 
     def to_json(self) -> str:
@@ -109,7 +137,9 @@ class JournalEvent(NamedTuple):
             timeout = "null" if self.timeout_ms is None else f"{self.timeout_ms:d}"
             return f'{head},"keys":[{keys}],"timeout_ms":{timeout}}}'
         latency = "null" if self.latency_ms is None else repr(float(self.latency_ms))
-        return f'{head},"latency_ms":{latency}}}'
+        if self.error_code is None:
+            return f'{head},"latency_ms":{latency}}}'
+        return f'{head},"latency_ms":{latency},"error_code":{_quote(self.error_code)}}}'
 
     @classmethod
     def from_json(cls, line: str | bytes) -> JournalEvent:
@@ -147,6 +177,9 @@ class JournalEvent(NamedTuple):
         latency = record.get("latency_ms")
         if latency is not None and (isinstance(latency, bool) or not isinstance(latency, int | float)):
             raise JournalFormatError(f"latency_ms = {latency!r}: must be a number")
+        error_code = record.get("error_code")
+        if error_code is not None and not isinstance(error_code, str):
+            raise JournalFormatError(f"error_code = {error_code!r}: must be a string (an error name)")
         timeout = record.get("timeout_ms")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)):
             raise JournalFormatError(f"timeout_ms = {timeout!r}: must be an integer")
@@ -160,4 +193,5 @@ class JournalEvent(NamedTuple):
             keys=tuple(keys),
             timeout_ms=timeout,
             latency_ms=None if latency is None else float(latency),
+            error_code=error_code,
         )

@@ -67,7 +67,15 @@ class Journal:
     What is recorded: ``created`` when the purgatory is handed the operation (before its first
     ``try_complete``), and one finish event when it finishes. An operation refused at submission
     (``PurgatoryFullError``, or its ``try_complete`` raising) or taken back by ``cancel_for_key``
-    and never finished has a ``created`` event only; the analytics count it as created.
+    and never finished has a ``created`` event only; the analytics count it as created. An
+    operation answered without ever being handed to a purgatory (the Kafka adapter's refusals: a
+    partition that does not exist, shutting down, Kafka not answering the request that had to
+    come first) is recorded by its owner with :meth:`record_unsubmitted`: both events at once.
+
+    What the caller saw (:class:`~purgatory.journal.AnsweredOperation`, optional): an operation
+    with ``requested_ns`` gets its finish latency from then (the caller's whole wait, checks and
+    sends before the submission included), and one with ``answer_code()`` gets its finish event's
+    ``error_code``. Both are read by the writer thread, not on the finishing thread.
 
     Back-pressure: when ``capacity`` events are queued the new event is dropped and counted
     (``stats().dropped``); the caller is never blocked. The capacity check and the append are two
@@ -151,6 +159,25 @@ class Journal:
             return
         # Both clocks read now, on the finishing thread: latency must not include queueing.
         queue.append((op.outcome, purgatory, op, None, op.submitted_ns, time.time_ns(), time.monotonic_ns()))
+
+    def record_unsubmitted(self, purgatory: str, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
+        """Record ``op``, answered (finished) without being handed to ``purgatory``: its
+        ``created`` and finish events, as if it had been submitted and finished now.
+
+        Off the hot path (refusals); the same bounded queue and drop rule as the listener calls.
+        """
+        if op.outcome is None:
+            raise ValueError(f"{op!r} is not finished: record_unsubmitted records answered operations")
+        queue = self._queue
+        if len(queue) + 1 >= self._capacity or self._closed:
+            self._drop()
+            self._drop()
+            return
+        # A fresh stamp for the op's id: it was never submitted, so op.submitted_ns may be 0 for
+        # every such op, and two of them at one address must not share an id (dedup drops one).
+        stamp, wall = time.monotonic_ns(), time.time_ns()
+        queue.append((None, purgatory, op, tuple(keys), stamp, wall))
+        queue.append((op.outcome, purgatory, op, None, stamp, wall, stamp))
 
     def attach(self, purgatory: DelayedOperationPurgatory[Any]) -> Journal:
         """Journal ``purgatory``'s operations; the first attach prepares the sinks (see :meth:`prepare`)."""
@@ -279,6 +306,12 @@ class Journal:
                 timeout_ms=op.delay_ms,
             )
         event_type = event_type_for(outcome)
+        finished_ns: int = item[6]
+        # The caller's wait when the op says when it was asked (AnsweredOperation): from then,
+        # not from the submission (the checks and sends before it are part of what it saw).
+        requested_ns = getattr(op, "requested_ns", 0)
+        started_ns = requested_ns if 0 < requested_ns <= finished_ns else item[4]
+        answer_code = getattr(op, "answer_code", None)
         return JournalEvent(
             event_id=f"{op_id}:{event_type.value}",
             event_type=event_type,
@@ -286,8 +319,17 @@ class Journal:
             op_type=type(op).__name__,
             purgatory=item[1],
             ts_ms=ts_ms,
-            latency_ms=(item[6] - item[4]) / 1_000_000,
+            latency_ms=(finished_ns - started_ns) / 1_000_000,
+            error_code=None if answer_code is None else self._answer_code(answer_code),
         )
+
+    def _answer_code(self, answer_code: Any) -> str | None:
+        try:
+            code = answer_code()
+        except Exception:  # an op's own code must not stop the writer (every later event lost)
+            _log.exception("journal_answer_code_failed", journal=self.name)
+            return None
+        return code if isinstance(code, str) else str(code)
 
     def _write(self, batch: list[JournalEvent]) -> None:
         for index, sink in enumerate(self._sinks):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from purgatory import DelayedOperationPurgatory, MockTimer
 from purgatory.journal import (
+    AnsweredOperation,
     EventType,
     FileJournalSink,
     Journal,
@@ -303,3 +305,119 @@ def test_journal_to_files_end_to_end(tmp_path: Path) -> None:
 
 def test_write_jsonl_counts_lines(tmp_path: Path) -> None:
     assert write_jsonl(tmp_path / "j.jsonl", synthetic_events(5)) == 10
+
+
+class AnsweredOp(MockDelayedOperation):
+    """An operation that tells the journal what its caller saw (AnsweredOperation)."""
+
+    def __init__(self, delay_ms: int, code: str, requested_ns: int) -> None:
+        super().__init__(delay_ms)
+        self.code = code
+        self.requested_ns = requested_ns
+
+    def answer_code(self) -> str:
+        if self.code == "raise":
+            raise RuntimeError("answer_code failed (simulated)")
+        return self.code
+
+
+def test_finish_events_carry_the_answer_code_and_the_callers_latency_from_its_request() -> None:
+    sink = ListSink()
+    journal = Journal([sink], flush_interval_s=0.01)
+    purgatory = _purgatory()
+    journal.attach(purgatory)
+    # Asked 250 ms before the purgatory was handed the op (a check, a send): the caller waited that too.
+    asked = time.monotonic_ns() - 250_000_000
+    failed = AnsweredOp(1000, "NOT_ENOUGH_REPLICAS", asked)
+    plain = MockDelayedOperation(1000)
+    try:
+        assert isinstance(failed, AnsweredOperation)
+        purgatory.try_complete_else_watch(failed, ["orders-0"])
+        purgatory.try_complete_else_watch(plain, ["orders-1"])
+        failed.completable = plain.completable = True
+        purgatory.check_and_complete("orders-0")
+        purgatory.check_and_complete("orders-1")
+        assert journal.flush(WAIT_S)
+    finally:
+        purgatory.shutdown()
+        journal.close()
+    finishes = {e.op_id: e for e in sink.events if e.event_type is EventType.COMPLETED}
+    assert len(finishes) == 2
+    answered = [e for e in finishes.values() if e.error_code is not None]
+    assert [e.error_code for e in answered] == ["NOT_ENOUGH_REPLICAS"]
+    assert answered[0].latency_ms is not None and answered[0].latency_ms >= 250.0
+    other = [e for e in finishes.values() if e.error_code is None]
+    assert len(other) == 1 and other[0].latency_ms is not None and other[0].latency_ms < 250.0
+    assert '"error_code":"NOT_ENOUGH_REPLICAS"' in answered[0].to_json()
+    assert "error_code" not in other[0].to_json(), "absent, not null, when the op does not say"
+
+
+def test_an_answer_code_that_raises_leaves_the_code_out_and_the_writer_running() -> None:
+    sink = ListSink()
+    journal = Journal([sink], flush_interval_s=0.01)
+    purgatory = _purgatory()
+    journal.attach(purgatory)
+    try:
+        broken = AnsweredOp(1000, "raise", time.monotonic_ns())
+        purgatory.try_complete_else_watch(broken, ["k"])
+        broken.completable = True
+        purgatory.check_and_complete("k")
+        after = MockDelayedOperation(1000)
+        purgatory.try_complete_else_watch(after, ["j"])
+        after.completable = True
+        purgatory.check_and_complete("j")
+        assert journal.flush(WAIT_S)
+    finally:
+        purgatory.shutdown()
+        journal.close()
+    finishes = [e for e in sink.events if e.event_type is EventType.COMPLETED]
+    assert len(finishes) == 2 and all(e.error_code is None for e in finishes)
+
+
+def test_an_operation_answered_without_submission_is_recorded_with_both_events() -> None:
+    sink = ListSink()
+    journal = Journal([sink], flush_interval_s=0.01)
+    ops = []
+    try:
+        for _ in range(2):
+            op = AnsweredOp(1000, "UNKNOWN_TOPIC_OR_PARTITION", time.monotonic_ns())
+            assert op.force_complete(), "refused: finished at once, never handed to a purgatory"
+            journal.record_unsubmitted("fetch", op, ["orders-7"])
+            ops.append(op)
+        with pytest.raises(ValueError, match="not finished"):
+            journal.record_unsubmitted("fetch", AnsweredOp(1000, "NONE", 0), ["orders-7"])
+        assert journal.flush(WAIT_S)
+    finally:
+        journal.close()
+    assert [e.event_type for e in sink.events] == [EventType.CREATED, EventType.COMPLETED] * 2
+    assert len({e.op_id for e in sink.events}) == 2, "two unsubmitted ops never share an id"
+    assert {e.keys for e in sink.events if e.event_type is EventType.CREATED} == {("orders-7",)}
+    assert all(
+        e.error_code == "UNKNOWN_TOPIC_OR_PARTITION" and e.purgatory == "fetch"
+        for e in sink.events
+        if e.event_type is EventType.COMPLETED
+    )
+
+
+@pytest.mark.parametrize("bad", [5, ["NONE"], True])
+def test_a_non_string_error_code_is_a_bad_line_naming_the_field(bad: object) -> None:
+    line = json.dumps(
+        {
+            "event_id": "o:completed",
+            "event_type": "completed",
+            "op_id": "o",
+            "op_type": "T",
+            "purgatory": "P",
+            "ts_ms": 1,
+            "latency_ms": 1.0,
+            "error_code": bad,
+        }
+    )
+    with pytest.raises(JournalFormatError, match="error_code"):
+        JournalEvent.from_json(line)
+
+
+def test_error_code_survives_the_json_round_trip() -> None:
+    event = JournalEvent("e", EventType.COMPLETED, "o", "T", "P", 5, latency_ms=3.5, error_code='A"B')
+    assert event.to_json() == json.dumps(event.to_dict(), separators=(",", ":"), ensure_ascii=False)
+    assert JournalEvent.from_json(event.to_json()) == event

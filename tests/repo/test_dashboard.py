@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 from prometheus_client import CollectorRegistry
+from purgatory.adapters.kafka._metrics import AnswerCounts, KafkaCollector
 from purgatory.adapters.service._metrics import Answers, ServiceCollector
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
@@ -107,6 +108,10 @@ def _exposed_after_a_few_operations() -> set[str]:
         task_free_fetches=0,
     )
     registry.register(ServiceCollector(lambda: gateway, answers))
+    kafka_answers = AnswerCounts()
+    kafka_answers.count("DelayedProduce", "NONE")
+    kafka_answers.count("DelayedProduce", "UNKNOWN_TOPIC_OR_PARTITION")
+    registry.register(KafkaCollector(kafka_answers, lambda: [("kafka", gateway.feed)]))
     timer = MockTimer()
     purgatory: DelayedOperationPurgatory[_Op] = DelayedOperationPurgatory(
         "fetch", timer=timer, reaper_enabled=False

@@ -214,3 +214,29 @@ def test_low_accuracy_stays_within_n_over_accuracy_ranks(spark: SparkSession, tm
     for p in PERCENTILES:
         low, high = percentile_band(latencies, p, 100)
         assert low <= row[f"latency_p{round(p * 100)}_ms"] <= high
+
+
+def test_completed_with_an_error_code_is_counted_apart_from_completed_ok(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # A journal mixing events with and without error codes (older writers had none: ok).
+    codes = ["NONE", None, "NOT_LEADER_OR_FOLLOWER", "MESSAGE_TOO_LARGE"]
+    lines = []
+    for i, code in enumerate(codes):
+        event = {
+            "event_id": f"o{i}:completed",
+            "event_type": "completed",
+            "op_id": f"o{i}",
+            "op_type": "DelayedProduce",
+            "purgatory": "produce",
+            "ts_ms": DEFAULT_START_MS + i,
+            "latency_ms": 1.0,
+        }
+        if code is not None:
+            event["error_code"] = code
+        lines.append(json.dumps(event))
+    (tmp_path / "j.jsonl").write_text("\n".join(lines) + "\n")
+    events_df = events_of(classify(file_lines(spark, tmp_path / "j.jsonl")))
+    (row,) = stats_of(aggregate(events_df, "1 minute")).collect()
+    assert (row["completed"], row["completed_ok"], row["completed_error"]) == (4, 2, 2)
+    assert row["finished"] == 4 and row["error_ratio"] == 0.5 and row["expiry_ratio"] == 0.0
