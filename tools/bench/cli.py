@@ -115,7 +115,7 @@ def timer_bench(
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
     """Timing wheel vs heapq timers (docs/performance.md's workloads); -n 100000 -n 1000000 for both sizes."""
-    from . import timer
+    from .core import timer
 
     ns = n or DEFAULT_NS
     workloads = workload or DEFAULT_WORKLOADS
@@ -176,7 +176,7 @@ def purgatory_bench(
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
     """Kafka's TestPurgatoryPerformance: this purgatory vs a naive pure-Python one (and Kafka's)."""
-    from . import purgatory_perf
+    from .core import purgatory_perf
 
     rates = list(rate) if rate else list(purgatory_perf.DEFAULT_RATES)
     params = purgatory_perf.PurgatoryParams(
@@ -188,7 +188,7 @@ def purgatory_bench(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if jvm:
-        from . import jvm as jvm_side
+        from .core import jvm as jvm_side
 
         missing = jvm_side.missing_tools()
         if missing:
@@ -220,7 +220,7 @@ def expiry_bench(
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
     """Lateness of expiry (p50/p99/max) with many timers pending, under add/cancel load."""
-    from . import expiry
+    from .core import expiry
 
     params = expiry.ExpiryParams(pending, duration, load_rate)
     try:

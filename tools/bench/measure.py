@@ -1,13 +1,44 @@
-"""Measuring helpers shared by the benchmarks: GC activity, process CPU, percentiles."""
+"""What every benchmark measures with: percentiles, a process's CPU and RSS, its threads' CPU, GC
+activity, and its own child processes (stopped by PID; run to the JSON line they print).
+
+One copy for every bench under ``tools/bench`` (the Kafka, produce, service, request-reply and
+core benches each had their own, and the copies had begun to differ in how they read ``/proc``
+and which rank a percentile is). Percentiles are ``statistics.quantiles``'; process CPU and RSS
+are psutil's. Thread *names* are Linux's ``/proc`` (psutil does not give them).
+"""
 
 from __future__ import annotations
 
 import gc
+import json
+import math
+import signal
+import statistics
+import subprocess
 import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["GcMeter", "percentile"]
+import psutil
+
+__all__ = [
+    "ChildFailed",
+    "GcMeter",
+    "ThreadTimes",
+    "cpu_seconds",
+    "cpu_seconds_of",
+    "percentile",
+    "result_of_child",
+    "rss_bytes",
+    "stop_child",
+    "thread_times",
+]
+
+# Cut points statistics.quantiles computes: every quantile asked for is a multiple of 1/10,000.
+_QUANTILE_CUTS = 10_000
 
 
 class GcMeter:
@@ -47,9 +78,109 @@ class GcMeter:
         return {"gc_counts": list(self.counts), "gc_ms": round(self.seconds * 1000.0, 3)}
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of already sorted values, nearest-rank; NaN when empty."""
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``: ``statistics.quantiles``' "inclusive" method, the
+    value at position ``q * (n - 1)`` of the sorted values, interpolated between the two ranks
+    around it (min at 0, max at 1); NaN when empty. ``q`` is rounded to 1/10,000."""
+    if not values:
+        return math.nan
+    if len(values) == 1 or q <= 0.0:
+        return float(min(values))
+    if q >= 1.0:
+        return float(max(values))
+    cut = min(_QUANTILE_CUTS - 1, max(1, round(q * _QUANTILE_CUTS)))
+    return float(statistics.quantiles(values, n=_QUANTILE_CUTS, method="inclusive")[cut - 1])
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident set size of process ``pid``."""
+    return int(psutil.Process(pid).memory_info().rss)
+
+
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (or of its thread ``tid``)."""
+    process = psutil.Process(pid)
+    if tid is None:
+        times = process.cpu_times()
+        return float(times.user + times.system)
+    for thread in process.threads():
+        if thread.id == tid:
+            return float(thread.user_time + thread.system_time)
+    raise psutil.NoSuchProcess(pid, msg=f"no thread {tid}")
+
+
+def cpu_seconds_of(pids: Iterable[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far, summed; a process gone counts 0."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+@dataclass(frozen=True)
+class ThreadTimes:
+    """One thread of a process: its id, its name (the kernel's, cut to 15 characters), its user +
+    system CPU seconds and its context switches (voluntary + involuntary) so far."""
+
+    tid: int
+    name: str
+    cpu_s: float
+    switches: int
+
+
+def thread_times(pid: int) -> list[ThreadTimes]:
+    """The threads of process ``pid`` (a thread gone meanwhile is left out; none if the process is).
+
+    Linux ``/proc``: psutil gives a thread's CPU but not its name, and the benches pick threads by
+    name (the JVMs' JIT compiler threads, the Python threads of a trace).
+    """
+    try:
+        threads = psutil.Process(pid).threads()
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for thread in threads:
+        task = Path(f"/proc/{pid}/task/{thread.id}")
+        try:
+            name = (task / "comm").read_text().strip()
+            status = (task / "status").read_text()
+        except OSError:
+            continue
+        switches = sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches" in line)
+        found.append(ThreadTimes(thread.id, name, thread.user_time + thread.system_time, switches))
+    return found
+
+
+def stop_child(process: subprocess.Popen[Any], timeout_s: float) -> None:
+    """Stop our own child by its PID: SIGTERM (it shuts down cleanly), SIGKILL past ``timeout_s``."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout_s)
+
+
+class ChildFailed(RuntimeError):
+    """A child process ended without printing its result line (its exit code and output tail)."""
+
+
+def result_of_child(
+    command: Sequence[str], *, env: Mapping[str, str], timeout_s: float, marker: str
+) -> dict[str, Any]:
+    """Run ``command`` to its end and return the JSON printed after ``marker`` on its stdout (the
+    last such line). Raises :class:`ChildFailed` with the exit code and the last lines of its
+    stderr (else stdout) when there is none."""
+    proc = subprocess.run(
+        list(command), capture_output=True, text=True, env=dict(env), timeout=timeout_s, check=False
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(marker):
+            result: dict[str, Any] = json.loads(line[len(marker) :])
+            return result
+    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+    raise ChildFailed(f"exit {proc.returncode}:\n{tail}")

@@ -51,12 +51,12 @@ from typing import Annotated, Any
 
 import typer
 from confluent_kafka import KafkaError, Message, Producer
+from purgatory.adapters.kafka import provide_cluster
+from purgatory.adapters.kafka.local import free_port
 
 from purgatory.settings import load_settings
 
-from .._bench import ChildFailed, cpu_seconds, pct, result_of_child, stop_child
-from ._provider import provide_cluster
-from .local import free_port
+from ..measure import ChildFailed, cpu_seconds, percentile, result_of_child, stop_child
 
 __all__ = ["TARGETS", "PlainProducer", "plain_app", "produce", "run_side"]
 
@@ -181,7 +181,7 @@ def plain_app(bootstrap: str, linger_ms: int) -> Any:
 
 
 def _plain_server_main(bootstrap: str, port: str, linger_ms: str) -> None:
-    """``python -m purgatory.adapters.kafka.produce_bench plain-server <bootstrap> <port> <linger>``."""
+    """``python -m purgatory.tools.bench.kafka.produce plain-server <bootstrap> <port> <linger>``."""
     import uvicorn
 
     uvicorn.run(
@@ -252,8 +252,8 @@ async def _workloads(
             "concurrency": concurrency,
             "failures": failures,
             "per_s": count / elapsed,
-            "p50_ms": pct(ms, 0.50),
-            "p99_ms": pct(ms, 0.99),
+            "p50_ms": percentile(ms, 0.50),
+            "p99_ms": percentile(ms, 0.99),
             "max_ms": ms[-1],
             "client_cpu_us": client_us,
             "server_cpu_us": server / count * 1e6 if server_pid is not None else float("nan"),
@@ -267,8 +267,7 @@ async def _library_side(spec: dict[str, Any]) -> dict[str, Any]:
     topic, bootstrap = spec["topic"], spec["bootstrap"]
     value = VALUE.encode()
     if spec["side"] == "purgatory":
-        from ._clients import ProducerRecord
-        from ._service import KafkaPurgatory
+        from purgatory.adapters.kafka import KafkaPurgatory, ProducerRecord
 
         settings = load_settings().kafka.model_copy(
             update={"bootstrap_servers": bootstrap, "produce_linger_ms": spec["linger_ms"]}
@@ -278,7 +277,7 @@ async def _library_side(spec: dict[str, Any]) -> dict[str, Any]:
 
         async def ours(i: int, _: int) -> bool:
             result = await aio.produce([ProducerRecord(topic, value, key=b"%d" % i)])
-            return result.succeeded
+            return bool(result.succeeded)
 
         try:
             return await _workloads(ours, spec, None)

@@ -5,9 +5,9 @@ cluster named by ``PURGATORY_KAFKA_BOOTSTRAP``), a fresh topic of P partitions, 
 service under uvicorn **in its own process** on 127.0.0.1 (started fresh for each case, so its
 RSS growth is the waiters'). The client is this process: one raw HTTP/1.1 connection per long
 poll (``GET .../records?offset=0&max_wait_ms=W``, waiter ``i`` on partition ``i % P``), its answers
-read by one epoll thread (:mod:`._h1_bench_client`); or, with ``--http2``, h2c connections of
+read by one epoll thread (:mod:`.h1_client`); or, with ``--http2``, h2c connections of
 ``--streams-per-connection`` streams each, read by a minimal HTTP/2 frame reader on asyncio
-(:mod:`._h2_bench_client`: ~2-3 µs of client CPU per answer, where the ``h2`` library's client
+(:mod:`.h2_client`: ~2-3 µs of client CPU per answer, where the ``h2`` library's client
 took ~61-67 µs and so set the p99 itself).
 
 Figures:
@@ -57,14 +57,14 @@ from typing import Annotated
 
 import typer
 from confluent_kafka import Producer
+from purgatory.adapters.kafka import provide_cluster
+from purgatory.adapters.kafka.local import free_port
 
 from purgatory.settings import load_settings
 
-from .._bench import cpu_seconds, pct, rss_bytes, stop_child
-from ..kafka import provide_cluster
-from ..kafka.local import free_port
-from ._h1_bench_client import AnswerReader, H1LongPoll, open_long_polls
-from ._h2_bench_client import H2LongPoll, open_h2_long_polls
+from ..measure import cpu_seconds, percentile, rss_bytes, stop_child
+from .h1_client import AnswerReader, H1LongPoll, open_long_polls
+from .h2_client import H2LongPoll, open_h2_long_polls
 
 __all__ = ["FanoutResult", "fanout", "run_case"]
 
@@ -380,8 +380,8 @@ async def _measure_case(
         register_per_s=registered / register_s if register_s > 0 else float("nan"),
         rss_per_waiter_bytes=(rss1 - rss0) / max(registered, 1),
         idle_cpu_pct=idle_cpu_pct,
-        answer_p50_ms=pct(lags, 0.50),
-        answer_p99_ms=pct(lags, 0.99),
+        answer_p50_ms=percentile(lags, 0.50),
+        answer_p99_ms=percentile(lags, 0.99),
         answer_max_ms=lags[-1] if lags else float("nan"),
         answer_cpu_us=1e6 * answer_cpu_s / max(completed, 1),
         completed=completed,

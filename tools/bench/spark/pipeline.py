@@ -42,9 +42,7 @@ def _write_journal(directory: Path, events: int) -> None:
 
 
 def _time_job(master: str, journal: Path, out: Path, repeats: int, driver_memory: str) -> list[float]:
-    from ._job import run_batch
-    from ._session import spark_session
-    from ._sources import file_lines
+    from purgatory.adapters.spark.batch import file_lines, run_batch, spark_session
 
     spark = spark_session(master, app_name="purgatory-bench-pipeline", driver_memory=driver_memory)
     seconds = []
@@ -80,7 +78,7 @@ def pipeline(
             f"generated journals of {', '.join(f'{s:,}' for s in sizes)} events in "
             f"{time.perf_counter() - started:.1f} s (+ {warmup:,} warm-up)"
         )
-        from ._session import spark_session
+        from purgatory.adapters.spark.batch import spark_session
 
         _time_job(master, base / "journal-warmup", base / "out-warmup", 1, driver_memory)
         medians = {}
