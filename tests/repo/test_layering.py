@@ -152,9 +152,7 @@ def test_tools_use_the_adapters_through_their_public_faces() -> None:
     """Benchmarks and the reliability suite import ``purgatory.adapters.kafka``, never ``._feed``:
     an adapter may rearrange its private modules without breaking its tools."""
     problems = [
-        p
-        for p in reaches(ROOT, "purgatory.tools", is_private)
-        if not p.startswith(KNOWN_PRIVATE_REACHES)
+        p for p in reaches(ROOT, "purgatory.tools", is_private) if not p.startswith(KNOWN_PRIVATE_REACHES)
     ]
     assert problems == [], "tools importing adapters' private modules:\n" + "\n".join(problems)
 
