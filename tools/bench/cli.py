@@ -2,8 +2,9 @@
 
 Every benchmark runs each side (this project, and its baselines) in its own subprocess,
 alternating the order, ``--repeats`` times, and prints medians and the median of same-run
-ratios in a table; the full figures go to a JSON file under ``bench-results/``. Adapters add
-their benchmarks through the ``purgatory.bench`` entry points, as these commands do (pyproject.toml).
+ratios in a table; the full figures go to a JSON file under ``bench-results/``. The core's
+benchmarks are these commands; the others (``tools/bench/{kafka,service,reply,spark}``) come in
+through the ``purgatory.bench`` entry points, as these do (pyproject.toml).
 """
 
 from __future__ import annotations
