@@ -16,6 +16,7 @@ import signal
 import statistics
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ import psutil
 
 __all__ = [
     "ChildFailed",
+    "ChildServer",
     "GcMeter",
     "ThreadTimes",
     "cpu_seconds",
@@ -163,6 +165,53 @@ def stop_child(process: subprocess.Popen[Any], timeout_s: float) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout_s)
+
+
+class ChildServer:
+    """An HTTP server under test in a child process of ours, on ``127.0.0.1:port``: ready when its
+    ``/healthz`` answers 200; stopped by its PID (SIGTERM, then SIGKILL past ``stop_timeout_s``).
+    Its stdout is dropped, its stderr kept for the error when it dies before it is ready."""
+
+    def __init__(
+        self, command: Sequence[str], env: Mapping[str, str], port: int, *, stop_timeout_s: float
+    ) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.stop_timeout_s = stop_timeout_s
+        self.process = subprocess.Popen(  # our own interpreter and module
+            list(command), env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        self.pid = self.process.pid
+
+    def wait_ready(self, timeout_s: float, poll_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.process.returncode}: {self.stderr_tail()}")
+            try:
+                wait_s = max(0.1, min(30.0, deadline - time.monotonic()))
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=wait_s) as response:  # loopback
+                    if response.status == 200:
+                        return
+            except OSError:  # not listening yet, or 503 while starting
+                pass
+            time.sleep(poll_s)
+        raise RuntimeError(f"the server did not come up within {timeout_s:.0f} s")
+
+    def stderr_tail(self) -> str:
+        if self.process.stderr is None:
+            return ""
+        return self.process.stderr.read().decode(errors="replace")[-2000:]
+
+    def stop(self) -> None:
+        stop_child(self.process, self.stop_timeout_s)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+
+    def kill(self) -> None:
+        """SIGKILL now (a server past a memory cap must not take the machine's memory)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(self.stop_timeout_s)
 
 
 class ChildFailed(RuntimeError):
