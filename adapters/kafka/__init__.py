@@ -109,6 +109,9 @@ from ._results import (
 )
 from ._sender import RecordSender
 from ._service import PURGATORY_NAMES, AsyncKafkaPurgatory, KafkaPurgatory
+
+# The tail's fetch.wait.max.ms: public so a bench's bare consumer can fetch as the tail does.
+from ._tail import FETCH_WAIT_MS as TAIL_FETCH_WAIT_MS
 from ._view import ClusterView
 from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster, resolve_kafka
 
@@ -124,6 +127,7 @@ __all__ = [
     "REPLY_FROM",
     "REPLY_PARTITION",
     "REPLY_TOPIC",
+    "TAIL_FETCH_WAIT_MS",
     "Appended",
     "AsyncKafkaPurgatory",
     "ChangeFeed",

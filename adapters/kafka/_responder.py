@@ -53,7 +53,15 @@ from types import TracebackType
 from typing import Any, Self
 
 import structlog
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from purgatory.settings import KafkaSettings
 
@@ -106,6 +114,9 @@ class Request:
     correlation_id: str | None
     reply_to: ReplyAddress | None
     deadline_ms: int | None  # epoch ms; None: the requester gave none
+    # The record's timestamp (epoch ms): CreateTime, or the broker's LogAppendTime when the topic
+    # says so (when the request was appended: request-reply's trace bench reads it). None: none.
+    timestamp_ms: int | None = None
 
 
 @dataclass
@@ -152,7 +163,13 @@ def request_of(message: Message) -> Request:
             )
         ),
         deadline_ms=_decode_int(header(headers, DEADLINE_MS)),
+        timestamp_ms=_timestamp_ms(message),
     )
+
+
+def _timestamp_ms(message: Message) -> int | None:
+    kind, value = message.timestamp()
+    return None if kind == TIMESTAMP_NOT_AVAILABLE else value
 
 
 class Responder:

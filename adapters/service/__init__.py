@@ -14,6 +14,7 @@ See :mod:`._app` for the routes and :mod:`._gateway` for how requests become ope
 
 from ._app import create_app
 from ._errors import RequestError
+from ._fetch import OffLoopFetch
 from ._gateway import FETCH_PURGATORY, PRODUCE_PURGATORY, Gateway, resolve_bootstrap
 from ._requests import FetchParams, ProduceRecordIn, ProduceRequest
 
@@ -22,6 +23,7 @@ __all__ = [
     "PRODUCE_PURGATORY",
     "FetchParams",
     "Gateway",
+    "OffLoopFetch",
     "ProduceRecordIn",
     "ProduceRequest",
     "RequestError",

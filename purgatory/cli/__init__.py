@@ -33,8 +33,8 @@ def _configure() -> None:
 
 app.command("demo", help="A short in-process demonstration of the purgatory (no Kafka).")(_demo.demo)
 app.add_typer(_config.app, name="config")
-# ``purgatory bench``: every command comes through the ``purgatory.bench`` entry points (the
-# core's own benchmarks live in purgatory.tools.bench, the adapters' beside the adapters).
+# ``purgatory bench``: every command comes through the ``purgatory.bench`` entry points (every
+# benchmark lives in purgatory.tools.bench, by subject).
 bench_app = typer.Typer(help="Benchmarks against baselines measured in the same run.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 

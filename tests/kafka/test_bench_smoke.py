@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from purgatory.adapters.kafka.bench import run_once
+from purgatory.tools.bench.kafka.feed import run_once
 
 from purgatory.settings import KafkaSettings
 
@@ -48,7 +48,7 @@ def test_request_reply_bench_answers_every_request_on_both_sides(kafka_bootstrap
     """``purgatory bench request-reply``'s run on the session cluster, a short, slow run per side."""
     import uuid
 
-    from purgatory.tools.bench import request_reply
+    from purgatory.tools.bench.reply import request_reply
 
     topics = request_reply._create_bench_topics(kafka_bootstrap, 1)
     responder = request_reply._ResponderProcess(
@@ -77,7 +77,7 @@ def test_produce_bench_prints_both_sides_and_their_ratios(
     import json
 
     import typer
-    from purgatory.adapters.kafka.produce_bench import produce
+    from purgatory.tools.bench.kafka.produce import produce
     from typer.testing import CliRunner
 
     monkeypatch.setenv("PURGATORY_KAFKA_BOOTSTRAP", kafka_bootstrap)  # the session cluster

@@ -1,4 +1,4 @@
-"""``purgatory bench kafka``'s account of its broker's stop-the-world pauses (``_broker_pauses.py``):
+"""``purgatory bench kafka``'s account of its broker's stop-the-world pauses (``broker_pauses.py``):
 the JVM's safepoint log is parsed into pauses on the monotonic clock, and a slow record counts as
 hit when a pause fell while it was in flight; the bench's broker profiles pass the launcher's
 option check and a bad ``--broker-profile`` is refused by name. No Kafka: log lines as the JVM
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from purgatory.adapters.kafka._broker_pauses import (
+from purgatory.tools.bench.kafka.broker_pauses import (
     BrokerPause,
     read_pauses,
     safepoint_log_option,
@@ -70,8 +70,8 @@ def test_safepoint_log_option_names_the_file_and_the_monotonic_decoration(tmp_pa
 
 
 def test_bench_broker_profiles_are_valid_launcher_options() -> None:
-    from purgatory.adapters.kafka.bench import BROKER_PROFILES, STEADY_STATE_PROFILE
     from purgatory.adapters.kafka.local._cluster import _checked_jvm_options
+    from purgatory.tools.bench.kafka.feed import BROKER_PROFILES, STEADY_STATE_PROFILE
 
     for name, profile in BROKER_PROFILES.items():
         assert _checked_jvm_options(profile.jvm_options) == profile.jvm_options, name
@@ -84,7 +84,7 @@ def test_bench_broker_profiles_are_valid_launcher_options() -> None:
 
 def test_an_unknown_broker_profile_is_refused_naming_it_before_any_cluster_starts() -> None:
     import typer
-    from purgatory.adapters.kafka.bench import kafka
+    from purgatory.tools.bench.kafka.feed import kafka
     from typer.testing import CliRunner
 
     app = typer.Typer()
@@ -115,7 +115,7 @@ def test_summarize_splits_the_window_pauses_by_cause_longest_total_first() -> No
 
 
 def test_gc_log_option_is_one_word_on_the_safepoint_log_clock(tmp_path: Path) -> None:
-    from purgatory.adapters.kafka._broker_pauses import gc_log_option
+    from purgatory.tools.bench.kafka.broker_pauses import gc_log_option
 
     option = gc_log_option(tmp_path / "gc.log")
     assert option.startswith("-Xlog:gc,gc+age=trace,gc+cpu:file=") and option.endswith(":uptime,timenanos")
@@ -123,8 +123,8 @@ def test_gc_log_option_is_one_word_on_the_safepoint_log_clock(tmp_path: Path) ->
 
 
 def test_a_broker_profile_spec_adds_jvm_options_and_broker_settings_to_its_base() -> None:
-    from purgatory.adapters.kafka.bench import STEADY_STATE_PROFILE, parse_broker_profile
     from purgatory.adapters.kafka.local._cluster import _checked_jvm_options
+    from purgatory.tools.bench.kafka.feed import STEADY_STATE_PROFILE, parse_broker_profile
 
     assert parse_broker_profile("steady") == STEADY_STATE_PROFILE
     profile = parse_broker_profile("steady,-XX:GuaranteedSafepointInterval=0,num.io.threads=2")
@@ -144,7 +144,7 @@ def test_a_broker_profile_spec_adds_jvm_options_and_broker_settings_to_its_base(
     ],
 )
 def test_a_bad_broker_profile_spec_is_refused_naming_the_item(spec: str, named: str) -> None:
-    from purgatory.adapters.kafka.bench import parse_broker_profile
+    from purgatory.tools.bench.kafka.feed import parse_broker_profile
 
     with pytest.raises(ValueError, match="--broker-profile") as error:
         parse_broker_profile(spec)
@@ -153,7 +153,7 @@ def test_a_bad_broker_profile_spec_is_refused_naming_the_item(spec: str, named: 
 
 def test_a_bad_floor_mode_is_refused_naming_it_before_any_cluster_starts() -> None:
     import typer
-    from purgatory.adapters.kafka.bench import kafka
+    from purgatory.tools.bench.kafka.feed import kafka
     from typer.testing import CliRunner
 
     app = typer.Typer()
@@ -179,7 +179,7 @@ GC_LOG = (
 
 
 def test_read_collections_joins_each_pause_with_its_survivors_and_cpu() -> None:
-    from purgatory.adapters.kafka._broker_pauses import Collection, read_collections
+    from purgatory.tools.bench.kafka.broker_pauses import Collection, read_collections
 
     assert read_collections(GC_LOG) == [
         Collection(71285000222315, "Full", "Metadata GC Threshold", 53.544, 0, 0.0),

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 
@@ -178,6 +179,20 @@ def _reply(producer: Producer, request: Request, value: bytes, responder_id: str
         headers=[(CORRELATION_ID, request.correlation_id.encode()), (REPLY_FROM, responder_id.encode())],
     )
     producer.flush(WAIT_S)
+
+
+def test_a_request_carries_its_records_timestamp(
+    requester: KafkaPurgatory, kafka_bootstrap: str, kafka_topic_factory: TopicFactory
+) -> None:
+    """``Request.timestamp_ms``: when the request record was made (or appended, LogAppendTime);
+    the request-reply trace bench reads it instead of patching ``request_of``."""
+    topic = kafka_topic_factory(prefix="stamp")
+    before_ms = int(time.time() * 1000)
+    op = requester.request(topic, b"q", timeout_ms=1_000)
+    (request,) = _requests(kafka_bootstrap, topic, 1)
+    assert request.timestamp_ms is not None, "a produced record has a timestamp"
+    assert before_ms - 1_000 <= request.timestamp_ms <= int(time.time() * 1000) + 1_000, request.timestamp_ms
+    assert op.wait(WAIT_S), "the unanswered request expires"
 
 
 def test_duplicate_replies_count_once_and_complete_the_request_once(

@@ -8,6 +8,7 @@ module-level one: hiding an upward dependency from import checkers does not hide
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +102,25 @@ def upward_dependencies(root: Path = ROOT) -> list[str]:
     return list(dict.fromkeys(problems))  # ``from x import a, b`` reports x once
 
 
+def is_private(module: str) -> bool:
+    """A module (or name) below ``purgatory.adapters`` one of whose parts starts with ``_``."""
+    parts = module.split(".")[2:] if module.startswith("purgatory.adapters.") else []
+    return any(part.startswith("_") for part in parts)
+
+
+def reaches(root: Path, importer: str, forbidden: Callable[[str], bool]) -> list[str]:
+    """``file:line: module imports target`` for every import by a module of ``importer`` (a
+    package, itself included) of a target ``forbidden`` says no to."""
+    problems: list[str] = []
+    for module, path in module_files(root).items():
+        if module != importer and not module.startswith(importer + "."):
+            continue
+        for line, target in imports_of(module, path):
+            if forbidden(target):
+                problems.append(f"{path.relative_to(root)}:{line}: {module} imports {target}")
+    return list(dict.fromkeys(problems))
+
+
 def test_every_import_points_down_core_adapters_tools() -> None:
     problems = upward_dependencies()
     assert problems == [], "upward dependencies:\n" + "\n".join(problems)
@@ -121,3 +141,50 @@ def test_the_walk_sees_imports_hidden_in_functions_and_import_module_strings(tmp
     assert any("purgatory/hidden.py:4" in p and "purgatory.adapters.kafka" in p for p in problems), problems
     assert any("purgatory/relative.py:2" in p and "purgatory.tools" in p for p in problems), problems
     assert any("adapters/__init__.py:1" in p for p in problems), problems
+
+
+# Known, to go: the request-reply trace's "window=none" run emulates the sender before its
+# in-flight window by replacing _sender.InFlightWindow (no public knob for it; issue 29).
+KNOWN_PRIVATE_REACHES = ("tools/bench/reply/trace.py",)
+
+
+def test_tools_use_the_adapters_through_their_public_faces() -> None:
+    """Benchmarks and the reliability suite import ``purgatory.adapters.kafka``, never ``._feed``:
+    an adapter may rearrange its private modules without breaking its tools."""
+    problems = [
+        p for p in reaches(ROOT, "purgatory.tools", is_private) if not p.startswith(KNOWN_PRIVATE_REACHES)
+    ]
+    assert problems == [], "tools importing adapters' private modules:\n" + "\n".join(problems)
+
+
+def test_the_kafka_adapter_does_not_import_the_service() -> None:
+    """The service is built on the Kafka adapter; the Kafka adapter knows nothing of HTTP."""
+
+    def service(target: str) -> bool:
+        return target == "purgatory.adapters.service" or target.startswith("purgatory.adapters.service.")
+
+    problems = reaches(ROOT, "purgatory.adapters.kafka", service)
+    assert problems == [], "the Kafka adapter importing the service:\n" + "\n".join(problems)
+
+
+def test_the_private_check_sees_modules_and_names_of_adapters(tmp_path: Path) -> None:
+    """The checker itself: a private module, a private name from a public module, a relative
+    import inside the Kafka adapter that lands in the service."""
+    for folder in ("purgatory", "tools", "adapters", "adapters/kafka", "adapters/service"):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "tools" / "probe.py").write_text(
+        "from purgatory.adapters.kafka._feed import ChangeFeed\n"
+        "from purgatory.adapters.kafka import _sender, ChangeFeed as Public\n"
+    )
+    (tmp_path / "adapters" / "kafka" / "redirect.py").write_text("from ..service import create_app\n")
+    private = reaches(tmp_path, "purgatory.tools", is_private)
+    assert any("tools/probe.py:1" in p and "kafka._feed" in p for p in private), private
+    assert any("tools/probe.py:2" in p and "kafka._sender" in p for p in private), private
+    assert not any(p.endswith("purgatory.adapters.kafka.ChangeFeed") for p in private), private
+
+    def service(target: str) -> bool:
+        return target.startswith("purgatory.adapters.service")
+
+    upward = reaches(tmp_path, "purgatory.adapters.kafka", service)
+    assert any("adapters/kafka/redirect.py:1" in p for p in upward), upward

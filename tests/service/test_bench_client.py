@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from purgatory.adapters.service._h1_bench_client import AnswerReader, H1LongPoll, open_long_polls
+from purgatory.tools.bench.service.h1_client import AnswerReader, H1LongPoll, open_long_polls
 
 WAIT_S = 20.0  # bound on the reader in these tests
 

@@ -23,9 +23,9 @@ import httpx
 import pytest
 from purgatory.adapters.service import _h2_long_poll
 from purgatory.adapters.service._h2_answers import SharedH2Answer, SharedHeaderEncoder
-from purgatory.adapters.service._h2_bench_client import open_h2_long_polls
 from purgatory.adapters.service._h2_long_poll import H2PriorKnowledge
 from purgatory.adapters.service._server import uvicorn_options
+from purgatory.tools.bench.service.h2_client import open_h2_long_polls
 
 from purgatory.settings import AdmissionSettings, KafkaSettings, ServiceSettings, Settings
 from tests.kafka.kafka_fixtures import TopicFactory

@@ -15,7 +15,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import pytest
-from purgatory.adapters.service._h2_bench_client import H2LongPoll, _H2Connection
+from purgatory.tools.bench.service.h2_client import H2LongPoll, _H2Connection
 
 from .conftest import RecordingTransport
 

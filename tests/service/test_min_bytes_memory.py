@@ -12,7 +12,7 @@ RSS is the service's alone: clients that never read, clients that read, and h2c 
 from __future__ import annotations
 
 import pytest
-from purgatory.tools.bench.min_bytes_flood import flood
+from purgatory.tools.bench.service.min_bytes_flood import flood
 
 WAITERS = 200
 RECORDS = 100  # 10 MB in all: under min_bytes, so every poll is answered at its max_wait_ms
@@ -64,9 +64,9 @@ def test_pipelined_large_answers_to_a_client_that_never_reads_keep_rss_bounded(k
     import uuid
 
     from confluent_kafka import Producer
-    from purgatory.adapters._bench import rss_bytes
     from purgatory.adapters.kafka.local import free_port
-    from purgatory.adapters.service.bench import ServiceProcess
+    from purgatory.tools.bench.measure import rss_bytes
+    from purgatory.tools.bench.service.fanout import ServiceProcess
 
     from tests.kafka.kafka_fixtures import create_topic
 

@@ -445,7 +445,7 @@ def test_the_cluster_is_asked_about_each_partition_once_not_once_per_instance(
 ) -> None:
     """The bench's measurement on a small run: with scale-out two instances split the partitions
     they poll; without, each polls every partition it was asked about (figures: purgatory bench scaleout)."""
-    from purgatory.adapters.service.scaleout_bench import measure_side
+    from purgatory.tools.bench.service.scaleout import measure_side
 
     topic = kafka_topic_factory(4, prefix="load")
     split = measure_side(kafka_bootstrap, topic, "scaleout", 2, 4, 2, 3.0)  # > 1 s: librdkafka stats

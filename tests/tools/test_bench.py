@@ -10,8 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from purgatory.tools.bench import Comparison, SideSpec, Target, expiry, purgatory_perf, timer
-from purgatory.tools.bench.baselines import (
+from purgatory.tools.bench import Comparison, SideSpec, Target
+from purgatory.tools.bench.core import expiry, purgatory_perf, timer
+from purgatory.tools.bench.core.baselines import (
     AsyncioHeapTimer,
     HeapTimer,
     NaiveOperation,
@@ -286,8 +287,8 @@ def test_request_reply_bench_counts_cpu_over_the_paced_requests_only() -> None:
     import os
     import time
 
-    from purgatory.tools.bench import request_reply
-    from purgatory.tools.bench._measure import GcMeter
+    from purgatory.tools.bench.measure import GcMeter
+    from purgatory.tools.bench.reply import request_reply
 
     async def costly_start() -> None:
         spent = time.process_time() + 0.3
@@ -309,7 +310,7 @@ def test_request_reply_bench_counts_cpu_over_the_paced_requests_only() -> None:
 def test_request_reply_bench_counts_no_broker_gc_for_a_process_that_is_not_a_jvm() -> None:
     import os
 
-    from purgatory.tools.bench import request_reply
+    from purgatory.tools.bench.reply import request_reply
 
     assert request_reply._broker_gc([os.getpid()]) == (0, 0.0)
 
@@ -317,7 +318,7 @@ def test_request_reply_bench_counts_no_broker_gc_for_a_process_that_is_not_a_jvm
 def test_request_reply_bench_counts_no_jit_cpu_for_a_process_that_is_not_a_jvm() -> None:
     import os
 
-    from purgatory.tools.bench import request_reply
+    from purgatory.tools.bench.reply import request_reply
 
     assert request_reply._jit_cpu_s([os.getpid()]) == 0.0, "a Python process has no C1/C2 threads"
     assert request_reply._jit_cpu_s([2**22 + 12345]) == 0.0, "a process gone counts 0"
@@ -326,7 +327,7 @@ def test_request_reply_bench_counts_no_jit_cpu_for_a_process_that_is_not_a_jvm()
 def test_request_reply_bench_places_the_request_and_reply_leaders_on_different_brokers() -> None:
     """Fixed leaders (first replica): requests on the second broker, reply partition 0 on the third,
     the controller (the first) leads neither hot partition; every partition on every broker."""
-    from purgatory.tools.bench import request_reply
+    from purgatory.tools.bench.reply import request_reply
 
     ids = [1, 2, 3]
     [requests] = request_reply._placement(ids, 1, request_reply.REQUEST_LEADER_INDEX)
@@ -342,7 +343,7 @@ def test_request_reply_warm_up_goes_on_while_the_brokers_jit_compiles_and_stops_
 ) -> None:
     """Rounds of both sides, identical; more rounds only while a round's JIT CPU is at or above
     JIT_SETTLED_US on either side, never past ``max_s`` of traffic."""
-    from purgatory.tools.bench import request_reply
+    from purgatory.tools.bench.reply import request_reply
 
     settled = request_reply.JIT_SETTLED_US
     jit_by_round = iter([settled * 3, settled * 2, settled / 2, settled * 5])

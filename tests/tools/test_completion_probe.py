@@ -1,4 +1,4 @@
-"""The completion probe (``python -m purgatory.tools.bench.completion_probe``): each key event it
+"""The completion probe (``python -m purgatory.tools.bench.service.completion_probe``): each key event it
 times completes every waiter it registered, once, and its figures are per-operation CPU times."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from purgatory.tools.bench.completion_probe import probe_once, trivial_once
+from purgatory.tools.bench.service.completion_probe import probe_once, trivial_once
 
 WAITERS = 300
 

@@ -18,9 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from purgatory.adapters._bench import ChildFailed, result_of_child
-
 from ._worker import RESULT_MARKER
+from .measure import ChildFailed, result_of_child
 
 __all__ = ["Comparison", "SideSpec", "Target", "run_comparison", "side_env", "side_specs"]
 

@@ -19,25 +19,25 @@ RESULT_MARKER = "@@purgatory-bench-result@@ "
 def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     bench = spec["bench"]
     if bench == "timer":
-        from .timer import run_workload
+        from .core.timer import run_workload
 
         return run_workload(
             spec["workload"], spec["side"], spec["n"], spec["seed"], spec.get("iterations", 200_000)
         )
     if bench in ("purgatory", "purgatory_memory") and spec["side"] == "jvm":
-        from .jvm import run_jvm_side
+        from .core.jvm import run_jvm_side
 
         return run_jvm_side(bench, spec["params"], spec["seed"])
     if bench == "purgatory":
-        from .purgatory_perf import run_side
+        from .core.purgatory_perf import run_side
 
         return run_side(spec["side"], spec["params"], spec["seed"])
     if bench == "purgatory_memory":
-        from .purgatory_perf import run_memory_side
+        from .core.purgatory_perf import run_memory_side
 
         return run_memory_side(spec["side"], spec["params"], spec["seed"])
     if bench == "expiry":
-        from .expiry import run_side as run_expiry
+        from .core.expiry import run_side as run_expiry
 
         return run_expiry(spec["side"], spec["params"], spec["seed"])
     raise ValueError(f"unknown benchmark {bench!r}")

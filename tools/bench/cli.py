@@ -2,8 +2,9 @@
 
 Every benchmark runs each side (this project, and its baselines) in its own subprocess,
 alternating the order, ``--repeats`` times, and prints medians and the median of same-run
-ratios in a table; the full figures go to a JSON file under ``bench-results/``. Adapters add
-their benchmarks through the ``purgatory.bench`` entry points, as these commands do (pyproject.toml).
+ratios in a table; the full figures go to a JSON file under ``bench-results/``. The core's
+benchmarks are these commands; the others (``tools/bench/{kafka,service,reply,spark}``) come in
+through the ``purgatory.bench`` entry points, as these do (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def timer_bench(
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
     """Timing wheel vs heapq timers (docs/performance.md's workloads); -n 100000 -n 1000000 for both sizes."""
-    from . import timer
+    from .core import timer
 
     ns = n or DEFAULT_NS
     workloads = workload or DEFAULT_WORKLOADS
@@ -176,7 +177,7 @@ def purgatory_bench(
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
     """Kafka's TestPurgatoryPerformance: this purgatory vs a naive pure-Python one (and Kafka's)."""
-    from . import purgatory_perf
+    from .core import purgatory_perf
 
     rates = list(rate) if rate else list(purgatory_perf.DEFAULT_RATES)
     params = purgatory_perf.PurgatoryParams(
@@ -188,7 +189,7 @@ def purgatory_bench(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if jvm:
-        from . import jvm as jvm_side
+        from .core import jvm as jvm_side
 
         missing = jvm_side.missing_tools()
         if missing:
@@ -220,7 +221,7 @@ def expiry_bench(
     out: OutOpt = DEFAULT_RESULTS_DIR,
 ) -> None:
     """Lateness of expiry (p50/p99/max) with many timers pending, under add/cancel load."""
-    from . import expiry
+    from .core import expiry
 
     params = expiry.ExpiryParams(pending, duration, load_rate)
     try:

@@ -33,8 +33,8 @@ from rich.console import Console
 from purgatory import DelayedOperation, DelayedOperationPurgatory, _accel
 from purgatory.settings import AdmissionSettings
 
-from ._measure import GcMeter, percentile
-from ._runner import Comparison, Target, side_specs
+from .._runner import Comparison, Target, side_specs
+from ..measure import GcMeter, percentile
 from .baselines import NaiveOperation, NaivePurgatory
 
 __all__ = ["PurgatoryParams", "comparisons", "print_kafka_lines", "run_memory_side", "run_side"]

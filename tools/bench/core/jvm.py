@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from purgatory.adapters._maven import copy_dependencies
+from purgatory.adapters import copy_dependencies
 
 __all__ = ["KAFKA_VERSION", "missing_tools", "prepare", "run_jvm_side"]
 

@@ -69,9 +69,7 @@ def _write_journal(directory: Path, events: int) -> None:
 
 
 def _time_job(master: str, journal: Path, out: Path, repeats: int, driver_memory: str) -> list[float]:
-    from ._job import run_batch
-    from ._session import spark_session
-    from ._sources import file_lines
+    from purgatory.adapters.spark.batch import file_lines, run_batch, spark_session
 
     spark = spark_session(master, app_name="purgatory-bench-pipeline", driver_memory=driver_memory)
     seconds = []
@@ -95,7 +93,7 @@ def pipeline(
     ] = None,
 ) -> None:
     """Rows/s of `purgatory analyze` (batch, files) at N/2 and N journal events."""
-    from ._session import artifacts_baseline, remove_stray_artifacts
+    from purgatory.adapters.spark.batch import artifacts_baseline, remove_stray_artifacts
 
     base = Path(tempfile.mkdtemp(prefix="purgatory-bench-", dir=workdir))
     artifacts_before = artifacts_baseline()  # Spark's empty artifacts/ is not left behind
@@ -110,7 +108,7 @@ def pipeline(
             f"generated journals of {', '.join(f'{s:,}' for s in sizes)} events in "
             f"{time.perf_counter() - started:.1f} s (+ {warmup:,} warm-up)"
         )
-        from ._session import spark_session
+        from purgatory.adapters.spark.batch import spark_session
 
         _time_job(master, base / "journal-warmup", base / "out-warmup", 1, driver_memory)
         medians = {}

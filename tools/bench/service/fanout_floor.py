@@ -1,6 +1,6 @@
 """What holding and answering N long polls costs *without* ASGI: the floor under ``bench fanout``.
 
-``python -m purgatory.adapters.service.fanout_floor -n 10000 [--uvloop] [--sockets-only]``
+``python -m purgatory.tools.bench.service.fanout_floor -n 10000 [--uvloop] [--sockets-only]``
 
 The service answers a long poll through uvicorn and Starlette: a task and a coroutine chain per
 waiting request, and per answer a task wake-up, the middleware stack's send wrappers, the HTTP
@@ -39,11 +39,11 @@ import urllib.request
 from typing import Annotated, cast
 
 import typer
+from purgatory.adapters.kafka.local import free_port
 
-from .._bench import cpu_seconds, pct, rss_bytes
-from ..kafka.local import free_port
-from . import bench
-from ._h1_bench_client import AnswerReader, open_long_polls
+from ..measure import cpu_seconds, percentile, rss_bytes
+from . import fanout
+from .h1_client import AnswerReader, open_long_polls
 
 __all__ = ["ANSWER", "main"]
 
@@ -59,7 +59,7 @@ ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 
     len(_BODY),
     _BODY,
 )
-MODULE = "purgatory.adapters.service.fanout_floor"  # run as __main__, it does not know its name
+MODULE = "purgatory.tools.bench.service.fanout_floor"  # run as __main__, it does not know its name
 START_TIMEOUT_S = 30.0
 GC_THRESHOLDS = (50_000, 20, 100)  # as the service's admission.gc_thresholds
 MEASURE_TIMEOUT_S = 120.0  # bound on one run's registration and answers
@@ -119,12 +119,12 @@ def _get(port: int, path: str) -> bytes:
 
 async def _measure(pid: int, port: int, waiters: int) -> str:
     rss0 = rss_bytes(pid)
-    polls = await open_long_polls(port, "floor", waiters, 1, bench.MAX_WAIT_MS)
+    polls = await open_long_polls(port, "floor", waiters, 1, fanout.MAX_WAIT_MS)
     reader = AnswerReader(polls, time.monotonic() + MEASURE_TIMEOUT_S)  # the bench's client, as there
     reader.start()
     try:
         while int(await asyncio.to_thread(_get, port, "/count")) < waiters:
-            await asyncio.sleep(bench.HEALTH_POLL_S)
+            await asyncio.sleep(fanout.HEALTH_POLL_S)
         rss1 = rss_bytes(pid)
         cpu0, client_cpu0, fired_ns = cpu_seconds(pid), time.process_time(), time.monotonic_ns()
         await asyncio.to_thread(_get, port, "/fire")
@@ -137,7 +137,7 @@ async def _measure(pid: int, port: int, waiters: int) -> str:
             poll.close()
     lags = sorted((p.answered_ns - fired_ns) / 1e6 for p in polls if p.answered_ns)
     ok = sum(p.status == 200 for p in polls)
-    p50, p99 = pct(lags, 0.5), pct(lags, 0.99)
+    p50, p99 = percentile(lags, 0.5), percentile(lags, 0.99)
     return (
         f"{waiters} waiters: {(rss1 - rss0) / waiters:.0f} B/waiter, answer p50 {p50:.1f} ms "
         f"p99 {p99:.1f} ms, server CPU {1e6 * cpu_s / waiters:.1f} µs/answer, client CPU "
@@ -148,8 +148,8 @@ async def _measure(pid: int, port: int, waiters: int) -> str:
 
 def _sockets_only(waiters: int) -> str:
     """The system calls' floor (module docstring): CPU per answer of ``send`` and of ``epoll`` + ``recv``."""
-    fds = bench._raise_fd_limit(2 * waiters + bench.FD_HEADROOM)
-    pairs = min(waiters, (fds - bench.FD_HEADROOM) // 2)  # both ends are in this process
+    fds = fanout._raise_fd_limit(2 * waiters + fanout.FD_HEADROOM)
+    pairs = min(waiters, (fds - fanout.FD_HEADROOM) // 2)  # both ends are in this process
     listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
     servers: list[socket.socket] = []
     clients: list[socket.socket] = []
@@ -201,7 +201,7 @@ def main(
         for _ in range(repeats):
             typer.echo(_sockets_only(waiters))
         return
-    bench._raise_fd_limit(2 * waiters + bench.FD_HEADROOM)
+    fanout._raise_fd_limit(2 * waiters + fanout.FD_HEADROOM)
     for _ in range(repeats):
         port = free_port()
         server = subprocess.Popen(  # our own interpreter and module
@@ -216,17 +216,17 @@ def main(
                 except OSError:
                     if time.monotonic() > deadline or server.poll() is not None:
                         raise RuntimeError("the floor server did not start") from None
-                    time.sleep(bench.HEALTH_POLL_S)
+                    time.sleep(fanout.HEALTH_POLL_S)
             if use_uvloop:
                 _install_uvloop()
             typer.echo(asyncio.run(_measure(server.pid, port, waiters)))
         finally:
             server.send_signal(signal.SIGTERM)
             try:
-                server.wait(bench.SERVICE_STOP_TIMEOUT_S)
+                server.wait(fanout.SERVICE_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 server.kill()
-                server.wait(bench.SERVICE_STOP_TIMEOUT_S)
+                server.wait(fanout.SERVICE_STOP_TIMEOUT_S)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Per-stage trace of request-reply round trips: where the time of a slow one goes (issue 14).
 
-python -m purgatory.tools.bench.request_reply_trace --brokers 3 --rate 1000 --duration 10
+python -m purgatory.tools.bench.reply.trace --brokers 3 --rate 1000 --duration 10
 
 Both topics use ``message.timestamp.type=LogAppendTime`` so every record carries the time its
 leader appended it. Stages (wall clock, ms):
@@ -40,6 +40,8 @@ from purgatory.adapters.kafka import (
     REPLY_TOPIC,
     KafkaPurgatory,
     LocalKafkaCluster,
+    Request,
+    Responder,
     create_topic,
     encode_partition,
     header,
@@ -49,7 +51,8 @@ from purgatory.adapters.kafka.local import STEADY_STATE_JVM_OPTIONS
 
 from purgatory.settings import KafkaSettings
 
-from .request_reply import HAND_ROLLED_CLIENT, _cpu_s, _freeze_start_up, _thaw
+from ..measure import cpu_seconds_of, percentile, thread_times
+from .request_reply import HAND_ROLLED_CLIENT, _freeze_start_up, _thaw
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 
@@ -68,25 +71,14 @@ def _responder_main(topic: str, group: str, bootstrap: str, linger_ms: str, wind
     if window == "none":
         _no_window()
 
-    from purgatory.adapters.kafka import _responder as r
-
-    appended: dict[int, float] = {}
-    original = r.request_of
-
-    def request_of(message: Any) -> Any:
-        request = original(message)
-        appended[request.offset] = message.timestamp()[1] / 1000.0
-        return request
-
-    r.request_of = request_of
-
-    def handle(request: Any) -> bytes:
-        body = json.loads(request.value)
-        body["t1"] = appended.pop(request.offset, 0.0)
+    def handle(request: Request) -> bytes:
+        body = json.loads(request.value or b"{}")
+        # The topic's LogAppendTime: when the broker appended the request.
+        body["t1"] = (request.timestamp_ms or 0) / 1000.0
         body["t2"] = time.time()
         return json.dumps(body).encode()
 
-    echo = r.Responder(topic, handle, group=group, linger_ms=int(linger_ms))
+    echo = Responder(topic, handle, group=group, linger_ms=int(linger_ms))
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     echo.start(KafkaSettings(bootstrap_servers=bootstrap))
@@ -252,8 +244,7 @@ def _set(fut: asyncio.Future[Any], v: Any) -> None:
 
 
 def _pct(xs: list[float], p: float) -> float:
-    xs = sorted(x for x in xs if x == x)
-    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+    return percentile([x for x in xs if x == x], p)  # NaN (a stage not stamped) left out
 
 
 def _summary(name: str, rows: list[dict[str, float]], skip: int) -> dict[str, Any]:
@@ -321,18 +312,10 @@ def _threads() -> dict[str, tuple[float, int]]:
 
     names = {t.native_id: t.name for t in th.enumerate()}
     out: dict[str, tuple[float, int]] = {}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            status = (task / "status").read_text()
-            comm = (task / "comm").read_text().strip()
-        except OSError:
-            continue
-        switches = sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches" in line)
-        name = names.get(int(task.name), comm)
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for thread in thread_times(os.getpid()):
+        name = names.get(thread.tid, thread.name)
         old = out.get(name, (0.0, 0))
-        out[name] = (old[0] + cpu, old[1] + switches)
+        out[name] = (old[0] + thread.cpu_s, old[1] + thread.switches)
     return out
 
 
@@ -373,7 +356,7 @@ def main() -> None:
         topic = f"trace-requests-{uuid.uuid4().hex[:8]}"
         _create(bootstrap, topic, 1, args.brokers, topic_extra)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "purgatory.tools.bench.request_reply_trace", "responder",
+            [sys.executable, "-m", "purgatory.tools.bench.reply.trace", "responder",
              topic, "trace-echo", bootstrap, str(args.linger), "none" if args.no_window else "held"],
             stdout=subprocess.PIPE,
             text=True,
@@ -390,7 +373,11 @@ def main() -> None:
             total = int((args.duration + 2) * args.rate)
             for i in range(args.repeats):
                 for side in ("ours", "hand") if i % 2 == 0 else ("hand", "ours"):
-                    c0, r0, t0 = [_cpu_s([p]) for p in pids], _cpu_s([proc.pid]), time.process_time()
+                    c0, r0, t0 = (
+                        [cpu_seconds_of([p]) for p in pids],
+                        cpu_seconds_of([proc.pid]),
+                        time.process_time(),
+                    )
                     gc0 = [_jstat(p) for p in pids]
                     fn = _ours if side == "ours" else _hand
                     _MARKS.clear()
@@ -399,7 +386,7 @@ def main() -> None:
                     busy = sorted(((v[0] - th0.get(k, (0.0, 0))[0], v[1] - th0.get(k, (0.0, 0))[1], k)
                                    for k, v in th1.items()), reverse=True)[:8]  # fmt: skip
                     print("  threads (cpu s, switches): " + "; ".join(f"{k} {c:.2f} {n}" for c, n, k in busy))
-                    cpu = [(_cpu_s([p]) - c) / total * 1e6 for p, c in zip(pids, c0, strict=True)]
+                    cpu = [(cpu_seconds_of([p]) - c) / total * 1e6 for p, c in zip(pids, c0, strict=True)]
                     for p, g0 in zip(pids, gc0, strict=True):
                         g1 = _jstat(p)
                         print(
@@ -410,7 +397,7 @@ def main() -> None:
                         )
                     print(f"run {i + 1} {side}: load {os.getloadavg()[0]:.1f}; cpu us/req requester "
                           f"{(time.process_time() - t0) / total * 1e6:.0f} responder "
-                          f"{(_cpu_s([proc.pid]) - r0) / total * 1e6:.0f} brokers "
+                          f"{(cpu_seconds_of([proc.pid]) - r0) / total * 1e6:.0f} brokers "
                           + " ".join(f"{c:.0f}" for c in cpu), flush=True)  # fmt: skip
                     _summary(side, rows, int(2 * args.rate))
                     Path(f"/tmp/rr-trace-{side}-{i}.json").write_text(json.dumps(rows))

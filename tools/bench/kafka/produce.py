@@ -51,12 +51,12 @@ from typing import Annotated, Any
 
 import typer
 from confluent_kafka import KafkaError, Message, Producer
+from purgatory.adapters.kafka import provide_cluster
+from purgatory.adapters.kafka.local import free_port
 
 from purgatory.settings import load_settings
 
-from .._bench import ChildFailed, cpu_seconds, pct, result_of_child, stop_child
-from ._provider import provide_cluster
-from .local import free_port
+from ..measure import ChildFailed, ChildServer, cpu_seconds, percentile, result_of_child
 
 __all__ = ["TARGETS", "PlainProducer", "plain_app", "produce", "run_side"]
 
@@ -181,7 +181,7 @@ def plain_app(bootstrap: str, linger_ms: int) -> Any:
 
 
 def _plain_server_main(bootstrap: str, port: str, linger_ms: str) -> None:
-    """``python -m purgatory.adapters.kafka.produce_bench plain-server <bootstrap> <port> <linger>``."""
+    """``python -m purgatory.tools.bench.kafka.produce plain-server <bootstrap> <port> <linger>``."""
     import uvicorn
 
     uvicorn.run(
@@ -252,8 +252,8 @@ async def _workloads(
             "concurrency": concurrency,
             "failures": failures,
             "per_s": count / elapsed,
-            "p50_ms": pct(ms, 0.50),
-            "p99_ms": pct(ms, 0.99),
+            "p50_ms": percentile(ms, 0.50),
+            "p99_ms": percentile(ms, 0.99),
             "max_ms": ms[-1],
             "client_cpu_us": client_us,
             "server_cpu_us": server / count * 1e6 if server_pid is not None else float("nan"),
@@ -267,8 +267,7 @@ async def _library_side(spec: dict[str, Any]) -> dict[str, Any]:
     topic, bootstrap = spec["topic"], spec["bootstrap"]
     value = VALUE.encode()
     if spec["side"] == "purgatory":
-        from ._clients import ProducerRecord
-        from ._service import KafkaPurgatory
+        from purgatory.adapters.kafka import KafkaPurgatory, ProducerRecord
 
         settings = load_settings().kafka.model_copy(
             update={"bootstrap_servers": bootstrap, "produce_linger_ms": spec["linger_ms"]}
@@ -278,7 +277,7 @@ async def _library_side(spec: dict[str, Any]) -> dict[str, Any]:
 
         async def ours(i: int, _: int) -> bool:
             result = await aio.produce([ProducerRecord(topic, value, key=b"%d" % i)])
-            return result.succeeded
+            return bool(result.succeeded)
 
         try:
             return await _workloads(ours, spec, None)
@@ -363,12 +362,11 @@ def run_side(spec: dict[str, Any]) -> dict[str, Any]:
 # -- the orchestration (this process) -----------------------------------------------------------
 
 
-class _Server:
+class _Server(ChildServer):
     """One side's HTTP server in a child process of its own; stopped by its PID."""
 
     def __init__(self, side: str, bootstrap: str, linger_ms: int) -> None:
         port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "PURGATORY_LOG__LEVEL": "WARNING"}
         if side == "purgatory":
             env |= {
@@ -379,30 +377,10 @@ class _Server:
             command += ["--backlog", "4096"]
         else:
             command = [sys.executable, "-m", __name__, "plain-server", bootstrap, str(port), str(linger_ms)]
-        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.pid = self.process.pid
+        super().__init__(command, env, port, stop_timeout_s=STOP_S)
 
-    def wait_ready(self) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + SERVER_READY_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                stderr = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                raise RuntimeError(f"the server exited with {self.process.returncode}: {stderr[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=5) as response:  # loopback
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"the server did not come up within {SERVER_READY_S:.0f} s")
-
-    def stop(self) -> None:
-        stop_child(self.process, STOP_S)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
+    def wait_ready(self, timeout_s: float = SERVER_READY_S, poll_s: float = 0.2) -> None:
+        super().wait_ready(timeout_s, poll_s)
 
 
 def _run_in_process(spec: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ wall time is recorded next to it):
   to have run exactly once (cancelled ones never).
 
 Sides: ``wheel`` (this project; compiled or pure, whichever ``purgatory._accel`` chose),
-``heap_tuple`` and ``asyncio_heap`` (``purgatory.tools.bench.baselines``).
+``heap_tuple`` and ``asyncio_heap`` (``purgatory.tools.bench.core.baselines``).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from purgatory import _accel
 from purgatory.testing import MockTime, MockTimer
 from purgatory.timer import SystemTimer, TimerTask
 
-from ._measure import GcMeter
-from ._runner import PURE_SUFFIX, Comparison, SideSpec, Target, side_env
+from .._runner import PURE_SUFFIX, Comparison, SideSpec, Target, side_env
+from ..measure import GcMeter
 from .baselines import AsyncioHeapTimer, HeapTimer, ThreadedHeapTimer
 
 __all__ = ["SIDES", "WORKLOADS", "comparisons", "run_workload"]

@@ -5,9 +5,9 @@ cluster named by ``PURGATORY_KAFKA_BOOTSTRAP``), a fresh topic of P partitions, 
 service under uvicorn **in its own process** on 127.0.0.1 (started fresh for each case, so its
 RSS growth is the waiters'). The client is this process: one raw HTTP/1.1 connection per long
 poll (``GET .../records?offset=0&max_wait_ms=W``, waiter ``i`` on partition ``i % P``), its answers
-read by one epoll thread (:mod:`._h1_bench_client`); or, with ``--http2``, h2c connections of
+read by one epoll thread (:mod:`.h1_client`); or, with ``--http2``, h2c connections of
 ``--streams-per-connection`` streams each, read by a minimal HTTP/2 frame reader on asyncio
-(:mod:`._h2_bench_client`: ~2-3 µs of client CPU per answer, where the ``h2`` library's client
+(:mod:`.h2_client`: ~2-3 µs of client CPU per answer, where the ``h2`` library's client
 took ~61-67 µs and so set the p99 itself).
 
 Figures:
@@ -44,7 +44,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -57,14 +56,14 @@ from typing import Annotated
 
 import typer
 from confluent_kafka import Producer
+from purgatory.adapters.kafka import provide_cluster
+from purgatory.adapters.kafka.local import free_port
 
 from purgatory.settings import load_settings
 
-from .._bench import cpu_seconds, pct, rss_bytes, stop_child
-from ..kafka import provide_cluster
-from ..kafka.local import free_port
-from ._h1_bench_client import AnswerReader, H1LongPoll, open_long_polls
-from ._h2_bench_client import H2LongPoll, open_h2_long_polls
+from ..measure import ChildServer, cpu_seconds, percentile, rss_bytes
+from .h1_client import AnswerReader, H1LongPoll, open_long_polls
+from .h2_client import H2LongPoll, open_h2_long_polls
 
 __all__ = ["FanoutResult", "fanout", "run_case"]
 
@@ -127,7 +126,7 @@ def _http_json(url: str, timeout_s: float = 30.0) -> dict[str, object]:
         return dict(json.loads(response.read()))
 
 
-class ServiceProcess:
+class ServiceProcess(ChildServer):
     """The example service under uvicorn in a child process; stopped by its PID."""
 
     def __init__(
@@ -139,7 +138,6 @@ class ServiceProcess:
         server: str = "serve",
         env: Mapping[str, str] | None = None,
     ) -> None:
-        self.url = f"http://127.0.0.1:{port}"
         env = {
             **os.environ,
             "PURGATORY_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
@@ -161,26 +159,10 @@ class ServiceProcess:
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                 "--backlog", "4096", "--no-access-log", *server_args,
             ]  # fmt: skip
-        self.process = subprocess.Popen(  # our own interpreter and module
-            command,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
-        self.pid = self.process.pid
+        super().__init__(command, env, port, stop_timeout_s=SERVICE_STOP_TIMEOUT_S)
 
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the service exited with {self.process.returncode}: {self._stderr()}")
-            try:
-                if _http_json(f"{self.url}/healthz").get("status") == "ok":
-                    return
-            except OSError:
-                pass
-            time.sleep(HEALTH_POLL_S)
-        raise RuntimeError(f"the service did not come up within {SERVICE_START_TIMEOUT_S:.0f} s")
+    def wait_ready(self, timeout_s: float = SERVICE_START_TIMEOUT_S, poll_s: float = HEALTH_POLL_S) -> None:
+        super().wait_ready(timeout_s, poll_s)
 
     def pending_fetches(self, timeout_s: float = 30.0) -> int:
         health = _http_json(f"{self.url}/healthz", timeout_s)
@@ -194,22 +176,6 @@ class ServiceProcess:
                 if line.startswith("purgatory_service_task_free_long_polls_total "):
                     return int(float(line.split()[1]))
         return 0
-
-    def _stderr(self) -> str:
-        if self.process.stderr is None:
-            return ""
-        return self.process.stderr.read().decode(errors="replace")[-2000:]
-
-    def stop(self) -> None:
-        stop_child(self.process, SERVICE_STOP_TIMEOUT_S)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
-
-    def kill(self) -> None:
-        """SIGKILL now (a service past a memory cap must not take the machine's memory)."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(SERVICE_STOP_TIMEOUT_S)
 
 
 @contextmanager
@@ -380,8 +346,8 @@ async def _measure_case(
         register_per_s=registered / register_s if register_s > 0 else float("nan"),
         rss_per_waiter_bytes=(rss1 - rss0) / max(registered, 1),
         idle_cpu_pct=idle_cpu_pct,
-        answer_p50_ms=pct(lags, 0.50),
-        answer_p99_ms=pct(lags, 0.99),
+        answer_p50_ms=percentile(lags, 0.50),
+        answer_p99_ms=percentile(lags, 0.99),
         answer_max_ms=lags[-1] if lags else float("nan"),
         answer_cpu_us=1e6 * answer_cpu_s / max(completed, 1),
         completed=completed,

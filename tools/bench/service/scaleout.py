@@ -32,11 +32,10 @@ from typing import Annotated, Any
 import httpx
 import typer
 from prometheus_client.parser import text_string_to_metric_families
+from purgatory.adapters.kafka import provide_cluster
+from purgatory.adapters.service.instances import Instance, LocalInstances
 
 from purgatory.settings import load_settings
-
-from ..kafka import provide_cluster
-from .instances import Instance, LocalInstances
 
 __all__ = ["Sample", "measure_side", "scaleout"]
 

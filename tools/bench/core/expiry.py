@@ -24,8 +24,8 @@ from typing import Any
 from purgatory import _accel
 from purgatory.timer import SystemTimer, TimerTask
 
-from ._measure import GcMeter, percentile
-from ._runner import Comparison, Target, side_specs
+from .._runner import Comparison, Target, side_specs
+from ..measure import GcMeter, percentile
 from .baselines import ThreadedHeapTimer
 
 __all__ = ["ExpiryParams", "comparisons", "run_side"]

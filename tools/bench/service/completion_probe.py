@@ -1,6 +1,6 @@
 """What completing one key event's long polls costs the change feed's thread and the event loop.
 
-``python -m purgatory.tools.bench.completion_probe -n 10000 -r 7``
+``python -m purgatory.tools.bench.service.completion_probe -n 10000 -r 7``
 
 ``bench fanout`` measures the service's CPU per answer end to end, with Kafka, the HTTP/2 path and
 the client on the same two cores. This probe isolates the part issue 12's p99 hinges on: N
@@ -28,10 +28,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 import typer
-from purgatory.adapters.kafka import ChangeFeed, FetchedRecord, PartitionFacts, TopicPartitionKey
-from purgatory.adapters.kafka._facts import ClusterFacts
-from purgatory.adapters.kafka._record_cache import SharedReadReader
-from purgatory.adapters.service._fetch import OffLoopFetch
+from purgatory.adapters.kafka import (
+    ChangeFeed,
+    ClusterFacts,
+    FetchedRecord,
+    PartitionFacts,
+    SharedReadReader,
+    TopicPartitionKey,
+)
+from purgatory.adapters.service import OffLoopFetch
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
 from purgatory._loop_handoff import handoff_burst

@@ -8,7 +8,7 @@
  *   java -cp <libs>/*:<classes> PurgatoryHarness memory <pending> <key>...
  *
  * Workload file: first line the keys (space separated), then one "<interval ms> <latency ms>" per
- * request. Compiled by tools/bench/jvm.py into a cache directory, never into the repository.
+ * request. Compiled by tools/bench/core/jvm.py into a cache directory, never into the repository.
  */
 
 import java.io.BufferedReader;
@@ -171,10 +171,14 @@ public final class PurgatoryHarness {
         return new long[] {young, old, ms};
     }
 
+    // As tools/bench/measure.py's percentile (Python's statistics.quantiles, "inclusive"): the
+    // value at position q * (n - 1), interpolated between the two ranks around it.
     static double percentile(List<Double> sorted, double q) {
         if (sorted.isEmpty()) return Double.NaN;
-        int index = (int) Math.min(sorted.size() - 1, Math.max(0, Math.round(q * (sorted.size() - 1))));
-        return sorted.get(index);
+        double position = Math.min(1.0, Math.max(0.0, q)) * (sorted.size() - 1);
+        int below = (int) Math.floor(position);
+        int above = Math.min(sorted.size() - 1, below + 1);
+        return sorted.get(below) + (sorted.get(above) - sorted.get(below)) * (position - below);
     }
 
     static String num(double v) {

@@ -1,4 +1,5 @@
-"""``python -m purgatory.tools.bench.min_bytes_flood``: large-``min_bytes`` long polls vs the service's RSS.
+"""``python -m purgatory.tools.bench.service.min_bytes_flood``: large-``min_bytes`` long polls vs the
+service's RSS.
 
 The attack of the memory-runaway report: N long polls
 ``GET /topics/{t}/partitions/0/records?offset=E&min_bytes=16000000&max_bytes=16777216`` on one
@@ -33,13 +34,14 @@ from dataclasses import asdict, dataclass, field
 from typing import cast
 
 import httpx
-from purgatory.adapters._bench import rss_bytes
 from purgatory.adapters.kafka import provide_cluster
 from purgatory.adapters.kafka.local import free_port
-from purgatory.adapters.service._h2_bench_client import open_h2_long_polls
-from purgatory.adapters.service.bench import ServiceProcess
 
 from purgatory.settings import load_settings
+
+from ..measure import rss_bytes
+from .fanout import ServiceProcess
+from .h2_client import open_h2_long_polls
 
 __all__ = ["FloodResult", "flood", "main"]
 

@@ -25,7 +25,7 @@ Figures, per pending count (the second count shows the cost does not depend on i
   due ones) and ``check_and_complete`` calls;
 * requests sent to Kafka per second and per poll, polls per second, poll duration;
 * when the bench started the broker itself: the broker JVM's stop-the-world pauses in the window
-  (count, total, longest; ``_broker_pauses.py``) and how many of the slowest 1% of completions
+  (count, total, longest; ``broker_pauses.py``) and how many of the slowest 1% of completions
   had one while in flight.
 
 The broker: an existing cluster (``PURGATORY_KAFKA_BOOTSTRAP``) is used as it runs. A local one
@@ -71,11 +71,22 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from purgatory.adapters.kafka import (
+    TAIL_FETCH_WAIT_MS,
+    ChangeFeed,
+    DelayedReplication,
+    DelayedTopicReady,
+    KafkaOperation,
+    KafkaPurgatory,
+    TopicPartitionKey,
+    provide_cluster,
+)
+from purgatory.adapters.kafka.local import DEFAULT_HEAP_MB, FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
 
 from purgatory.settings import KafkaSettings, load_settings
 
-from .._bench import pct
-from ._broker_pauses import (
+from ..measure import percentile
+from .broker_pauses import (
     Collection,
     PauseSummary,
     gc_log_option,
@@ -84,12 +95,6 @@ from ._broker_pauses import (
     safepoint_log_option,
     summarize,
 )
-from ._feed import ChangeFeed
-from ._keys import TopicPartitionKey
-from ._operations import DelayedReplication, DelayedTopicReady, KafkaOperation
-from ._provider import provide_cluster
-from ._service import KafkaPurgatory
-from .local import DEFAULT_HEAP_MB, FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
 
 __all__ = ["BenchResult", "kafka", "run_once"]
 
@@ -326,15 +331,13 @@ class _FloorTail:
     settings): when each record reached a client that does nothing else (module doc)."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
-        from ._tail import FETCH_WAIT_MS
-
         self.consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
                 "group.id": f"bench-floor-{uuid.uuid4().hex[:8]}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "latest",
-                "fetch.wait.max.ms": FETCH_WAIT_MS,
+                "fetch.wait.max.ms": TAIL_FETCH_WAIT_MS,
                 "fetch.min.bytes": 1,
                 "socket.nagle.disable": True,
                 "log_level": 0,
@@ -548,15 +551,15 @@ def run_once(
         pending=workload.per_partition * partitions,
         partitions=partitions,
         completions=len(lags),
-        lag_p50_ms=pct(lags, 0.50),
-        lag_p99_ms=pct(lags, 0.99),
+        lag_p50_ms=percentile(lags, 0.50),
+        lag_p99_ms=percentile(lags, 0.99),
         lag_max_ms=lags[-1] if lags else float("nan"),
-        ack_lag_p50_ms=pct(from_ack, 0.50),
-        ack_lag_p99_ms=pct(from_ack, 0.99),
-        floor_p50_ms=pct(floor_lags, 0.50),
-        floor_p99_ms=pct(floor_lags, 0.99),
-        over_floor_p50_ms=pct(over_floor, 0.50),
-        over_floor_p99_ms=pct(over_floor, 0.99),
+        ack_lag_p50_ms=percentile(from_ack, 0.50),
+        ack_lag_p99_ms=percentile(from_ack, 0.99),
+        floor_p50_ms=percentile(floor_lags, 0.50),
+        floor_p99_ms=percentile(floor_lags, 0.99),
+        over_floor_p50_ms=percentile(over_floor, 0.50),
+        over_floor_p99_ms=percentile(over_floor, 0.99),
         tries_per_advance=(tries1 - tries0) / max(wakes1 - wakes0, 1),
         checks=checks1 - checks0,
         requests_per_s=(req1 - req0) / elapsed,

@@ -46,7 +46,6 @@ import typer
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
-from purgatory.adapters._bench import stop_child
 from purgatory.adapters.kafka import (
     CORRELATION_ID,
     REPLY_PARTITION,
@@ -59,12 +58,12 @@ from purgatory.adapters.kafka import (
     header,
     headers_of,
 )
-from purgatory.adapters.kafka.bench import BENCH_HEAP_MB, BENCH_HEAP_OPTIONS
 from purgatory.adapters.kafka.local import FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
 
 from purgatory.settings import KafkaSettings
 
-from ._measure import GcMeter, percentile
+from ..kafka.feed import BENCH_HEAP_MB, BENCH_HEAP_OPTIONS
+from ..measure import GcMeter, cpu_seconds_of, percentile, stop_child, thread_times
 
 __all__ = ["RunResult", "request_reply", "run_once"]
 
@@ -117,7 +116,7 @@ class RunResult:
 
 
 def _responder_main(topic: str, group: str, bootstrap: str, linger_ms: str = "0") -> None:
-    """Echo responder (``python -m purgatory.tools.bench.request_reply responder ...``)."""
+    """Echo responder (``python -m purgatory.tools.bench.reply.request_reply responder ...``)."""
     from purgatory.adapters.kafka import Request, Responder
 
     def value_of(request: Request) -> bytes | None:
@@ -257,11 +256,11 @@ def _drive(
         gc_meter.reset()  # the freeze's own full collection is start-up, not the run
         gc0 = _broker_gc(others[1])  # jstat is a process of its own: outside the CPU counted
         jit0 = _jit_cpu_s(others[1])
-        responder0, brokers0 = _cpu_s(others[0]), _cpu_s(others[1])
+        responder0, brokers0 = cpu_seconds_of(others[0]), cpu_seconds_of(others[1])
         cpu0 = time.process_time()
         figures = await _paced(request, rate, warmup_s, duration_s)
         requester = time.process_time() - cpu0
-        responder, brokers = _cpu_s(others[0]) - responder0, _cpu_s(others[1]) - brokers0
+        responder, brokers = cpu_seconds_of(others[0]) - responder0, cpu_seconds_of(others[1]) - brokers0
         jit = _jit_cpu_s(others[1]) - jit0
         gc1 = _broker_gc(others[1])
         broker_gc = (gc1[0] - gc0[0], gc1[1] - gc0[1])
@@ -403,9 +402,6 @@ def _resolve(future: asyncio.Future[bytes | None], value: bytes | None) -> None:
         future.set_result(value)
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
 def _freeze_start_up() -> None:
     # What a service does once started (the example service freezes its start-up objects too):
     # the modules, clients and settings built so far move out of the collector's generations, so a
@@ -421,41 +417,15 @@ def _thaw() -> None:
     gc.unfreeze()
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of ``pids`` so far (Linux /proc; 0 for a process gone)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15)
-    return total
-
-
 # The names HotSpot gives its JIT compiler threads ("C2 CompilerThread0", "C1 CompilerThread0"),
 # as /proc shows them: cut to the kernel's 15 characters.
 _JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
 
 
 def _jit_cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of the JIT compiler threads of the JVMs ``pids`` so far (Linux
-    /proc; a thread or process gone counts 0)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                if not (task / "comm").read_text().startswith(_JIT_THREADS):
-                    continue
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += (int(fields[11]) + int(fields[12])) / _TICKS
-    return total
+    """User + system CPU seconds of the JIT compiler threads of the JVMs ``pids`` so far (a thread
+    or process gone counts 0)."""
+    return sum(t.cpu_s for pid in pids for t in thread_times(pid) if t.name.startswith(_JIT_THREADS))
 
 
 def _broker_gc(pids: list[int]) -> tuple[int, float]:
@@ -839,4 +809,4 @@ if __name__ == "__main__":
     if len(sys.argv) in (5, 6) and sys.argv[1] == "responder":
         _responder_main(*sys.argv[2:])
     else:
-        sys.exit("usage: python -m purgatory.tools.bench.request_reply responder TOPIC GROUP BOOTSTRAP")
+        sys.exit("usage: python -m purgatory.tools.bench.reply.request_reply responder TOPIC GROUP BOOTSTRAP")
