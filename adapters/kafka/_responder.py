@@ -55,8 +55,6 @@ from typing import Any, Self
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from purgatory.settings import KafkaSettings
-
 from ._config import client_config, redacted
 from ._correlation import (
     CORRELATION_ID,
@@ -73,6 +71,7 @@ from ._correlation import (
 )
 from ._errors import KafkaAdapterError, KafkaUnavailableError
 from ._sender import DEFAULT_LINGER_MS, RecordSender
+from .settings import KafkaSettings
 
 __all__ = ["Handler", "Request", "Responder", "ResponderStats", "request_of", "responder"]
 

@@ -72,7 +72,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from purgatory.settings import KafkaSettings, load_settings
+from purgatory.settings import load_settings
 
 from .._bench import pct
 from ._broker_pauses import (
@@ -90,6 +90,7 @@ from ._operations import DelayedReplication, DelayedTopicReady, KafkaOperation
 from ._provider import provide_cluster
 from ._service import KafkaPurgatory
 from .local import DEFAULT_HEAP_MB, FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
+from .settings import KafkaSettings
 
 __all__ = ["BenchResult", "kafka", "run_once"]
 

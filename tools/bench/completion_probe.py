@@ -31,11 +31,11 @@ import typer
 from purgatory.adapters.kafka import ChangeFeed, FetchedRecord, PartitionFacts, TopicPartitionKey
 from purgatory.adapters.kafka._facts import ClusterFacts
 from purgatory.adapters.kafka._record_cache import SharedReadReader
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service._fetch import OffLoopFetch
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
 from purgatory._loop_handoff import handoff_burst
-from purgatory.settings import KafkaSettings
 
 __all__ = ["main", "probe_once"]
 

@@ -61,8 +61,7 @@ from purgatory.adapters.kafka import (
 )
 from purgatory.adapters.kafka.bench import BENCH_HEAP_MB, BENCH_HEAP_OPTIONS
 from purgatory.adapters.kafka.local import FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
-
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from ._measure import GcMeter, percentile
 
