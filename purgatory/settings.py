@@ -360,11 +360,16 @@ class _SectionComposer:
             try:
                 version, sections = self._registry.snapshot()
                 fields = self._model.__pydantic_fields__
-                for name, section in self._composed.items():
-                    if sections.get(name) is not section:
-                        del fields[name]
+                composed = {name: fields[name] for name in self._composed}
+                core = {name: field for name, field in fields.items() if name not in composed}
+                # The core's fields, then the sections in the registry's order: the same order
+                # (schema, `config show`) whatever was registered and removed before.
+                fields.clear()
+                fields.update(core)
                 for name, section in sections.items():
-                    if self._composed.get(name) is not section:
+                    if self._composed.get(name) is section:
+                        fields[name] = composed[name]
+                    else:
                         # As if declared `name: section = section()` in the class body.
                         fields[name] = FieldInfo.from_annotated_attribute(section, section())
                 self._composed = sections
