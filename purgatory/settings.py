@@ -283,7 +283,9 @@ class Settings(BaseSettings, metaclass=_ComposedSettingsMeta):
     # The adapters' sections (kafka, scaleout, admission, service...) are added by _SectionComposer.
 
     def __init__(self, /, **values: Any) -> None:
-        _compose_sections()  # built from an instance's view, the metaclass did not see this use
+        # Settings(...) reaches pydantic through type.__call__ and the instance's attributes,
+        # which the metaclass does not see: compose here.
+        _compose_sections()
         super().__init__(**values)
 
     if TYPE_CHECKING:
