@@ -11,20 +11,36 @@ reads ``PURGATORY_KAFKA_BOOTSTRAP``, the variable ``purgatory kafka up`` prints;
 they must agree. A ``PURGATORY_*`` variable that names no setting (``PURGATORY_MAX_PENDNG``) is
 reported with an :class:`UnknownSettingWarning` naming the closest setting.
 :func:`setting_origins` says where each effective value came from (``purgatory config show``).
+
+The core declares its own sections (``timer``, ``log``, ``journal``, the purgatory's limits); each
+adapter declares its sections in its own ``settings`` module (``kafka`` and ``scaleout`` in
+``purgatory.adapters.kafka.settings``, ``service`` and ``admission`` in
+``purgatory.adapters.service.settings``) and announces them under the entry-point group
+``purgatory.settings``; :func:`register_section` adds one from code that is not installed.
+:class:`Settings` composes them as fields of itself before it is first used as a model (built,
+validated, its fields or schema read), and again when the registry changes, so that a new field
+of an adapter's section is a variable (``PURGATORY_SERVICE__<FIELD>``), a TOML key, part of
+``purgatory config schema`` and of the unknown-variable check, with no change here.
+
+Reading a section: ``settings.kafka`` works at run time, but the core cannot name an adapter's
+class, so to mypy it is ``Any``; ``KafkaSettings.of(settings)`` (:meth:`Section.of`) returns it
+typed. The old names ``purgatory.settings.KafkaSettings`` (and ``ScaleOutSettings``,
+``AdmissionSettings``, ``ServiceSettings``) still resolve, through the registry, with a
+``DeprecationWarning``: import them from their adapter's ``settings`` module.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-import re
+import threading
 import tomllib
 import types
 import typing
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import annotated_types
 from pydantic import (
@@ -34,9 +50,12 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
-    ValidationInfo,
-    field_validator,
 )
+
+# pydantic's own metaclass, public in all of pydantic 2 though under _internal: Settings extends it
+# only to compose the adapters' sections before the class is used (see _ComposedSettingsMeta).
+from pydantic._internal._model_construction import ModelMetaclass
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -46,26 +65,33 @@ from pydantic_settings import (
 
 from ._errors import PurgatoryError
 from ._secrets import is_secret_name, remember_secret
+from ._settings_registry import SETTINGS_GROUP, SectionRegistry
 from .timer._timing_wheel import MAX_WHEEL_SIZE
 
 __all__ = [
     "BOOTSTRAP_ENV",
     "CONFIG_FILE_ENV",
-    "AdmissionSettings",
+    "MAX_DURATION_MS",
+    "SETTINGS_GROUP",
     "ConfigError",
+    "DurationMs",
+    "Int",
     "JournalSettings",
-    "KafkaSettings",
     "LogSettings",
+    "NonNegativeInt",
+    "PositiveInt",
     "PurgatoryOverrides",
-    "ScaleOutSettings",
-    "ServiceSettings",
+    "Section",
     "Settings",
     "TimerSettings",
     "UnknownSettingWarning",
     "is_secret_name",
     "load_settings",
+    "register_section",
     "setting_origins",
+    "settings_sections",
     "unknown_environment_variables",
+    "unregister_section",
 ]
 
 ENV_PREFIX = "PURGATORY_"
@@ -132,7 +158,10 @@ def _secret_values(value: object) -> Iterator[str]:
             yield from _secret_values(item)
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """Base of every settings section (the core's and the adapters'): frozen, unknown keys refused,
+    its secrets masked by value once it exists."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     def model_post_init(self, context: Any, /) -> None:
@@ -142,15 +171,27 @@ class _Section(BaseModel):
             for secret in _secret_values(getattr(self, name)):
                 remember_secret(secret)
 
+    @classmethod
+    def of(cls, settings: Settings) -> Self:
+        """This adapter section's value in ``settings``, typed for mypy: ``KafkaSettings.of(s)``.
 
-class TimerSettings(_Section):
+        Found by class in the registry (a subclass registered in its place counts as it).
+        """
+        name = _REGISTRY.name_of(cls)
+        value = getattr(settings, name)
+        if not isinstance(value, cls):
+            raise TypeError(f"settings.{name} is a {type(value).__qualname__}, not a {cls.__qualname__}")
+        return value
+
+
+class TimerSettings(Section):
     tick_ms: PositiveInt = Field(
         1, le=MAX_TICK_MS, description="Resolution of the finest timing wheel, in ms (Kafka: 1)."
     )
     wheel_size: PositiveInt = Field(20, le=MAX_WHEEL_SIZE, description="Buckets per wheel level (Kafka: 20).")
 
 
-class PurgatoryOverrides(_Section):
+class PurgatoryOverrides(Section):
     """Per-purgatory values; unset fields fall back to the top-level ones."""
 
     purge_interval: NonNegativeInt | None = None
@@ -160,131 +201,14 @@ class PurgatoryOverrides(_Section):
     timer: TimerSettings | None = None
 
 
-class LogSettings(_Section):
+class LogSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     format: Literal["auto", "json", "console"] = Field(
         "auto", description="auto: console on a terminal, JSON otherwise (production)."
     )
 
 
-class KafkaSettings(_Section):
-    """Connection to Kafka (used by the adapters; the core never imports a Kafka client)."""
-
-    bootstrap_servers: str | None = Field(
-        None, description="host:port[,host:port]; unset means: start the local cluster."
-    )
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_ca_location: str | None = None
-    ssl_certificate_location: str | None = None
-    ssl_key_location: str | None = None
-    ssl_key_password: SecretStr | None = None
-    # Declared before client_config: its validator reads them.
-    secret_keys: tuple[str, ...] = Field(
-        (),
-        description="client_config keys whose values are credentials, beyond those whose names say so "
-        "(password, secret, key, token, credential, jaas, oauthbearer, private).",
-    )
-    client_config: dict[str, str | SecretStr] = Field(
-        default_factory=dict,
-        description="Extra librdkafka settings passed through (credential-like keys are kept secret).",
-    )
-    # 10 ms: completion lag is about interval + one poll (~2.5 ms) + re-checks; at 20 ms the p99
-    # lag at 10k pending was 28 ms, at 10 ms 19.5 ms (purgatory bench kafka). Requests stay ~1.2
-    # per poll whatever the number of pending operations.
-    feed_interval_ms: DurationMs = Field(10, description="How often the change feed polls watched keys.")
-    # push by default since a stopped broker no longer stretches long-poll answers past their
-    # bound (tests/service/test_answer_bounds.py runs both modes); poll is the fallback.
-    feed_mode: Literal["push", "poll"] = Field(
-        "push",
-        description="push (default): watched partitions are tailed by a consumer (the broker's fetch "
-        "long poll wakes them) and polled every feed_refresh_ms. poll: every feed_interval_ms.",
-    )
-    feed_refresh_ms: DurationMs = Field(
-        500,
-        description="push mode: poll interval (leaders, ISR, log starts, outages) while every watched "
-        "key is a tailed partition; groups, topics, untailed or degraded keys keep feed_interval_ms.",
-    )
-
-    @field_validator("client_config", mode="after")
-    @classmethod
-    def _hide_passthrough_credentials(
-        cls, value: dict[str, str | SecretStr], info: ValidationInfo
-    ) -> dict[str, str | SecretStr]:
-        # 'sasl.password', 'ssl.key.pem', 'sasl.oauthbearer.config', 'my.apikey' and the keys
-        # named in secret_keys, passed through, must be as invisible in dumps and reprs as the
-        # typed credential fields.
-        declared = info.data.get("secret_keys", ())
-        return {
-            key: SecretStr(item) if isinstance(item, str) and is_secret_name(key, declared) else item
-            for key, item in value.items()
-        }
-
-    def client_config_values(self) -> dict[str, str]:
-        """The passthrough properties with credentials unwrapped: only for handing to librdkafka."""
-        return {
-            key: item.get_secret_value() if isinstance(item, SecretStr) else item
-            for key, item in self.client_config.items()
-        }
-
-    request_timeout_ms: DurationMs = Field(
-        5000, description="Bound on one batched admin request of the cluster view (then: unavailable)."
-    )
-    append_timeout_ms: DurationMs = Field(
-        10000, description="Delivery bound of a request-reply message (the sender's message.timeout.ms)."
-    )
-    produce_timeout_ms: DurationMs = Field(
-        30000,
-        description="Default timeout of a produce (DelayedProduce); also its producer's message.timeout.ms, "
-        "the longest the producer retries a record across leader changes.",
-    )
-    # 1 ms, measured (purgatory bench produce, 1 and 3 local brokers, 2 shared cores): the linger
-    # is added to every sequential produce's latency (p50 1.9 ms at 1, 3.3 at 2, 6.8 at 5 on one
-    # broker), and 2 or 5 ms gave no throughput back at 32 or 256 produces in flight on one
-    # broker (c32 6.2k/s at 1, 6.4k at 2, 4.2k at 5); at 3 brokers 5 ms was within the noise of
-    # 1 ms there (c256 0.89x vs 0.83x of the plain producer). Same as the plain producer's.
-    produce_linger_ms: int = Field(
-        1,
-        ge=0,
-        le=1000,
-        description="linger.ms of the produce producer: how long a record waits to share its batch.",
-    )
-    fetch_max_wait_ms: DurationMs = Field(500, description="Default DelayedFetch max_wait_ms (Kafka: 500).")
-    commit_timeout_ms: DurationMs = Field(30000, description="Default delay_ms of DelayedConsumerCommit.")
-    topic_ready_timeout_ms: DurationMs = Field(30000, description="Default delay_ms of DelayedTopicReady.")
-    delete_records_timeout_ms: DurationMs = Field(
-        30000, description="Default delay_ms of DelayedDeleteRecords."
-    )
-
-
-class AdmissionSettings(_Section):
-    """How many waiters the example service holds (docs/design.md §8): past a limit, 429 + Retry-After.
-
-    Memory is bounded by them: at most ``max_waiters`` operations (with their HTTP requests)
-    are held, at most ``max_waiters_per_key`` of them on one partition, none longer than
-    ``max_wait_ms``.
-    """
-
-    max_waiters: PositiveInt = Field(
-        60_000, description="Waiting requests (long polls and produces) one service process holds."
-    )
-    max_waiters_per_key: PositiveInt = Field(
-        50_000, description="Waiting requests on one partition (unless purgatories.<name> sets one)."
-    )
-    max_wait_ms: DurationMs = Field(
-        30_000, description="Longer long polls (max_wait_ms) are clamped to this: answered by then."
-    )
-    retry_after_s: PositiveInt = Field(1, description="Retry-After of a 429 answer (service full).")
-    gc_thresholds: tuple[PositiveInt, NonNegativeInt, NonNegativeInt] | None = Field(
-        (50_000, 20, 100),
-        description="The service's cyclic-GC thresholds while it serves (gc.set_threshold; start-up "
-        "objects frozen): held waiters are long-lived. None: the interpreter's (700, 10, 10).",
-    )
-
-
-class JournalSettings(_Section):
+class JournalSettings(Section):
     """The operation journal (``purgatory.journal``) and its Spark analytics (``purgatory analyze``)."""
 
     enabled: bool = Field(False, description="Journal every operation's lifecycle.")
@@ -306,182 +230,33 @@ class JournalSettings(_Section):
     watermark: str = Field("10 minutes", description="Streaming: how late an event may arrive and count.")
 
 
-MIN_SCALEOUT_SECRET_CHARS = 16
+def _compose_sections() -> None:
+    # _COMPOSER is looked up at call time: the metaclass runs while Settings is being created,
+    # before it exists.
+    composer = globals().get("_COMPOSER")
+    if composer is not None:
+        composer.compose()
 
 
-def _check_http_url(value: str) -> None:
-    # fullmatch: re.match's "$" also matches before a trailing newline ("http://a:1\n").
-    if not re.fullmatch(r"https?://[^/\s]+", value):
-        raise ValueError(f"should be http(s)://host:port without a path, got {value!r}")
+class _ComposedSettingsMeta(ModelMetaclass):
+    """pydantic's model metaclass, composing the registered sections into the class first.
 
-
-class ScaleOutSettings(_Section):
-    """Many instances of one service split the watched partitions through Kafka's group protocol.
-
-    Each instance joins the consumer group ``group_id`` (subscribed to ``topics``) and owns the
-    partitions the group assigns it; its ``advertised_url`` travels as the member's ``client.id``
-    so that every instance can tell a client where a partition's owner is (docs/design.md §7).
-    Any client able to join the group could advertise a URL too: an instance forwards or redirects
-    only to members that prove they belong (``secret`` and/or ``trusted_urls``; docs/guide/scale-out.md).
+    Reading ``Settings.model_fields``, ``model_validate``, ``model_json_schema`` or pydantic's own
+    ``__pydantic_*__`` (a subclass's creation reads them) composes the sections when the registry
+    changed since the last time; any other attribute costs one string test.
     """
 
-    enabled: bool = Field(False, description="Join the ownership group; serve only owned partitions.")
-    group_id: str = Field(
-        "purgatory-service", min_length=1, description="Consumer group the instances of one service join."
-    )
-    topics: tuple[str, ...] = Field(
-        (), description="Topics whose partitions are split (a name starting with ^ is a regex)."
-    )
-    advertised_url: str | None = Field(
-        None, description="This instance's base URL as clients reach it (e.g. http://10.0.0.7:8080)."
-    )
-    mode: Literal["redirect", "forward"] = Field(
-        "redirect", description="A request for another owner's partition: 307 to it, or forwarded to it."
-    )
-    session_timeout_ms: DurationMs = Field(
-        10000, description="Group session timeout: how long a dead instance keeps its partitions."
-    )
-    heartbeat_interval_ms: DurationMs = Field(1000, description="Group heartbeat interval.")
-    owners_refresh_ms: DurationMs = Field(
-        5000, description="DescribeConsumerGroups at most this often when nothing moved (else sooner)."
-    )
-    retry_after_s: PositiveInt = Field(
-        1, description="Retry-After of a 503/307 while a partition has no owner or is moving."
-    )
-    forward_timeout_ms: DurationMs = Field(
-        65000, description="Bound on one forwarded request (above the longest long poll)."
-    )
-    forward_max_connections: PositiveInt = Field(
-        100, description="Connection pool of forwarding (all owners together)."
-    )
-    secret: SecretStr | None = Field(
-        None,
-        description="Shared by every instance of the service: each signs its advertised URL with it "
-        "(HMAC-SHA256, carried in its client.id) and forwards or redirects only to members whose "
-        f"signature verifies (at least {MIN_SCALEOUT_SECRET_CHARS} characters; docs/guide/scale-out.md).",
-    )
-    trusted_urls: tuple[str, ...] = Field(
-        (),
-        description="If set, only members advertising one of these URLs are forwarded or redirected "
-        "to (with secret: both must hold). Scale-out needs secret or trusted_urls.",
-        validate_default=True,
-    )
-
-    @field_validator("advertised_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            _check_http_url(value)
-        return value
-
-    @field_validator("secret")
-    @classmethod
-    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < MIN_SCALEOUT_SECRET_CHARS:
-            raise ValueError(
-                f"should have at least {MIN_SCALEOUT_SECRET_CHARS} characters "
-                "(e.g. the output of `openssl rand -hex 32`)"
-            )
-        return value
-
-    # A field validator (validate_default: it runs when trusted_urls is not given), not a model
-    # validator: a refusal then shows this field's value, never the section with its secret.
-    @field_validator("trusted_urls")
-    @classmethod
-    def _owners_authenticated(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
-        for url in value:
-            _check_http_url(url)
-        advertised = info.data.get("advertised_url")
-        if value and advertised and advertised not in value:
-            raise ValueError(
-                f"scaleout.advertised_url {advertised!r} is not one of scaleout.trusted_urls: "
-                "the other instances would not trust this one"
-            )
-        if "secret" not in info.data:
-            return value  # the secret itself was refused: that error says why
-        # Secure by default: without a way to tell instances from any other group member, a
-        # consumer joining the group with a forged client.id would receive forwarded requests
-        # (with their callers' credentials) or have clients redirected to it.
-        if info.data.get("enabled") and info.data["secret"] is None and not value:
-            raise ValueError(
-                "scaleout.enabled needs scaleout.secret (PURGATORY_SCALEOUT__SECRET, the same on "
-                "every instance) or scaleout.trusted_urls (PURGATORY_SCALEOUT__TRUSTED_URLS): without "
-                "them any member of the consumer group could pose as an instance"
-            )
-        return value
+    def __getattribute__(cls, name: str) -> Any:
+        if name.startswith(("model_", "__pydantic_")):
+            _compose_sections()
+        return super().__getattribute__(name)
 
 
-class ServiceSettings(_Section):
-    """The example HTTP service (``purgatory.adapters.service``): limits, authentication, topics.
-
-    Authentication is off until configured: ``auth_tokens`` (clients send ``Authorization:
-    Bearer <token>``) and/or TLS with ``tls_client_auth = "required"`` (every client presents a
-    certificate signed by ``tls_ca_certs``). ``/healthz`` answers everyone, but shows cluster
-    details (bootstrap servers, reachability) only to an authenticated client.
-    """
-
-    max_header_count: PositiveInt = Field(
-        100, description="Requests with more header fields are refused (431)."
-    )
-    max_header_bytes: PositiveInt = Field(
-        16 * 1024,
-        description="Bound on a request's header block (431; h11 refuses larger heads before the app).",
-    )
-    head_read_timeout_ms: DurationMs = Field(
-        10_000,
-        description="A request head (request line and header fields) not received in full within "
-        "this long is answered 408 and the connection closed (headers trickled slowly: slowloris).",
-    )
-    fast_long_poll: bool = Field(
-        True,
-        description="Serve idle long polls (GET .../partitions/{p}/records) below the ASGI app: a "
-        "waiting poll holds no asyncio task and its answer is written from the batch wake-up "
-        "(same checks and answers as the ASGI route; anything else still goes through it).",
-    )
-    http2: bool = Field(
-        True,
-        description="Accept HTTP/2 with prior knowledge (h2c, the connection preface) on the same port "
-        "beside HTTP/1.1: one connection multiplexes many long polls (idle ones served below the ASGI "
-        "app, as with fast_long_poll; other requests bridged to it). Needs the service's own server.",
-    )
-    body_read_timeout_ms: DurationMs = Field(
-        10_000,
-        description="A request body not received in full within this long is answered 408 "
-        "(a Content-Length larger than the body sent holds nothing forever).",
-    )
-    auth_tokens: tuple[SecretStr, ...] = Field(
-        (), description="Bearer tokens accepted (any one); empty: no token authentication."
-    )
-    allowed_topics: tuple[str, ...] = Field(
-        ("*",), description="Glob patterns (fnmatch, case-sensitive) of the topics clients may use."
-    )
-    denied_topics: tuple[str, ...] = Field(
-        ("_*",),
-        description="Glob patterns refused even when allowed (403). Default: names starting with '_' "
-        "(Kafka's __consumer_offsets, __transaction_state; Confluent's _confluent-*, _schemas).",
-    )
-    tls_certfile: str | None = Field(None, description="Serve HTTPS with this certificate chain (PEM).")
-    tls_keyfile: str | None = Field(None, description="Private key of tls_certfile (PEM).")
-    tls_keyfile_password: SecretStr | None = None
-    tls_ca_certs: str | None = Field(None, description="CA bundle that client certificates must chain to.")
-    tls_client_auth: Literal["none", "required"] = Field(
-        "none", description="required: mutual TLS, a client without a valid certificate is refused."
-    )
-
-    @field_validator("tls_client_auth")
-    @classmethod
-    def _mutual_tls_is_complete(cls, value: str, info: ValidationInfo) -> str:
-        # "required" without a server certificate or a CA would serve plain HTTP unauthenticated.
-        # (A field validator, not a model one: the error then quotes this value, not the
-        # section's, which may hold the tokens.)
-        missing = [name for name in ("tls_certfile", "tls_ca_certs") if info.data.get(name) is None]
-        if value == "required" and missing:
-            raise ValueError(f"'required' needs {' and '.join(missing)}")
-        return value
-
-
-class Settings(BaseSettings):
+class Settings(BaseSettings, metaclass=_ComposedSettingsMeta):
     """Every setting of the purgatory and its adapters."""
+
+    # The docstring above is the JSON Schema's description (config/settings.schema.json). The
+    # adapters' sections are composed in as fields by _SectionComposer: see the module docstring.
 
     model_config = SettingsConfigDict(
         env_prefix="PURGATORY_",
@@ -504,11 +279,19 @@ class Settings(BaseSettings):
     broker_id: Int = 0
     purgatories: dict[str, PurgatoryOverrides] = Field(default_factory=dict)
     log: LogSettings = LogSettings()
-    kafka: KafkaSettings = KafkaSettings()
     journal: JournalSettings = JournalSettings()
-    scaleout: ScaleOutSettings = ScaleOutSettings()
-    admission: AdmissionSettings = AdmissionSettings()
-    service: ServiceSettings = ServiceSettings()
+    # The adapters' sections (kafka, scaleout, admission, service...) are added by _SectionComposer.
+
+    def __init__(self, /, **values: Any) -> None:
+        # Settings(...) reaches pydantic through type.__call__ and the instance's attributes,
+        # which the metaclass does not see: compose here.
+        _compose_sections()
+        super().__init__(**values)
+
+    if TYPE_CHECKING:
+        # An adapter's section is a field added at run time: to mypy it is Any here. Typed reading
+        # goes through the section's class: KafkaSettings.of(settings).
+        def __getattr__(self, name: str) -> Any: ...
 
     @classmethod
     def settings_customise_sources(
@@ -519,11 +302,9 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [
-            init_settings,
-            env_settings,
-            _BootstrapAliasSource(settings_cls),
-        ]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if "kafka" in settings_cls.model_fields:  # the Kafka adapter's section is installed
+            sources.append(_BootstrapAliasSource(settings_cls))
         toml_file = _TOML_FILE.get("path") or os.environ.get(CONFIG_FILE_ENV)
         if toml_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml_file)))
@@ -547,6 +328,110 @@ class Settings(BaseSettings):
             "tick_ms": timer.tick_ms,
             "wheel_size": timer.wheel_size,
         }
+
+
+class _SectionComposer:
+    """Makes the registry's sections fields of ``Settings``, again whenever the registry changes.
+
+    In place rather than a subclass per registry state: ``Settings(...)``, ``isinstance(x,
+    Settings)``, ``Settings.model_fields`` and ``Settings.model_json_schema()`` keep meaning the one
+    class that users and adapters import. Lazily, at first use rather than at import: loading the
+    entry points imports the adapters, which import this module.
+    """
+
+    def __init__(self, model: type[BaseSettings], registry: SectionRegistry) -> None:
+        self._model = model
+        self._registry = registry
+        self._version = 0  # the registry's version last composed
+        self._composed: dict[str, type[BaseModel]] = {}
+        # Lock: one thread composes while others wait. _busy: the composing thread's own reads of
+        # the class (pydantic's rebuild, an adapter imported by the entry points) see it as it is.
+        self._lock = threading.RLock()
+        self._busy = threading.local()
+
+    def _stale(self) -> bool:
+        return self._version != self._registry.version and not getattr(self._busy, "on", False)
+
+    def compose(self) -> None:
+        if not self._stale():
+            return
+        with self._lock:
+            if not self._stale():
+                return
+            self._busy.on = True
+            try:
+                version, sections = self._registry.snapshot()
+                fields = self._model.__pydantic_fields__
+                composed = {name: fields[name] for name in self._composed}
+                core = {name: field for name, field in fields.items() if name not in composed}
+                # The core's fields, then the sections in the registry's order: the same order
+                # (schema, `config show`) whatever was registered and removed before.
+                fields.clear()
+                fields.update(core)
+                for name, section in sections.items():
+                    if self._composed.get(name) is section:
+                        fields[name] = composed[name]
+                    else:
+                        # As if declared `name: section = section()` in the class body.
+                        fields[name] = FieldInfo.from_annotated_attribute(section, section())
+                self._composed = sections
+                self._model.model_rebuild(force=True)
+                self._version = version
+            finally:
+                self._busy.on = False
+
+
+_REGISTRY = SectionRegistry(reserved=Settings.__annotations__)
+_COMPOSER = _SectionComposer(Settings, _REGISTRY)
+
+
+def register_section(name: str, section: type[Section]) -> None:
+    """Compose ``section`` into :class:`Settings` as ``name`` (replacing one of that name).
+
+    For sections of code that is not installed; an installed adapter announces its sections under
+    the entry-point group ``purgatory.settings`` instead. Settings built afterwards carry it:
+    ``PURGATORY_<NAME>__<FIELD>``, the TOML table ``[<name>]``, the schema.
+    """
+    _REGISTRY.register(name, section)
+
+
+def unregister_section(name: str) -> None:
+    """Remove the section ``name`` that :func:`register_section` added (an installed one returns)."""
+    _REGISTRY.unregister(name)
+
+
+def settings_sections() -> dict[str, type[BaseModel]]:
+    """The adapters' sections composed into :class:`Settings`, by name (installed, then registered)."""
+    return _REGISTRY.sections()
+
+
+# Sections that moved to their adapter: name here -> section name. Resolved through the registry
+# (the core imports no adapter) for the code that still imports them from here.
+_MOVED_SECTIONS = {
+    "KafkaSettings": "kafka",
+    "ScaleOutSettings": "scaleout",
+    "AdmissionSettings": "admission",
+    "ServiceSettings": "service",
+}
+
+
+def __getattr__(name: str) -> type[BaseModel]:
+    section = _MOVED_SECTIONS.get(name)
+    if section is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    installed = _REGISTRY.installed()
+    if section not in installed:
+        raise AttributeError(
+            f"purgatory.settings.{name} moved to its adapter, whose section {section!r} is not "
+            f"installed (entry points of {SETTINGS_GROUP}: {sorted(installed)})"
+        )
+    cls = installed[section]
+    warnings.warn(
+        f"purgatory.settings.{name} is deprecated: import it from {cls.__module__}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return cls
 
 
 class _BootstrapAliasSource(PydanticBaseSettingsSource):

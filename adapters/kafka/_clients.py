@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from purgatory._loop_handoff import release_burst
-from purgatory.settings import KafkaSettings
 
 from ._config import client_config
 from ._errors import (
@@ -32,6 +31,7 @@ from ._errors import (
     UnknownTopicError,
 )
 from ._keys import TopicPartitionKey, _check_partition, _check_topic
+from .settings import KafkaSettings
 
 __all__ = [
     "DIGEST_BYTES",

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from purgatory._secrets import MASK, mask_secret_values
-from purgatory.settings import KafkaSettings, is_secret_name
+from purgatory.settings import is_secret_name
 
 from ._errors import KafkaConfigError
+from .settings import KafkaSettings
 
 __all__ = [
     "PRODUCE_GUARANTEES",

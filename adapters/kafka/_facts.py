@@ -14,8 +14,6 @@ from typing import Literal, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
-from purgatory.settings import KafkaSettings
-
 from ._errors import (
     InvalidOffsetError,
     InvalidTopicError,
@@ -25,6 +23,7 @@ from ._errors import (
     UnknownTopicError,
 )
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
+from .settings import KafkaSettings
 
 __all__ = [
     "NO_LEADER",

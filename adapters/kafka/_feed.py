@@ -68,7 +68,6 @@ import structlog
 
 from purgatory import DelayedOperation, PurgatoryListener
 from purgatory._loop_handoff import handoff_burst
-from purgatory.settings import KafkaSettings
 
 from ._clients import FetchedRecord
 from ._errors import KafkaUnavailableError
@@ -77,6 +76,7 @@ from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
 from ._offset_index import AT, OP, Entry, OffsetIndex
 from ._tail import PartitionTail, TailedPosition
 from ._view import ClusterView
+from .settings import KafkaSettings
 
 __all__ = ["ChangeFeed", "FeedStats", "Purgatoryish", "RecordSink"]
 

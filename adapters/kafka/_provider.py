@@ -18,9 +18,10 @@ from typing import Literal, Self
 
 import structlog
 
-from purgatory.settings import BOOTSTRAP_ENV, KafkaSettings
+from purgatory.settings import BOOTSTRAP_ENV
 
 from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster
+from .settings import KafkaSettings
 
 __all__ = [
     "BOOTSTRAP_ENV",

@@ -60,7 +60,6 @@ import structlog
 from confluent_kafka.admin import AdminClient
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome, PurgatoryError
-from purgatory.settings import KafkaSettings, ScaleOutSettings
 
 from ._admin import BROKER_DEFAULT, create_topic
 from ._clients import FetchedRecord
@@ -83,6 +82,7 @@ from ._ownership import PartitionOwnership
 from ._request import DelayedRequest
 from ._sender import DEFAULT_LINGER_MS, RecordSender
 from ._tail import PartitionTail, TailedPosition
+from .settings import KafkaSettings, ScaleOutSettings
 
 __all__ = ["LateReply", "ReplyRouter", "ReplyRouterStats"]
 

@@ -63,8 +63,6 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from purgatory.settings import KafkaSettings
-
 from ._config import client_config, redacted
 from ._correlation import (
     CORRELATION_ID,
@@ -81,6 +79,7 @@ from ._correlation import (
 )
 from ._errors import KafkaAdapterError, KafkaUnavailableError
 from ._sender import DEFAULT_LINGER_MS, RecordSender
+from .settings import KafkaSettings
 
 __all__ = ["Handler", "Request", "Responder", "ResponderStats", "request_of", "responder"]
 

@@ -72,7 +72,7 @@ import structlog
 from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError
 from purgatory._loop_handoff import handoff_for
 from purgatory.journal import Journal
-from purgatory.settings import ConfigError, KafkaSettings, Settings, load_settings
+from purgatory.settings import ConfigError, Settings, load_settings
 
 from ._admin import BROKER_DEFAULT, create_topic, delete_records
 from ._calls import KafkaCalls
@@ -105,6 +105,7 @@ from ._results import (
 )
 from ._sender import DEFAULT_LINGER_MS, RecordSender, produce_one
 from ._view import ClusterView
+from .settings import KafkaSettings
 
 __all__ = ["PURGATORY_NAMES", "AsyncKafkaPurgatory", "KafkaPurgatory"]
 

@@ -63,12 +63,11 @@ from typing import Self
 import structlog
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
-from purgatory.settings import KafkaSettings
-
 from ._clients import FetchedRecord
 from ._config import client_config, redacted
 from ._correlation import headers_of
 from ._keys import TopicPartitionKey
+from .settings import KafkaSettings
 
 __all__ = ["PartitionTail", "TailStats", "TailedPosition"]
 

@@ -61,8 +61,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
     OffsetSpec,
 )
 
-from purgatory.settings import KafkaSettings
-
 from ._config import client_config, redacted
 from ._errors import (
     KafkaUnavailableError,
@@ -80,6 +78,7 @@ from ._facts import (
 )
 from ._group_offsets import _CommittedOffsetReaders
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
+from .settings import KafkaSettings
 
 __all__ = ["ClusterView"]
 

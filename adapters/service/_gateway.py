@@ -475,8 +475,9 @@ class Gateway:
         A clamp, not a refusal (Kafka's fetch may also answer before its max wait): the client
         gets what arrived and polls again. It bounds how long a waiter holds memory.
         """
-        wait = self.settings.kafka.fetch_max_wait_ms if requested is None else requested
-        return min(wait, self.settings.admission.max_wait_ms)
+        wait: int = self.settings.kafka.fetch_max_wait_ms if requested is None else requested
+        limit: int = self.settings.admission.max_wait_ms  # typed: sections are Any to mypy
+        return min(wait, limit)
 
     async def _check_offset_in_range(self, key: TopicPartitionKey, offset: int) -> None:
         """416 unless ``offset`` lies in the partition's ``[log start, high watermark]``.

@@ -78,7 +78,7 @@ import structlog
 from starlette.responses import JSONResponse, Response
 
 from purgatory import Outcome
-from purgatory.settings import ServiceSettings, Settings
+from purgatory.settings import Settings
 
 from ..kafka import DelayedFetch, ErrorCode
 from ._app import (
@@ -98,6 +98,7 @@ from ._h2_answers import (
 )
 from ._h2_inbound import BoundedHeaderDecoder, InboundFrames
 from ._long_poll import _app_state, _checked_poll, _long_poll_route, _plain_get_headers
+from .settings import ServiceSettings
 
 __all__ = [
     "H2_PREFACE",

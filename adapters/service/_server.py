@@ -24,11 +24,10 @@ from typing import Any, Self
 import structlog
 import uvicorn
 
-from purgatory.settings import ServiceSettings
-
 from ._h2_long_poll import http2_capable
 from ._head_timeout import head_timeout_protocol
 from ._long_poll import long_poll_protocol
+from .settings import ServiceSettings
 
 __all__ = ["BackgroundServer", "ReleasingServer", "ServerStartError", "uvicorn_options"]
 

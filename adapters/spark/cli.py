@@ -47,9 +47,8 @@ def _check_topic(bootstrap: str, topic: str, kafka: object, extra: dict[str, str
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from purgatory.settings import KafkaSettings
-
     from ..kafka import client_config
+    from ..kafka.settings import KafkaSettings
 
     assert isinstance(kafka, KafkaSettings)
     config: dict[str, str | int | float | bool] = {**client_config(kafka, bootstrap), "log_level": "0"}

@@ -181,7 +181,7 @@ def broker_fault(cluster: LocalKafkaCluster, mode: str, *, with_groups: bool = T
     """
     if mode not in ("kill", "pause"):
         raise ValueError(f"mode must be 'kill' or 'pause', got {mode!r}")
-    from purgatory.settings import KafkaSettings
+    from purgatory.adapters.kafka.settings import KafkaSettings
 
     ProducerRecord, TopicPartitionKey = kafka.ProducerRecord, kafka.TopicPartitionKey
 

@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
+from purgatory.adapters.service.settings import AdmissionSettings
 from rich.console import Console
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, _accel
-from purgatory.settings import AdmissionSettings
 
 from .._runner import Comparison, Target, side_specs
 from ..measure import GcMeter, percentile
@@ -82,7 +82,7 @@ class PurgatoryParams:
     def gc_thresholds(self) -> tuple[int, int, int] | None:
         """The thresholds the measured run sets, None: leave the interpreter's."""
         if self.gc == "service":
-            thresholds = AdmissionSettings().gc_thresholds
+            thresholds: tuple[int, int, int] | None = AdmissionSettings().gc_thresholds
             assert thresholds is not None  # the service's default policy sets them
             return thresholds
         return None

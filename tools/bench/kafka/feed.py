@@ -82,8 +82,9 @@ from purgatory.adapters.kafka import (
     provide_cluster,
 )
 from purgatory.adapters.kafka.local import DEFAULT_HEAP_MB, FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
+from purgatory.adapters.kafka.settings import KafkaSettings
 
-from purgatory.settings import KafkaSettings, load_settings
+from purgatory.settings import load_settings
 
 from ..measure import percentile
 from .broker_pauses import (

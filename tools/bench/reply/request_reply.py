@@ -59,8 +59,7 @@ from purgatory.adapters.kafka import (
     headers_of,
 )
 from purgatory.adapters.kafka.local import FAST_START_JVM_OPTIONS, STEADY_STATE_JVM_OPTIONS
-
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from ..kafka.feed import BENCH_HEAP_MB, BENCH_HEAP_OPTIONS
 from ..measure import GcMeter, cpu_seconds_of, percentile, stop_child, thread_times

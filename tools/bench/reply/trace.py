@@ -48,8 +48,7 @@ from purgatory.adapters.kafka import (
     headers_of,
 )
 from purgatory.adapters.kafka.local import STEADY_STATE_JVM_OPTIONS
-
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from ..measure import cpu_seconds_of, percentile, thread_times
 from .request_reply import HAND_ROLLED_CLIENT, _freeze_start_up, _thaw

@@ -36,11 +36,11 @@ from purgatory.adapters.kafka import (
     SharedReadReader,
     TopicPartitionKey,
 )
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import OffLoopFetch
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
 from purgatory._loop_handoff import handoff_burst
-from purgatory.settings import KafkaSettings
 
 __all__ = ["main", "probe_once"]
 
