@@ -29,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -318,8 +320,7 @@ class _Load:
             self.history.commit_waits.append(wait)
             waiting = asyncio.create_task(self._wait_commit(wait, key))
             await asyncio.sleep(self.rng.uniform(0.0, 1.5))  # the race's offset: by design
-            self.history.commits.append(CommitIssue(target, _now(self.origin)))
-            self.committer.commit(target)
+            self.committer.commit(target, self.history.commits, lambda: _now(self.origin))
             await waiting
 
     async def _wait_commit(self, wait: CommitWait, key: Any) -> None:
@@ -358,10 +359,14 @@ class _Load:
 
 
 class _Committer:
-    """Commits the commit waits' offsets with a plain consumer, each on a thread of its own.
+    """Commits the commit waits' offsets with a plain consumer, in order, on one thread.
 
-    A synchronous commit to a frozen coordinator may block for librdkafka's socket timeout: on a
-    daemon thread it holds nobody (the wait it races is bounded on its own).
+    One thread, in order: commits run concurrently could land out of order (a commit stuck on a
+    frozen coordinator landing after a later one) and move the group's offset back, which is
+    the committer's doing, not the service's. A synchronous commit to a frozen coordinator may
+    block for librdkafka's socket timeout; it holds only this daemon thread (the waits racing the
+    commits behind it are bounded on their own and answer timed out). Each commit is recorded as
+    issued when the call begins, with the load's clock (``now``).
     """
 
     def __init__(self, bootstrap: str, group: str, topic: str) -> None:
@@ -371,24 +376,30 @@ class _Committer:
         self.consumer = Consumer(
             {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "log_level": 0}
         )
-        self.threads: list[threading.Thread] = []
+        self.queue: queue.SimpleQueue[tuple[int, list[CommitIssue], Callable[[], float]] | None] = (
+            queue.SimpleQueue()
+        )
+        self.thread = threading.Thread(target=self._run, name="chaos-committer", daemon=True)
+        self.thread.start()
 
-    def commit(self, offset: int) -> None:
+    def commit(self, offset: int, issued: list[CommitIssue], now: Callable[[], float]) -> None:
+        self.queue.put((offset, issued, now))
+
+    def _run(self) -> None:
         from confluent_kafka import TopicPartition
 
-        def run() -> None:
+        while (item := self.queue.get()) is not None:
+            offset, issued, now = item
+            issued.append(CommitIssue(offset, now()))
             with contextlib.suppress(Exception):  # a failed commit: the wait answers timed out
                 self.consumer.commit(offsets=[TopicPartition(self.topic, 0, offset)], asynchronous=False)
 
-        thread = threading.Thread(target=run, name="chaos-commit", daemon=True)
-        thread.start()
-        self.threads.append(thread)
-
     def committed(self, timeout_s: float) -> int | None:
+        """The group's committed offset, once the queued commits are done (or ``timeout_s``)."""
         from confluent_kafka import TopicPartition
 
-        for thread in self.threads:
-            thread.join(max(0.0, timeout_s))
+        self.queue.put(None)
+        self.thread.join(timeout_s)
         try:
             (tp,) = self.consumer.committed([TopicPartition(self.topic, 0)], timeout=timeout_s)
         except Exception:
@@ -396,6 +407,7 @@ class _Committer:
         return tp.offset if tp.offset >= 0 else 0
 
     def close(self) -> None:
+        self.queue.put(None)
         with contextlib.suppress(Exception):
             self.consumer.close()
 
@@ -579,6 +591,10 @@ def run_seeds(
     return results
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def chaos(
     seeds: Annotated[int, typer.Option(min=1, help="How many seeds (from --first-seed on).")] = 5,
     first_seed: Annotated[int, typer.Option(help="The first seed.")] = 1,
@@ -587,6 +603,10 @@ def chaos(
 ) -> None:
     """Randomized faults (kill, pause, stop nodes; bounce the service) under mixed load, checked."""
     chosen = [seed] if seed is not None else list(range(first_seed, first_seed + seeds))
+    # SIGTERM (a `timeout`, a CI runner) unwinds like Ctrl-C: the finally blocks stop the service
+    # and the cluster by PID. Killed outright, a JVM in controlled shutdown without its quorum
+    # outlived its parent.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     began = time.monotonic()
     results = run_seeds(chosen, seconds, echo=typer.echo)
     passed = sum(1 for r in results if r.ok)
