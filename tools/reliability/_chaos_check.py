@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import Protocol
 
 __all__ = [
     "Bounds",
@@ -163,16 +164,29 @@ class CheckResult:
         return "; ".join(parts)
 
 
+class _Timed(Protocol):
+    """A call of any kind, as the bound check reads it."""
+
+    @property
+    def started_s(self) -> float: ...
+    @property
+    def elapsed_s(self) -> float | None: ...
+    @property
+    def status(self) -> int | str: ...
+
+
 Log = dict[int, list[tuple[int, str | None]]]  # partition -> (offset, value) in offset order
 
 
-def _late(
-    kind: str, what: str, started: float, elapsed: float | None, bound: float, bounds: Bounds
-) -> str | None:
+def _late(kind: str, what: str, call: _Timed, bound: float, bounds: Bounds) -> str | None:
+    started, elapsed, status = call.started_s, call.elapsed_s, call.status
     if elapsed is None:
         return f"{kind} {what} sent at t={started:.2f}s: no answer at all (left open past {bound:.1f} s)"
     if elapsed > bound + bounds.measure_s:
-        return f"{kind} {what} sent at t={started:.2f}s: answered after {elapsed:.2f} s, bound {bound:.2f} s"
+        return (
+            f"{kind} {what} sent at t={started:.2f}s: answered {status} after {elapsed:.2f} s, "
+            f"bound {bound:.2f} s"
+        )
     return None
 
 
@@ -190,7 +204,7 @@ def _check_produces(history: History, log: Log, bounds: Bounds, out: list[str]) 
             out.append(f"produce: record {value!r} at {places} was never sent")
     for call in history.produces:
         name = f"#{call.request_id}"
-        late = _late("produce", name, call.started_s, call.elapsed_s, bounds.produce(call.timeout_ms), bounds)
+        late = _late("produce", name, call, bounds.produce(call.timeout_ms), bounds)
         if late:
             out.append(late)
         if call.status == 200:
@@ -220,7 +234,7 @@ def _check_polls(history: History, log: Log, bounds: Bounds, out: list[str]) -> 
     by_offset = {p: dict(records) for p, records in log.items()}
     for call in history.polls:
         name = f"{call.partition}@{call.offset}"
-        late = _late("long poll", name, call.started_s, call.elapsed_s, bounds.poll(call.max_wait_ms), bounds)
+        late = _late("long poll", name, call, bounds.poll(call.max_wait_ms), bounds)
         if late:
             out.append(late)
         if call.status != 200:
@@ -243,9 +257,7 @@ def _check_polls(history: History, log: Log, bounds: Bounds, out: list[str]) -> 
 def _check_commits(history: History, committed: int | None, bounds: Bounds, out: list[str]) -> None:
     for wait in history.commit_waits:
         name = f"target {wait.target}"
-        late = _late(
-            "commit wait", name, wait.started_s, wait.elapsed_s, bounds.commit(wait.timeout_ms), bounds
-        )
+        late = _late("commit wait", name, wait, bounds.commit(wait.timeout_ms), bounds)
         if late:
             out.append(late)
         if wait.status != "committed":
@@ -264,7 +276,7 @@ def _check_commits(history: History, committed: int | None, bounds: Bounds, out:
 def _check_requests(history: History, bounds: Bounds, out: list[str]) -> None:
     for call in history.requests:
         name = call.value.decode(errors="replace")
-        late = _late("request", name, call.started_s, call.elapsed_s, bounds.request(call.timeout_ms), bounds)
+        late = _late("request", name, call, bounds.request(call.timeout_ms), bounds)
         if late:
             out.append(late)
         if call.status == "reply" and call.reply != b"echo:" + call.value:
