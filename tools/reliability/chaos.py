@@ -490,7 +490,8 @@ class ChaosRunner:
         committer = _Committer(bootstrap, group, topic)
         echo.start(settings)
         try:
-            kp.replies(f"{rr_topic}-replies", partitions=1)
+            # RF 3 like the request topic: the broker default (1) puts every reply on one node.
+            kp.replies(f"{rr_topic}-replies", partitions=1, replication_factor=3)
             self.service.start()
             self.service.wait_ready()
             if not echo.assigned.wait(SERVICE_START_S):
