@@ -205,16 +205,22 @@ class _Load:
     """The clients of one seed: HTTP produces and long polls, library commit waits and requests."""
 
     def __init__(
-        self, runner: ChaosRunner, topic: str, rr_topic: str, group: str, kp: Any, origin: float
+        self,
+        runner: ChaosRunner,
+        topic: str,
+        rr_topic: str,
+        group: str,
+        kp: Any,
+        committer: _Committer,
+        origin: float,
     ) -> None:
         self.runner, self.topic, self.rr_topic, self.group = runner, topic, rr_topic, group
-        self.kp, self.origin = kp, origin
+        self.kp, self.committer, self.origin = kp, committer, origin
         self.history = History()
         self.stop = asyncio.Event()
         self.rng = random.Random(runner.seed ^ 0x5EED)  # the load's choices (not its timing)
         self.next_produce = 0
         self.bounds = runner.bounds
-        self.committer: Any = None
 
     async def run(self, seconds: float) -> None:
         import httpx
@@ -502,8 +508,7 @@ class ChaosRunner:
             if not warm.wait(WARM_UP_MS / 1000 + 10) or warm.result().value != b"echo:warm":
                 raise RuntimeError("request-reply did not answer before the faults began")
             origin = time.monotonic()
-            load = _Load(self, topic, rr_topic, group, kp, origin)
-            load.committer = committer
+            load = _Load(self, topic, rr_topic, group, kp, committer, origin)
             history = load.history
             nemesis = _Nemesis(self.schedule, self.cluster, self.service, origin)
             nemesis.start()
