@@ -156,8 +156,8 @@ class SeedResult:
 class _Nemesis(threading.Thread):
     """Runs the schedule in order on its own thread; records when each fault began and healed.
 
-    Stops starting faults once the load is over (a slow restart may push the plan past it); the
-    fault in progress is always healed.
+    Stops starting faults once the load is over (a slow restart pushes the plan back, keeping
+    its gaps); the fault in progress is always healed.
     """
 
     def __init__(self, faults: list[Fault], cluster: Any, service: ServiceChild, origin: float) -> None:
@@ -169,15 +169,21 @@ class _Nemesis(threading.Thread):
 
     def run(self) -> None:
         try:
+            planned_healed = healed = 0.0
             for fault in self.faults:
+                # The plan's healthy gap before this fault is kept after a heal that ran long
+                # (a restart waits for the cluster): the next fault never lands on a node or a
+                # service still coming back, which the schedule does not mean to test.
+                start = max(fault.at_s, healed + (fault.at_s - planned_healed))
                 # A timer, not a synchronisation: the plan says when; load_over cuts it short.
-                if self.load_over.wait(max(0.0, fault.at_s - _now(self.origin))):
+                if self.load_over.wait(max(0.0, start - _now(self.origin))):
                     return
                 began = _now(self.origin)
                 self._inject(fault)
                 time.sleep(fault.hold_s)  # how long the fault lasts: the plan's duration, by design
                 self._heal(fault)
-                self.ran.append((began, _now(self.origin)))
+                healed, planned_healed = _now(self.origin), fault.at_s + fault.hold_s
+                self.ran.append((began, healed))
         except BaseException as exc:  # reported by the runner as a failed run, not swallowed
             self.error = exc
 
