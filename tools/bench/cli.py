@@ -88,6 +88,7 @@ def list_benchmarks() -> None:
         "request-reply  kp.request() round trips on local Kafka (1 and 3 brokers) vs a hand-rolled requester"
     )
     typer.echo("produce    kp.produce latency and burst rate with the read-back vs without it (same run)")
+    typer.echo("chaos      seeded node kills, pauses, stops and service bounces under mixed load, checked")
 
 
 DEFAULT_NS = [100_000]

@@ -29,7 +29,7 @@ from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
 
 from ._faults import FaultResult
 
-__all__ = ["broker_fault", "journal_sink_unreachable"]
+__all__ = ["broker_fault", "create_topic", "journal_sink_unreachable"]
 
 NODE = 1  # the single broker (also the controller) of the scenarios' cluster
 REQUEST_TIMEOUT_MS = 1000  # the view gives up on a dead or frozen broker after this long
@@ -50,13 +50,22 @@ def _wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
     return predicate()
 
 
-def _create_topic(bootstrap: str, partitions: int = 1) -> str:
+def create_topic(
+    bootstrap: str,
+    partitions: int = 1,
+    *,
+    replication: int = 1,
+    config: dict[str, str] | None = None,
+    prefix: str = "reliability",
+) -> str:
+    """A new topic (a unique name from ``prefix``), returned once every partition has a leader."""
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
 
-    name = f"reliability-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(name, partitions, 1)], request_timeout=WAIT_S).values():
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    new = NewTopic(name, partitions, replication, config=config or {})
+    for future in admin.create_topics([new], request_timeout=WAIT_S).values():
         future.result(timeout=WAIT_S)
 
     def has_leaders() -> bool:
@@ -192,7 +201,7 @@ def broker_fault(cluster: LocalKafkaCluster, mode: str, *, with_groups: bool = T
     settings = KafkaSettings(
         bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=REQUEST_TIMEOUT_MS
     )
-    topic = _create_topic(cluster.bootstrap_servers)
+    topic = create_topic(cluster.bootstrap_servers)
     key = TopicPartitionKey(topic, 0)
     faulted = False
     with structlog.testing.capture_logs() as logs:
