@@ -132,7 +132,7 @@ class ServiceChild:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        from purgatory.adapters._bench import stop_child
+        from purgatory.tools.bench.measure import stop_child
 
         if self.process is not None:
             stop_child(self.process, SERVICE_STOP_S)
@@ -477,7 +477,7 @@ class ChaosRunner:
     def run(self) -> SeedResult:
         from purgatory.adapters.kafka import KafkaPurgatory, responder
 
-        from purgatory.settings import KafkaSettings
+        from purgatory.adapters.kafka.settings import KafkaSettings
 
         from .kafka_faults import create_topic
 
