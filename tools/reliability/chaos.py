@@ -132,7 +132,7 @@ class ServiceChild:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        from purgatory.tools.bench.measure import stop_child
+        from ..bench.measure import stop_child
 
         if self.process is not None:
             stop_child(self.process, SERVICE_STOP_S)
