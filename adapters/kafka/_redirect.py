@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._moved import Moved
-from ._ownership import Owner, OwnerStatus
+from .ops._moved import Moved
+from .ownership._ownership import Owner, OwnerStatus
 
 __all__ = ["Redirect", "moved_answer", "redirect_for"]
 

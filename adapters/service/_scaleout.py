@@ -55,7 +55,7 @@ from ..kafka import (
     WatchedKeys,
     redirect_for,
 )
-from ..kafka._off_loop import OffLoopReplication
+from ..kafka.ops._off_loop import OffLoopReplication
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
 from ._requests import MAX_OFFSET, MAX_PARTITION

@@ -20,7 +20,7 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
     redirect_for,
 )
-from purgatory.adapters.kafka._ownership_guard import OwnershipGuard
+from purgatory.adapters.kafka.ownership._ownership_guard import OwnershipGuard
 from pydantic import SecretStr
 from structlog.testing import capture_logs
 

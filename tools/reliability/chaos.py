@@ -476,7 +476,6 @@ class ChaosRunner:
 
     def run(self) -> SeedResult:
         from purgatory.adapters.kafka import KafkaPurgatory, responder
-
         from purgatory.adapters.kafka.settings import KafkaSettings
 
         from .kafka_faults import create_topic

@@ -74,14 +74,17 @@ from purgatory._loop_handoff import handoff_for
 from purgatory.journal import Journal
 from purgatory.settings import ConfigError, Settings, load_settings
 
-from ._admin import BROKER_DEFAULT, create_topic, delete_records
-from ._calls import KafkaCalls
-from ._clients import ProducerRecord, RecordReader
-from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
-from ._feed import ChangeFeed
-from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
-from ._metrics import register_kafka_metrics, track_feed, untrack_feed
-from ._operations import (
+from .._metrics import register_kafka_metrics, track_feed, untrack_feed
+from ..clients._admin import BROKER_DEFAULT, create_topic, delete_records
+from ..clients._calls import KafkaCalls
+from ..clients._clients import ProducerRecord, RecordReader
+from ..clients._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
+from ..clients._sender import DEFAULT_LINGER_MS, RecordSender, produce_one
+from ..facts._feed import ChangeFeed
+from ..facts._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
+from ..facts._record_cache import SharedReadReader
+from ..facts._view import ClusterView
+from ..ops._operations import (
     DEFAULT_FETCH_MAX_BYTES,
     DelayedConsumerCommit,
     DelayedDeleteRecords,
@@ -91,11 +94,8 @@ from ._operations import (
     KafkaOperation,
     draining,
 )
-from ._produce import DelayedProduce
-from ._record_cache import SharedReadReader
-from ._reply_router import DEFAULT_REPLY_PARTITIONS, ReplyRouter
-from ._request import DelayedRequest, RequestResult
-from ._results import (
+from ..ops._produce import DelayedProduce
+from ..ops._results import (
     CommitResult,
     DeleteRecordsResult,
     ErrorCode,
@@ -103,9 +103,9 @@ from ._results import (
     ProduceResult,
     TopicReadyResult,
 )
-from ._sender import DEFAULT_LINGER_MS, RecordSender, produce_one
-from ._view import ClusterView
-from .settings import KafkaSettings
+from ..reply._reply_router import DEFAULT_REPLY_PARTITIONS, ReplyRouter
+from ..reply._request import DelayedRequest, RequestResult
+from ..settings import KafkaSettings
 
 __all__ = ["PURGATORY_NAMES", "AsyncKafkaPurgatory", "KafkaPurgatory"]
 
@@ -269,7 +269,7 @@ class KafkaPurgatory:
         feed = ChangeFeed(view, settings=kafka, name=name, records=shared)
         journal = None
         if full is not None and full.journal.enabled:
-            from .journal_sink import build_journal
+            from ..journal_sink import build_journal
 
             journal = build_journal(full, bootstrap_servers or kafka.bootstrap_servers)
         service = cls(

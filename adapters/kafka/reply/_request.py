@@ -35,8 +35,8 @@ from typing import cast
 from purgatory import DelayedOperation, Outcome
 from purgatory._operation import LockLike
 
+from ..clients._errors import KafkaAdapterError
 from ._correlation import CorrelationKey, Reply
-from ._errors import KafkaAdapterError
 
 __all__ = ["DelayedRequest", "RequestResult", "RequestTimeoutError", "ResponderError"]
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from ._keys import TopicPartitionKey
+from ..facts._keys import TopicPartitionKey
 from ._operations import DelayedReplication
 from ._results import ErrorCode
 

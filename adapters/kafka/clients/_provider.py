@@ -20,8 +20,8 @@ import structlog
 
 from purgatory.settings import BOOTSTRAP_ENV
 
-from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster
-from .settings import KafkaSettings
+from ..local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster
+from ..settings import KafkaSettings
 
 __all__ = [
     "BOOTSTRAP_ENV",

@@ -63,11 +63,11 @@ from typing import Self
 import structlog
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
-from ._clients import FetchedRecord
-from ._config import client_config, redacted
-from ._correlation import headers_of
+from ..clients._clients import FetchedRecord
+from ..clients._config import client_config, redacted
+from ..reply._correlation import headers_of
+from ..settings import KafkaSettings
 from ._keys import TopicPartitionKey
-from .settings import KafkaSettings
 
 __all__ = ["PartitionTail", "TailStats", "TailedPosition"]
 

@@ -39,9 +39,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ._clients import READ_TIMEOUT_S, FetchedRecord, RecordReader
+from ..clients._clients import READ_TIMEOUT_S, FetchedRecord, RecordReader
+from ..settings import KafkaSettings
 from ._keys import TopicPartitionKey
-from .settings import KafkaSettings
 
 __all__ = ["SPAN_MAX_BYTES", "TOTAL_MAX_BYTES", "SharedReadReader"]
 

@@ -61,8 +61,15 @@ from confluent_kafka.admin import AdminClient
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome, PurgatoryError
 
-from ._admin import BROKER_DEFAULT, create_topic
-from ._clients import FetchedRecord
+from ..clients._admin import BROKER_DEFAULT, create_topic
+from ..clients._clients import FetchedRecord
+from ..clients._errors import KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
+from ..clients._sender import DEFAULT_LINGER_MS, RecordSender
+from ..facts._keys import TopicPartitionKey
+from ..facts._tail import PartitionTail, TailedPosition
+from ..ops._moved import Moved
+from ..ownership._ownership import PartitionOwnership
+from ..settings import KafkaSettings, ScaleOutSettings
 from ._correlation import (
     CORRELATION_ID,
     DEADLINE_MS,
@@ -75,14 +82,7 @@ from ._correlation import (
     encode_partition,
     header,
 )
-from ._errors import KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
-from ._keys import TopicPartitionKey
-from ._moved import Moved
-from ._ownership import PartitionOwnership
 from ._request import DelayedRequest
-from ._sender import DEFAULT_LINGER_MS, RecordSender
-from ._tail import PartitionTail, TailedPosition
-from .settings import KafkaSettings, ScaleOutSettings
 
 __all__ = ["LateReply", "ReplyRouter", "ReplyRouterStats"]
 

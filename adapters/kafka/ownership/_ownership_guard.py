@@ -33,8 +33,8 @@ import structlog
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
 
-from ._keys import GroupPartitionKey, KafkaKey, TopicPartitionKey
-from ._moved import Moved
+from ..facts._keys import GroupPartitionKey, KafkaKey, TopicPartitionKey
+from ..ops._moved import Moved
 from ._ownership import PartitionOwnership
 
 __all__ = ["OwnedOperation", "OwnershipGuard", "WatchedKeys"]

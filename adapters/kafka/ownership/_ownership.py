@@ -51,11 +51,11 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from ._config import client_config
-from ._keys import GroupPartitionKey, KafkaKey, TopicPartitionKey
-from ._moved import Moved, MovedReason
+from ..clients._config import client_config
+from ..facts._keys import GroupPartitionKey, KafkaKey, TopicPartitionKey
+from ..ops._moved import Moved, MovedReason
+from ..settings import KafkaSettings, ScaleOutSettings
 from ._owner_proof import OwnerProof
-from .settings import KafkaSettings, ScaleOutSettings
 
 __all__ = [
     "Member",

@@ -63,7 +63,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from ._config import client_config, redacted
+from ..clients._config import client_config, redacted
+from ..clients._errors import KafkaAdapterError, KafkaUnavailableError
+from ..clients._sender import DEFAULT_LINGER_MS, RecordSender
+from ..settings import KafkaSettings
 from ._correlation import (
     CORRELATION_ID,
     DEADLINE_MS,
@@ -77,9 +80,6 @@ from ._correlation import (
     header,
     headers_of,
 )
-from ._errors import KafkaAdapterError, KafkaUnavailableError
-from ._sender import DEFAULT_LINGER_MS, RecordSender
-from .settings import KafkaSettings
 
 __all__ = ["Handler", "Request", "Responder", "ResponderStats", "request_of", "responder"]
 

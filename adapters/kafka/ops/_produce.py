@@ -40,10 +40,10 @@ from confluent_kafka import KafkaError, Message
 
 from purgatory._loop_handoff import LoopHandoff
 
-from ._clients import ProducerRecord, _typed
-from ._errors import KafkaAdapterError, KafkaUnavailableError, RecordTooLargeError, UnknownTopicError
-from ._facts import FactSource
-from ._keys import KafkaKey, TopicPartitionKey, partition_key
+from ..clients._clients import ProducerRecord, _typed
+from ..clients._errors import KafkaAdapterError, KafkaUnavailableError, RecordTooLargeError, UnknownTopicError
+from ..facts._facts import FactSource
+from ..facts._keys import KafkaKey, TopicPartitionKey, partition_key
 from ._operations import KafkaOperation
 from ._results import ErrorCode, ProduceResult
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..facts._keys import TopicPartitionKey
 from ._clients import FetchedRecord, RecordIdentity
-from ._keys import TopicPartitionKey
 
 __all__ = ["Appended", "RecordReading"]
 

@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
-from ._errors import (
+from ..clients._errors import (
     InvalidOffsetError,
     InvalidTopicError,
     KafkaAdapterError,
@@ -22,8 +22,8 @@ from ._errors import (
     UnknownGroupError,
     UnknownTopicError,
 )
+from ..settings import KafkaSettings
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
-from .settings import KafkaSettings
 
 __all__ = [
     "NO_LEADER",

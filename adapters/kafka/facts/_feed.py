@@ -69,14 +69,14 @@ import structlog
 from purgatory import DelayedOperation, PurgatoryListener
 from purgatory._loop_handoff import handoff_burst
 
-from ._clients import FetchedRecord
-from ._errors import KafkaUnavailableError
+from ..clients._clients import FetchedRecord
+from ..clients._errors import KafkaUnavailableError
+from ..settings import KafkaSettings
 from ._facts import NO_LEADER, GroupFacts, PartitionFacts, TopicFacts
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
 from ._offset_index import AT, OP, Entry, OffsetIndex
 from ._tail import PartitionTail, TailedPosition
 from ._view import ClusterView
-from .settings import KafkaSettings
 
 __all__ = ["ChangeFeed", "FeedStats", "Purgatoryish", "RecordSink"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ._errors import InvalidTopicError
+from ..clients._errors import InvalidTopicError
 
 __all__ = [
     "LEGAL_TOPIC_RULE",

@@ -21,6 +21,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from purgatory._loop_handoff import release_burst
 
+from ..facts._keys import TopicPartitionKey, _check_partition, _check_topic
+from ..settings import KafkaSettings
 from ._config import client_config
 from ._errors import (
     InvalidOffsetError,
@@ -30,8 +32,6 @@ from ._errors import (
     RecordTooLargeError,
     UnknownTopicError,
 )
-from ._keys import TopicPartitionKey, _check_partition, _check_topic
-from .settings import KafkaSettings
 
 __all__ = [
     "DIGEST_BYTES",

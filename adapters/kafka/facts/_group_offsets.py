@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from ._errors import KafkaUnavailableError
+from ..clients._errors import KafkaUnavailableError
 from ._facts import _code, _unavailable_or
 
 __all__ = ["COORDINATOR_RETRY_BACKOFF_S", "GROUP_READER_THREADS"]

@@ -61,10 +61,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
     OffsetSpec,
 )
 
-from ._config import client_config, redacted
-from ._errors import (
+from ..clients._config import client_config, redacted
+from ..clients._errors import (
     KafkaUnavailableError,
 )
+from ..settings import KafkaSettings
 from ._facts import (
     NO_LEADER,
     ClusterFacts,
@@ -78,7 +79,6 @@ from ._facts import (
 )
 from ._group_offsets import _CommittedOffsetReaders
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
-from .settings import KafkaSettings
 
 __all__ = ["ClusterView"]
 

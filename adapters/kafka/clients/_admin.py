@@ -17,9 +17,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from ..facts._keys import TopicPartitionKey
 from ._clients import _typed
 from ._errors import KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
-from ._keys import TopicPartitionKey
 
 __all__ = ["create_topic", "delete_records"]
 

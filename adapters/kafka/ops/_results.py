@@ -23,9 +23,9 @@ from enum import StrEnum
 
 from purgatory import Outcome
 
-from ._clients import FetchedRecord
-from ._errors import KafkaAdapterError
-from ._keys import TopicPartitionKey
+from ..clients._clients import FetchedRecord
+from ..clients._errors import KafkaAdapterError
+from ..facts._keys import TopicPartitionKey
 
 __all__ = [
     "CommitResult",

@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from ..settings import KafkaSettings
 from ._clients import _typed
 from ._config import client_config, redacted
 from ._errors import KafkaAdapterError, KafkaUnavailableError
-from .settings import KafkaSettings
 
 __all__ = [
     "IDEMPOTENCE_WINDOW",

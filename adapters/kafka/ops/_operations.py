@@ -36,12 +36,12 @@ import structlog
 
 from purgatory import DelayedOperation, Outcome
 
-from ._append import Appended, RecordReading
-from ._clients import LOG_END, FetchedRecord, RecordIdentity, RecordReader
-from ._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError
-from ._facts import FactSource, PartitionFacts
-from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
-from ._metrics import ANSWERS
+from .._metrics import ANSWERS
+from ..clients._append import Appended, RecordReading
+from ..clients._clients import LOG_END, FetchedRecord, RecordIdentity, RecordReader
+from ..clients._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError
+from ..facts._facts import FactSource, PartitionFacts
+from ..facts._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
 from ._moved import Moved
 from ._results import (
     CommitResult,

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from purgatory._secrets import MASK, mask_secret_values
 from purgatory.settings import is_secret_name
 
+from ..settings import KafkaSettings
 from ._errors import KafkaConfigError
-from .settings import KafkaSettings
 
 __all__ = [
     "PRODUCE_GUARANTEES",
