@@ -20,7 +20,6 @@ Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap
 ``provide_cluster(settings)`` for the provider order of docs/design.md §5.
 """
 
-from ._redirect import Redirect, moved_answer, redirect_for
 from .clients._admin import create_topic, delete_records
 from .clients._append import Appended
 from .clients._calls import KafkaCalls
@@ -195,7 +194,6 @@ __all__ = [
     "RecordReader",
     "RecordSender",
     "RecordTooLargeError",
-    "Redirect",
     "ReplicationResult",
     "Reply",
     "ReplyAddress",
@@ -227,10 +225,8 @@ __all__ = [
     "header",
     "headers_of",
     "is_legal_topic",
-    "moved_answer",
     "provide_cluster",
     "redacted",
-    "redirect_for",
     "request_of",
     "resolve_kafka",
     "responder",

@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ops._moved import Moved
-from .ownership._ownership import Owner, OwnerStatus
+from ..kafka import Moved, Owner, OwnerStatus
 
 __all__ = ["Redirect", "moved_answer", "redirect_for"]
 
