@@ -71,17 +71,12 @@ from .facts._record_cache import SharedReadReader
 from .facts._tail import FETCH_WAIT_MS as TAIL_FETCH_WAIT_MS
 from .facts._view import ClusterView
 from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster, resolve_kafka
+from .ops._fetch import DelayedFetch, PartitionRead
+from .ops._metadata_waits import DelayedConsumerCommit, DelayedDeleteRecords, DelayedTopicReady
 from .ops._moved import Moved, MovedReason
-from .ops._operations import (
-    DelayedConsumerCommit,
-    DelayedDeleteRecords,
-    DelayedFetch,
-    DelayedReplication,
-    DelayedTopicReady,
-    KafkaOperation,
-    PartitionRead,
-)
+from .ops._operations import KafkaOperation
 from .ops._produce import DelayedProduce, ProduceRequestKey
+from .ops._replication import DelayedReplication
 from .ops._results import (
     CommitResult,
     DeleteRecordsResult,

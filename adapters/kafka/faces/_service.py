@@ -84,17 +84,11 @@ from ..facts._feed import ChangeFeed
 from ..facts._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
 from ..facts._record_cache import SharedReadReader
 from ..facts._view import ClusterView
-from ..ops._operations import (
-    DEFAULT_FETCH_MAX_BYTES,
-    DelayedConsumerCommit,
-    DelayedDeleteRecords,
-    DelayedFetch,
-    DelayedReplication,
-    DelayedTopicReady,
-    KafkaOperation,
-    draining,
-)
+from ..ops._fetch import DEFAULT_FETCH_MAX_BYTES, DelayedFetch
+from ..ops._metadata_waits import DelayedConsumerCommit, DelayedDeleteRecords, DelayedTopicReady
+from ..ops._operations import KafkaOperation, draining
 from ..ops._produce import DelayedProduce
+from ..ops._replication import DelayedReplication
 from ..ops._results import (
     CommitResult,
     DeleteRecordsResult,

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import structlog
 
 from ..facts._keys import TopicPartitionKey
-from ._operations import DelayedReplication
+from ._replication import DelayedReplication
 from ._results import ErrorCode
 
 __all__ = ["Attempts", "OffLoopReplication"]
