@@ -43,18 +43,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from confluent_kafka import (
-    KafkaError,
-    KafkaException,
-    TopicCollection,
-    TopicPartition,
-)
+from confluent_kafka import KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported without __all__
     AdminClient,
     ConfigResource,
@@ -62,9 +57,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
 )
 
 from ..clients._config import client_config, redacted
-from ..clients._errors import (
-    KafkaUnavailableError,
-)
+from ..clients._errors import KafkaUnavailableError
 from ..settings import KafkaSettings
 from ._facts import (
     NO_LEADER,
@@ -73,12 +66,12 @@ from ._facts import (
     GroupFacts,
     PartitionFacts,
     TopicFacts,
-    _code,
     _error_fact,
     _unavailable_or,
 )
 from ._group_offsets import _CommittedOffsetReaders
 from ._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
+from ._list_offsets import ListedOffset, _PendingOffsets
 
 __all__ = ["ClusterView"]
 
@@ -89,8 +82,6 @@ ADMIN_RENEW_MIN_S = 1.0
 CONFIG_TTL_S = 10.0  # min.insync.replicas rarely changes; re-read it at most this often per topic
 _LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 _EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
-# ListOffsets answers saying the client's cached leader epoch is stale (see _forget_leader_epochs).
-_STALE_EPOCH_CODES = frozenset({KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH})
 
 
 @dataclass(frozen=True, slots=True)
@@ -564,50 +555,3 @@ class ClusterView:
             out_topics[tkey] = TopicFacts(error=d) if isinstance(d, ErrorFact) else TopicFacts(d.leaders)
         out_groups = self._finish_groups(started_groups) if started_groups else {}
         return ClusterFacts(out_partitions, out_topics, out_groups)
-
-
-@dataclass(frozen=True, slots=True)
-class ListedOffset:
-    """One partition's answer to ListOffsets: the offset and the epoch of the leader that answered."""
-
-    offset: int
-    leader_epoch: int | None
-
-
-class _PendingOffsets:
-    """The per-partition futures of one ListOffsets request, collected in one wait."""
-
-    __slots__ = ("_futures", "_on_stale_epoch", "_timeout_s", "_what")
-
-    def __init__(
-        self,
-        futures: Mapping[TopicPartition, Future[Any]],
-        what: str,
-        timeout_s: float,
-        on_stale_epoch: Callable[[], None],
-    ) -> None:
-        self._on_stale_epoch = on_stale_epoch
-        self._futures = futures
-        self._what = what
-        self._timeout_s = timeout_s
-
-    def collect(self) -> dict[TopicPartitionKey, ListedOffset | ErrorFact]:
-        """Offsets (or per-partition errors); :class:`KafkaUnavailableError` if the answer is late."""
-        _done, late = wait(self._futures.values(), timeout=self._timeout_s)
-        if late:
-            raise KafkaUnavailableError(f"Kafka did not answer {self._what} within {self._timeout_s:.1f} s")
-        stale = False
-        out: dict[TopicPartitionKey, ListedOffset | ErrorFact] = {}
-        for tp, future in self._futures.items():
-            key = TopicPartitionKey(tp.topic, tp.partition)
-            try:
-                info = future.result()
-                # librdkafka says -1 (or None) when the broker sent no epoch.
-                epoch = int(info.leader_epoch) if info.leader_epoch is not None else -1
-                out[key] = ListedOffset(int(info.offset), epoch if epoch >= 0 else None)
-            except KafkaException as exc:
-                out[key] = _error_fact(exc, f"partition {key.label}", key.topic, key.partition)
-                stale |= _code(exc) in _STALE_EPOCH_CODES
-        if stale:
-            self._on_stale_epoch()
-        return out
