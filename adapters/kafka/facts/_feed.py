@@ -49,6 +49,10 @@ admin client is rebuilt. The feed thread never dies: every failure is caught in 
 never holds a purgatory lock, so a dead cluster cannot wedge a purgatory: operations still expire
 and other keys are still served.
 
+Three jobs, a file each: the key registry and the listener hooks (``_feed_keys``, step 1), the
+poll thread (here, steps 2-3, and the composition :class:`ChangeFeed`), the waker with its offset
+index (``_feed_waker``, step 4, and the tail's pushes); what they share is in ``_feed_state``.
+
 Concurrency contract: ``watch``/``release``/the listener hooks may be called from any thread
 (they take the registry lock briefly). ``partition``/``topic``/``group`` read the current
 snapshot without locking. ``start``/``stop`` are for the owner's thread.
@@ -59,23 +63,20 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, Self, cast
+from typing import Self
 
 import structlog
 
-from purgatory import DelayedOperation, PurgatoryListener
-from purgatory._loop_handoff import handoff_burst
-
-from ..clients._clients import FetchedRecord
 from ..clients._errors import KafkaUnavailableError
 from ..settings import KafkaSettings
 from ._facts import NO_LEADER, GroupFacts, PartitionFacts, TopicFacts
+from ._feed_keys import _Registration
+from ._feed_state import _EMPTY, FeedStats, Purgatoryish, RecordSink, _Observer, _Snapshot
+from ._feed_waker import _Waker
 from ._keys import GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey
-from ._offset_index import AT, OP, Entry, OffsetIndex
-from ._tail import PartitionTail, TailedPosition
+from ._offset_index import OffsetIndex
+from ._tail import PartitionTail
 from ._view import ClusterView
 
 __all__ = ["ChangeFeed", "FeedStats", "Purgatoryish", "RecordSink"]
@@ -89,64 +90,16 @@ IDLE_WAIT_S = 1.0  # nothing watched: sleep until a key is added (woken at once)
 # halves the requests and keeps most polls to one round trip. It is sent every poll while a
 # TopicKey is watched (topic readiness is read from it) or while some partition has an error.
 METADATA_EVERY = 5
-# Shared one-key tuples kept (ChangeFeed.on_submitted): one per watched key object, far more
-# than the keys one process watches; cleared whole when full.
-ONE_KEY_TUPLES = 4096
 WAKE_LIMIT = 4  # at most this many polls per interval when new keys keep waking the feed
 JOIN_TIMEOUT_S = 10.0  # a request in flight is bounded by the view's request timeout
 
 
-class Purgatoryish(Protocol):
-    """What the feed needs of a purgatory (``DelayedOperationPurgatory`` satisfies it)."""
+class ChangeFeed(_Waker):
+    """Polls watched keys' facts and calls ``check_and_complete`` where they changed (see module doc).
 
-    name: str
-
-    def check_and_complete(self, key: Hashable) -> int: ...
-
-    def add_listener(self, listener: PurgatoryListener) -> None: ...
-
-    def remove_listener(self, listener: PurgatoryListener) -> None: ...
-
-
-class RecordSink(Protocol):
-    """Where the push feed hands the records its tail fetched (the service's shared record cache)."""
-
-    def append(self, key: TopicPartitionKey, records: list[FetchedRecord]) -> None: ...
-
-
-@dataclass
-class FeedStats:
-    """Counters of the feed's work (read by the benchmark and by tests)."""
-
-    polls: int = 0
-    failures: int = 0
-    consecutive_failures: int = 0
-    reconnects: int = 0
-    keys_changed: int = 0
-    pushes_withheld: int = 0  # tail positions from a leader newer than the facts' (see _pushed)
-    checks: int = 0  # check_and_complete calls (one per changed key per purgatory watching it)
-    indexed_wakes: int = 0  # high-watermark advances served by the offset index instead
-    indexed_tries: int = 0  # operations those tried: what they could complete, not all waiters
-    last_error: str | None = None
-    poll_ms: list[float] = field(default_factory=list)
-    # time.monotonic() of the last poll that refreshed the facts from Kafka; the feed's creation
-    # until the first one, so that an outage from the start ages too (the feed-health metric).
-    last_success: float = field(default_factory=time.monotonic)
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    partitions: dict[TopicPartitionKey, PartitionFacts]
-    topics: dict[TopicKey, TopicFacts]
-    groups: dict[GroupPartitionKey, GroupFacts]
-    unavailable: str | None = None
-
-
-_EMPTY = _Snapshot({}, {}, {})
-
-
-class ChangeFeed:
-    """Polls watched keys' facts and calls ``check_and_complete`` where they changed (see module doc)."""
+    The poll thread is this class; it is the key registry (:class:`_KeyRegistry`) and the waker
+    (:class:`_Waker`) by inheritance, and its ``__init__`` sets the state all three share.
+    """
 
     def __init__(
         self,
@@ -240,208 +193,6 @@ class ChangeFeed:
     def unavailable(self) -> str | None:
         """Why the last poll failed, while the cluster is unreachable; None when it answers."""
         return self._snapshot.unavailable
-
-    # -- which keys are watched -----------------------------------------------------------------
-
-    def attach(self, purgatory: Purgatoryish) -> None:
-        """Follow ``purgatory``'s operations: their Kafka keys are polled while they are pending."""
-        with self._lock:
-            self._purgatories[purgatory.name] = purgatory
-        purgatory.add_listener(self)
-
-    def detach(self, purgatory: Purgatoryish) -> None:
-        purgatory.remove_listener(self)
-        with self._lock:
-            self._purgatories.pop(purgatory.name, None)
-            for key in list(self._refs):
-                self._refs[key].pop(purgatory.name, None)
-                if not self._refs[key]:
-                    del self._refs[key]
-
-    def watch(self, purgatory: str, keys: Iterable[Hashable], *, needs_log_start: bool = True) -> None:
-        """Count one more watcher of each Kafka key in ``keys`` for ``purgatory`` (others are ignored).
-
-        ``needs_log_start``: the watcher reads log start offsets (ListOffsets earliest is then
-        polled for its partitions; keys nobody needs it for skip that request).
-        """
-        with self._lock:
-            added = self._watch_locked(purgatory, keys, needs_log_start)
-        if added:
-            self._wake.set()  # facts for a new key are wanted now, not at the next interval
-
-    def _watch_locked(self, purgatory: str, keys: Iterable[Hashable], needs_log_start: bool) -> bool:
-        added = False
-        for key in keys:
-            if isinstance(key, TopicPartitionKey | GroupPartitionKey | TopicKey):
-                added |= key not in self._refs
-                per = self._refs.setdefault(key, {})
-                per[purgatory] = per.get(purgatory, 0) + 1
-                if needs_log_start and isinstance(key, TopicPartitionKey):
-                    self._log_start_refs[key] = self._log_start_refs.get(key, 0) + 1
-        if added:
-            self._follow_partitions()
-        return added
-
-    def release(self, purgatory: str, keys: Iterable[Hashable], *, needs_log_start: bool = True) -> None:
-        with self._lock:
-            if self._release_locked(purgatory, keys, needs_log_start):
-                self._follow_partitions()
-
-    def _release_locked(
-        self, purgatory: str, keys: Iterable[Hashable], needs_log_start: bool, times: int = 1
-    ) -> bool:
-        """Count ``times`` watchers less of each key; True if a key is no longer watched at all."""
-        # Runs once per finished operation (10,000 times in one key event of the service's long
-        # polls): each key is hashed as few times as the counts allow (a Python-level __hash__).
-        dropped = False
-        log_start_refs = self._log_start_refs
-        refs = self._refs
-        for key in keys:
-            if needs_log_start:
-                starts = log_start_refs.get(key)  # type: ignore[call-overload]
-                if starts is not None:
-                    if starts > times:
-                        log_start_refs[key] = starts - times  # type: ignore[index]
-                    else:
-                        del log_start_refs[key]  # type: ignore[arg-type]
-            per = refs.get(key)  # type: ignore[call-overload]
-            if per is None:
-                continue
-            count = per.get(purgatory)
-            if count is None:
-                continue
-            if count > times:
-                per[purgatory] = count - times
-                continue
-            del per[purgatory]
-            if not per:
-                del refs[key]  # type: ignore[arg-type]
-                dropped = True
-        return dropped
-
-    def _follow_partitions(self) -> None:
-        # Called with self._lock held, only when a key came or went: O(watched keys) per key
-        # change, never per waiter.
-        if self.tail is not None:
-            self.tail.follow(k for k in self._refs if isinstance(k, TopicPartitionKey))
-
-    def watched_keys(self) -> frozenset[KafkaKey]:
-        with self._lock:
-            return frozenset(self._refs)
-
-    # PurgatoryListener hooks (the core calls these on submission and on finish).
-    def on_submitted(self, purgatory: str, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
-        kafka_keys = tuple(k for k in keys if isinstance(k, TopicPartitionKey | GroupPartitionKey | TopicKey))
-        if not kafka_keys:
-            return
-        if len(kafka_keys) == 1:
-            # One tuple per key object, shared by its operations (_release_finished groups by
-            # it). Identity only: the cached tuple holds its key, so the id is not reused.
-            only = kafka_keys[0]
-            shared = self._one_key_tuples.get(id(only))
-            if shared is not None and shared[0] is only:
-                kafka_keys = shared
-            else:
-                if len(self._one_key_tuples) >= ONE_KEY_TUPLES:
-                    self._one_key_tuples.clear()
-                self._one_key_tuples[id(only)] = kafka_keys
-        # Operation types that never read log start offsets say so (KafkaOperation does);
-        # anything else is assumed to need every fact.
-        needs = bool(getattr(op, "needs_log_start", True))
-        indexed = _indexed_op(op)
-        entries: list[tuple[TopicPartitionKey, Entry]] = []
-        if indexed is not None:
-            # Indexed *before* the submission's first try (this hook runs before it): an event
-            # whose pop misses the entry published its facts before, so that try sees them
-            # (OffsetIndex's lost-wakeup argument).
-            for key in kafka_keys:
-                if isinstance(key, TopicPartitionKey):
-                    at = indexed.high_watermark_needed(key)
-                    if at is not None:
-                        entries.append((key, self.index.add(purgatory, key, at, op)))
-        with self._lock:
-            self._op_keys[id(op)] = _Registration(
-                purgatory, kafka_keys, needs, tuple(entries) if entries else (), indexed is not None
-            )
-            if indexed is not None:
-                for key in kafka_keys:
-                    if isinstance(key, TopicPartitionKey):
-                        self._indexed[purgatory, key] = self._indexed.get((purgatory, key), 0) + 1
-            added = self._watch_locked(purgatory, kafka_keys, needs)
-        if added:
-            self._wake.set()
-
-    def on_finished(self, purgatory: str, op: DelayedOperation) -> None:
-        if id(op) not in self._op_keys:
-            # Watches no Kafka key (a produce's own request key): nothing to release, and no
-            # lock taken per operation for it. A dict lookup is atomic under the GIL, and an op
-            # is registered by its own submission, before it can finish.
-            return
-        finishing = getattr(self._finishing, "ops", None)
-        if finishing is not None:  # inside a key event on this thread: released when it ends
-            finishing.append(op)
-            return
-        with self._lock:
-            entry = self._op_keys.pop(id(op), None)
-            if entry is None:
-                return
-            if entry.indexed:
-                self._unindex_locked(entry)
-            if self._release_locked(entry.purgatory, entry.keys, entry.needs_log_start):
-                self._follow_partitions()
-        for key, indexed in entry.entries:
-            self.index.kill(entry.purgatory, key, indexed)
-
-    def _unindex_locked(self, entry: _Registration) -> None:
-        """Count ``entry``'s indexed operation out of ``_indexed`` (with ``self._lock`` held)."""
-        for key in entry.keys:
-            if isinstance(key, TopicPartitionKey):
-                left = self._indexed.get((entry.purgatory, key), 0) - 1
-                if left > 0:
-                    self._indexed[entry.purgatory, key] = left
-                else:
-                    self._indexed.pop((entry.purgatory, key), None)
-
-    def _release_finished(self, ops: list[DelayedOperation]) -> None:
-        """Release what ``ops`` (finished in one key event) held, as ``on_finished`` does for each,
-        under one lock: registrations alike (same purgatory, the very same keys tuple, same
-        ``needs_log_start``) are counted and released together."""
-        killed: list[tuple[str, TopicPartitionKey, Entry]] = []
-        follow = False
-        with self._lock:
-            op_keys = self._op_keys
-            # By the keys tuple's identity: on_submitted shares one tuple among the operations
-            # of one key (hashing equal tuples would call each key's __hash__ per operation).
-            alike: dict[tuple[str, int, bool], list[Any]] = {}
-            for op in ops:
-                entry = op_keys.pop(id(op), None)
-                if entry is None:
-                    continue
-                if entry.indexed:
-                    self._unindex_locked(entry)
-                for key, indexed in entry.entries:
-                    killed.append((entry.purgatory, key, indexed))
-                group = (entry.purgatory, id(entry.keys), entry.needs_log_start)
-                counted = alike.get(group)
-                if counted is None:
-                    alike[group] = [entry.keys, 1]
-                else:
-                    counted[1] += 1
-            for (purgatory, _, needs_log_start), (keys, times) in alike.items():
-                if self._release_locked(purgatory, keys, needs_log_start, times):
-                    follow = True
-            if follow:
-                self._follow_partitions()
-        for purgatory, key, indexed in killed:
-            self.index.kill(purgatory, key, indexed)
-
-    def on_released(self, purgatory: str, op: DelayedOperation) -> None:
-        """The purgatory let go of ``op`` unfinished (refused, or handed back by cancel_for_key)."""
-        self.on_finished(purgatory, op)
-
-    def add_observer(self, observer: _Observer) -> None:
-        """Called after each successful poll with the keys that changed (benchmarks use it)."""
-        self._observers = [*self._observers, observer]
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -573,88 +324,6 @@ class ChangeFeed:
                 self._check(key)
         return True
 
-    def _check(self, key: KafkaKey, advanced_to: int | None = None) -> None:
-        """Wake ``key`` in every purgatory watching it. ``advanced_to``: only its high watermark
-        moved, to this: purgatories whose every watcher of ``key`` is indexed try just the due
-        ones (OffsetIndex); the others, and every other change, ``check_and_complete(key)``."""
-        advance = advanced_to is not None and isinstance(key, TopicPartitionKey)
-        with self._lock:
-            # (purgatory, whether every one of its watchers of key is indexed), one read of both
-            # counts under the lock that updates them together.
-            woken = [
-                (self._purgatories[name], advance and self._indexed.get((name, key), 0) >= count)  # type: ignore[arg-type]
-                for name, count in self._refs.get(key, {}).items()
-                if name in self._purgatories
-            ]
-        # One burst: the loops awaiting what this key event finishes are woken every
-        # BURST_CHUNK finishes, not once per finish (purgatory/_loop_handoff.py, "Bursts").
-        local = self._finishing
-        outer = getattr(local, "ops", None) is not None
-        if not outer:
-            local.ops = []
-        try:
-            with handoff_burst():
-                self._wake_all(key, advanced_to, woken)
-        finally:
-            if not outer:
-                finished, local.ops = local.ops, None
-                if finished:
-                    self._release_finished(finished)
-
-    def _wake_all(
-        self, key: KafkaKey, advanced_to: int | None, woken: list[tuple[Purgatoryish, bool]]
-    ) -> None:
-        for purgatory, covered in woken:
-            if covered:
-                assert isinstance(key, TopicPartitionKey) and advanced_to is not None, "covered: an advance"
-                self._wake_indexed(purgatory, key, advanced_to)
-                continue
-            self.stats.checks += 1
-            try:
-                purgatory.check_and_complete(key)
-            except Exception:
-                _log.exception(
-                    "kafka_feed_check_failed", feed=self.name, key=str(key), purgatory=purgatory.name
-                )
-
-    def _wake_indexed(self, purgatory: Purgatoryish, key: TopicPartitionKey, high_watermark: int) -> None:
-        """Try the operations of ``purgatory`` whose needed high watermark of ``key`` was reached.
-
-        As ``check_and_complete`` does for each op: ``safe_try_complete`` under its lock, a
-        failure logged and counted with the op left watched and timed (and indexed). An op still
-        waiting is put back at what it needs now. Popped entries are out of the heap while they
-        are tried, so an advance published meanwhile by the other thread (tail vs poll) may have
-        missed them: pass again while the published watermark moved past the one handled.
-        """
-        self.stats.indexed_wakes += 1
-        name = purgatory.name
-        handled = high_watermark
-        while True:
-            for entry in self.index.due(name, key, handled):
-                op: _IndexedOp | None = entry[OP]
-                if op is None:
-                    continue  # finished or released since the pop
-                self.stats.indexed_tries += 1
-                at: int | None = entry[AT]
-                try:
-                    op.safe_try_complete()
-                    if op.is_completed():
-                        continue
-                    at = op.high_watermark_needed(key)
-                except Exception as exc:
-                    # Stays watched, timed and indexed where it was: tried again on every later
-                    # advance, as check_and_complete would (and the other due ops still are).
-                    _user_code_failed(purgatory, op, exc)
-                if at is not None:
-                    self.index.again(name, key, entry, at)
-            facts = self._snapshot.partitions.get(key)
-            latest = None if facts is None else facts.high_watermark
-            if latest is None or latest <= handled:
-                return
-            handled = latest
-
-    # -- push: the tail's callbacks (on its thread) -----------------------------------------------
-
     def _needs_fast_poll(self) -> bool:
         """True while something is not pushed: poll mode, groups, topics, a key not tailed, trouble."""
         tail = self.tail
@@ -663,56 +332,6 @@ class ChangeFeed:
         with self._lock:
             keys = list(self._refs)
         return not all(isinstance(k, TopicPartitionKey) and tail.following(k) for k in keys)
-
-    def _tailed_records(self, key: TopicPartitionKey, records: list[FetchedRecord]) -> None:
-        if self._records is not None:
-            self._records.append(key, records)  # before the facts: a woken fetch reads them from memory
-
-    def _pushed(self, positions: dict[TopicPartitionKey, TailedPosition]) -> None:
-        """Publish the high watermarks the tail vouches for, then wake the keys that moved.
-
-        A position whose records a newer leader appended than the facts' leader epoch says is not
-        published (PartitionTail's module doc): the facts' epoch and high watermark must come from
-        one leader, or DelayedReplication could count another leader's records at its offset. The
-        poll is woken instead and re-describes the partition; its ListOffsets answer brings the
-        new leader's epoch.
-        """
-        changed: list[tuple[TopicPartitionKey, int]] = []
-        newer_leader = False
-        with self._publish_lock:
-            old = self._snapshot
-            partitions = dict(old.partitions)  # copy-on-write: readers keep the snapshot they hold
-            for key, position in positions.items():
-                facts = partitions.get(key)
-                # Leader, ISR and min ISR come from a poll first (DelayedReplication reads them); a
-                # partition in error waits for the poll that says it recovered.
-                if facts is None or facts.error is not None:
-                    continue
-                if (
-                    position.leader_epoch is None
-                    or facts.leader_epoch is None
-                    or position.leader_epoch > facts.leader_epoch
-                ):
-                    newer_leader = True
-                    continue
-                if facts.high_watermark is None or position.read_to > facts.high_watermark:
-                    partitions[key] = dataclasses.replace(facts, high_watermark=position.read_to)
-                    changed.append((key, position.read_to))
-            if changed:
-                self._snapshot = _Snapshot(partitions, old.topics, old.groups, old.unavailable)
-        if newer_leader:
-            self.stats.pushes_withheld += 1
-            self._metadata_suspect = True
-            self._wake.set()
-        self.stats.keys_changed += len(changed)
-        for observer in self._observers:
-            observer([key for key, _ in changed])
-        for key, read_to in changed:
-            self._check(key, read_to)  # only the high watermark moved (replaced above)
-
-    def _tail_lost(self, key: TopicPartitionKey, why: str) -> None:
-        _log.info("kafka_feed_partition_untailed", feed=self.name, partition=key.label, error=why)
-        self._wake.set()  # poll now: the poll says what happened to it (deleted, moved)
 
     def _outage(self, exc: KafkaUnavailableError) -> None:
         self._metadata_suspect = True  # leaders may have moved while the cluster was away
@@ -767,49 +386,7 @@ def _advanced_to(old: PartitionFacts | None, new: PartitionFacts) -> int | None:
     return high if same == new else None
 
 
-def _user_code_failed(purgatory: Purgatoryish, op: _IndexedOp, exc: Exception) -> None:
-    # As check_and_complete: logged and counted by the purgatory (a fake of tests may not count).
-    report = getattr(purgatory, "user_code_failed", None)
-    if callable(report):
-        report(op, "try_complete", exc)
-    else:
-        _log.error("kafka_feed_try_failed", purgatory=purgatory.name, exc_info=exc)
-
-
-def _indexed_op(op: object) -> _IndexedOp | None:
-    """``op`` when its type is indexed by the high watermark it needs (OffsetIndex), else None."""
-    if getattr(op, "indexed_by_high_watermark", False):
-        return cast(_IndexedOp, op)
-    return None
-
-
-class _IndexedOp(Protocol):
-    """An operation indexed by high watermark (``KafkaOperation.indexed_by_high_watermark``)."""
-
-    def safe_try_complete(self) -> bool: ...
-
-    def is_completed(self) -> bool: ...
-
-    def high_watermark_needed(self, key: TopicPartitionKey) -> int | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Registration:
-    """What the feed must undo when an operation finishes or is released (one per waiter: slotted,
-    and ``entries`` the shared empty tuple for unindexed operations — the service's long polls)."""
-
-    purgatory: str
-    keys: tuple[KafkaKey, ...]
-    needs_log_start: bool
-    entries: tuple[tuple[TopicPartitionKey, Entry], ...]
-    indexed: bool
-
-
 def _degraded(facts: PartitionFacts) -> bool:
     if facts.error is not None or facts.leader == NO_LEADER:
         return True
     return facts.under_min_isr
-
-
-class _Observer(Protocol):
-    def __call__(self, changed: list[KafkaKey], /) -> None: ...
