@@ -758,13 +758,37 @@ class KafkaPurgatory:
         timeout = DEFAULT_REQUEST_TIMEOUT_MS if timeout_ms is None else timeout_ms
         router = self._started_router()
         op = router.prepare(topic, timeout_ms=timeout, replies=replies, partial=partial)
-        try:
-            router.purgatory.try_complete_else_watch(op, op.watch_keys())
-        except BaseException as exc:
-            op.fail(KafkaAdapterError(f"request to {topic!r} was not submitted: {exc!r}"))
-            raise
-        router.send(op, value, key)
+        self._watch_then_send(
+            router, op, value, key, lambda: router.purgatory.try_complete_else_watch(op, op.watch_keys())
+        )
         return op
+
+    @staticmethod
+    def _watch_then_send(
+        router: ReplyRouter,
+        op: DelayedRequest,
+        value: bytes | None,
+        key: bytes | None,
+        watch: Callable[[], Any],
+    ) -> None:
+        """Submit ``op`` (``watch``), then produce its request record: both faces' one order.
+
+        Watched first, then sent, as :meth:`produce` does. A submission the purgatory refuses
+        (full, closing) raises before anything is produced: no responder works on a request
+        nobody waits for, and the caller's error is the only outcome. Once the record is sent,
+        its replies and its delivery failure find the operation watched. (Sent first would be
+        safe for replies alone — ``prepare`` registers the operation with the router, and a reply
+        offered before the watch is kept on it for the first ``try_complete`` — but a refusal
+        after the send leaves a request in Kafka that responders answer into the void.)
+        """
+        try:
+            watch()
+        except BaseException as exc:
+            op.fail(
+                KafkaAdapterError(f"request to {op.topic!r} was not submitted: {exc!r}")
+            )  # no-op if finished
+            raise
+        router.send(op, value, key)  # fails op itself if the record is refused or undelivered
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -1125,13 +1149,25 @@ class AsyncKafkaPurgatory:
                 what="the reply topic",
             )
         op = router.prepare(topic, timeout_ms=timeout, replies=replies, partial=partial)
-        # Sent before it is watched: a reply arriving first is kept on the operation, and the
-        # watch's first try_complete finds it (DelayedRequest's module doc).
-        router.send(op, value, key)
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def answered(_op: DelayedRequest) -> None:  # on the loop, once (watch_then_call)
+            if not finished.done():
+                finished.set_result(None)
+
+        # The sync face's order (watched, then sent; see _watch_then_send for why).
+        self.sync._watch_then_send(
+            router,
+            op,
+            value,
+            key,
+            lambda: router.purgatory.watch_then_call(op, op.watch_keys(), answered, loop),
+        )
         try:
-            await router.purgatory.watch(op, op.watch_keys())
-        except BaseException as exc:
-            op.fail(KafkaAdapterError(f"request to {topic!r} was not awaited: {exc!r}"))  # no-op if finished
+            await finished
+        except asyncio.CancelledError:
+            router.purgatory.abandon(op)  # as cancelling purgatory.watch's task: CANCELLED, timer removed
             raise
         return op.result()
 
