@@ -50,6 +50,10 @@ A produce is sent through the idempotent producer (``acks=all``) and held in the
 purgatory until each record's delivery report came (:class:`DelayedProduce`); waiting for offsets
 someone else appended is :class:`DelayedReplication`, in the ``replication`` purgatory.
 
+The class is built from parts, a file each: submission (``_submission``: check, refuse, watch),
+request-reply (``_request_reply``), the lifecycle (``_lifecycle``: stop, close, signals); its
+asyncio face is :class:`AsyncKafkaPurgatory` (``_async``); shared defaults are in ``_defaults``.
+
 Concurrency contract: all methods are thread-safe; the async ones never block the event loop:
 their blocking Kafka calls (validation, admin requests) run on the purgatory's own
 bounded pool (:class:`KafkaCalls`), never the loop's default executor, each awaited with its
@@ -60,80 +64,48 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
-import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from types import FrameType, TracebackType
-from typing import Any, Self, TypeVar
+from types import FrameType
+from typing import Any
 
 import structlog
 
-from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError
+from purgatory import DelayedOperationPurgatory, PurgatoryClosedError
 from purgatory._loop_handoff import handoff_for
 from purgatory.journal import Journal
 from purgatory.settings import ConfigError, Settings, load_settings
 
-from .._metrics import register_kafka_metrics, track_feed, untrack_feed
+from .._metrics import register_kafka_metrics, track_feed
 from ..clients._admin import BROKER_DEFAULT, create_topic, delete_records
 from ..clients._calls import KafkaCalls
 from ..clients._clients import ProducerRecord, RecordReader
 from ..clients._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError, UnknownTopicError
-from ..clients._sender import DEFAULT_LINGER_MS, RecordSender, produce_one
+from ..clients._sender import RecordSender, produce_one
 from ..facts._feed import ChangeFeed
-from ..facts._keys import GroupPartitionKey, TopicKey, TopicPartitionKey
+from ..facts._keys import TopicPartitionKey
 from ..facts._record_cache import SharedReadReader
 from ..facts._view import ClusterView
-from ..ops._fetch import DEFAULT_FETCH_MAX_BYTES, DelayedFetch
+from ..ops._fetch import DelayedFetch
 from ..ops._metadata_waits import DelayedConsumerCommit, DelayedDeleteRecords, DelayedTopicReady
-from ..ops._operations import KafkaOperation, draining
+from ..ops._operations import KafkaOperation
 from ..ops._produce import DelayedProduce
-from ..ops._replication import DelayedReplication
-from ..ops._results import (
-    CommitResult,
-    DeleteRecordsResult,
-    ErrorCode,
-    FetchResult,
-    ProduceResult,
-    TopicReadyResult,
-)
-from ..reply._reply_router import DEFAULT_REPLY_PARTITIONS, ReplyRouter
-from ..reply._request import DelayedRequest, RequestResult
+from ..ops._results import ErrorCode
+from ..reply._reply_router import ReplyRouter
 from ..settings import KafkaSettings
+from ._async import AsyncKafkaPurgatory
+from ._defaults import (
+    ADMIN_TIMEOUT_S,
+    ASYNC_CALL_BACKLOG,
+    ASYNC_CALL_THREADS,
+    PURGATORY_NAMES,
+    _SignalHandler,
+)
+from ._lifecycle import _Lifecycle
+from ._request_reply import _RequestReply
+from ._submission import _Submission
 
 __all__ = ["PURGATORY_NAMES", "AsyncKafkaPurgatory", "KafkaPurgatory"]
-
-Op = TypeVar("Op", bound=KafkaOperation)
-
-# One purgatory per kind of operation, as the broker keeps one per request type ("Produce",
-# "Fetch", "DeleteRecords"...): each gets its own delayedOperation label, timer and limits
-# (settings [purgatories.<name>]). Any other KafkaOperation goes to the purgatory named by
-# connect(name=...).
-PURGATORY_NAMES: dict[type[KafkaOperation], str] = {
-    DelayedProduce: "produce",
-    DelayedReplication: "replication",
-    DelayedFetch: "fetch",
-    DelayedConsumerCommit: "commit",
-    DelayedTopicReady: "topic_ready",
-    DelayedDeleteRecords: "delete_records",
-}
-ADMIN_TIMEOUT_S = 30.0  # CreateTopics / DeleteRecords: a metadata round trip and the controller's work
-# The async methods' pool: threads blocked at most a client timeout each, and the calls admitted.
-ASYNC_CALL_THREADS, ASYNC_CALL_BACKLOG = 4, 1024
-# Request-reply (issue 14): the reply topic of an instance group unless replies(topic=) names one,
-# and the wait of a request that gives no timeout_ms.
-DEFAULT_REPLY_TOPIC = "purgatory-replies"
-DEFAULT_REQUEST_TIMEOUT_MS = 30_000
-REPLY_READY_TIMEOUT_S = 30.0  # first request: create the reply topic, join its group, position the tail
-REQUEST_PURGATORY = "request"  # the delayedOperation label of requests waiting for replies
-# At stop(), produces already handed to librdkafka get this long for their real delivery reports
-# before the rest answer SHUTTING_DOWN: half of the 1 s in which every waiter is answered, and a
-# delivered record answered as delivered is one a client will not send again.
-SHUTDOWN_FLUSH_S = 0.5
-# What drain_on_signals() listens to by default: what uvicorn, gunicorn and Kubernetes send.
-DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_Missing = tuple[list[TopicPartitionKey], UnknownTopicError]  # partitions that do not exist, and why
-_SignalHandler = Callable[[int, FrameType | None], Any] | int | None
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -155,7 +127,7 @@ def _register_metrics() -> None:
     register_kafka_metrics()  # answers per status, feed health (adapters/kafka/_metrics.py)
 
 
-class KafkaPurgatory:
+class KafkaPurgatory(_Lifecycle, _RequestReply, _Submission):
     """Kafka-backed purgatories completed by one change feed (see the module docstring).
 
     Build with :meth:`connect`. ``with`` closes it; ``async with`` yields its
@@ -344,59 +316,6 @@ class KafkaPurgatory:
         with self._lock:
             return dict(self._purgatories)
 
-    # -- submission -----------------------------------------------------------------------------
-
-    def _precheck(self, op: KafkaOperation) -> _Missing | None:
-        """The operation's partitions Kafka says do not exist, with the error naming the first;
-        None when every one exists or Kafka could not tell (one DescribeTopics request).
-
-        Only Kafka's own "unknown topic" answer, or a partition past the topic's count, counts as
-        missing: a cluster that did not answer concludes nothing (the operation then waits and
-        says what it saw), so an outage is never reported as a missing topic.
-        """
-        if isinstance(op, DelayedTopicReady):
-            return None  # waiting for the topic to appear is its point
-        partitions: list[TopicPartitionKey] = []
-        topics: set[str] = set()
-        for key in op.watch_keys():
-            if isinstance(key, TopicPartitionKey):
-                partitions.append(key)
-            elif isinstance(key, GroupPartitionKey):
-                partitions.append(TopicPartitionKey(key.topic, key.partition))
-            elif isinstance(key, TopicKey):
-                topics.add(key.topic)
-        topics.update(key.topic for key in partitions)
-        if not topics:
-            return None
-        try:
-            counts = self.view.partition_counts(topics)
-        except KafkaAdapterError:
-            return None  # not answered (or not an answer about existence): nothing to conclude
-
-        def absent(key: TopicPartitionKey) -> bool:
-            count = counts.get(key.topic, key.partition + 1)  # not in counts: nothing concluded
-            return count is None or key.partition >= count
-
-        missing = [key for key in partitions if absent(key)]
-        missing_topics = sorted(t for t in topics if t in counts and counts[t] is None)
-        if not missing and not missing_topics:
-            return None
-        first = missing[0] if missing else None
-        detail = f"{type(op).__name__} answered UNKNOWN_TOPIC_OR_PARTITION at once"
-        if first is None:
-            error = UnknownTopicError(missing_topics[0], detail=detail)
-        elif counts[first.topic] is None:
-            error = UnknownTopicError(first.topic, detail=detail)
-        else:
-            error = UnknownTopicError(
-                first.topic, first.partition, f"it has {counts[first.topic]} partitions; {detail}"
-            )
-        return missing, error
-
-    def _refuse_unknown(self, op: KafkaOperation, refusal: _Missing) -> None:
-        missing, error = refusal
-        self._refuse(op, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, error, missing or None)
-
     def _refuse(
         self,
         op: KafkaOperation,
@@ -423,110 +342,6 @@ class KafkaPurgatory:
             if name is not None:
                 return name
         return self.name
-
-    def _shutting_down(self, op: KafkaOperation) -> bool:
-        """True (and ``op`` answered ``SHUTTING_DOWN``) iff stop() began and close() has not ended.
-
-        Between the two a submission is not the caller's mistake but a request that raced the
-        shutdown (a server still answering its last requests): it gets an answer, not an
-        exception. After close() it is a closed object's misuse: ``PurgatoryClosedError``.
-        """
-        if not self._closed or self._close_done:
-            return False
-        self._refuse(op, ErrorCode.SHUTTING_DOWN)
-        return True
-
-    def submit(self, op: Op, *, validate: bool = True) -> Op:
-        """Check the partitions exist, then ``try_complete_else_watch(op, op.watch_keys())`` in its
-        purgatory; return ``op`` (finished at once when a partition does not exist, or when the
-        purgatory is shutting down: see the module docstring)."""
-        if self._shutting_down(op):
-            return op
-        if validate:
-            refusal = self._precheck(op)
-            if refusal is not None:
-                self._refuse_unknown(op, refusal)
-                return op
-        try:
-            purgatory = self.purgatory_for(op)
-        except PurgatoryClosedError:
-            if self._shutting_down(op):
-                return op
-            raise
-        try:
-            purgatory.try_complete_else_watch(op, op.watch_keys())
-        except BaseException as exc:
-            # Refused (PurgatoryFullError, closed, try_complete raised): make sure the feed does
-            # not keep polling the op's keys (a no-op when the purgatory released them already).
-            self.feed.on_finished(purgatory.name, op)
-            if isinstance(exc, PurgatoryClosedError) and self._shutting_down(op):
-                return op
-            raise
-        return op
-
-    async def watch(self, op: Op, *, validate: bool = True) -> Outcome:
-        """asyncio: submit and await the outcome (the partition check runs on ``self.calls``,
-        bounded; skipped while the feed sees Kafka unreachable: it could conclude nothing)."""
-        if self._shutting_down(op):
-            return self._outcome(op)
-        if validate and self.feed.unavailable is None:
-            try:
-                refusal = await self.calls.run(
-                    self._precheck, op, timeout_s=self.view.request_timeout_s + 1.0, what="DescribeTopics"
-                )
-            except KafkaUnavailableError:
-                refusal = None  # not answered in time (or the pool is full): the op waits and says so
-            if refusal is not None:
-                self._refuse_unknown(op, refusal)
-                return self._outcome(op)
-        try:
-            purgatory = self.purgatory_for(op)
-        except PurgatoryClosedError:
-            if self._shutting_down(op):
-                return self._outcome(op)
-            raise
-        try:
-            return await purgatory.watch(op, op.watch_keys())
-        except BaseException as exc:
-            self.feed.on_finished(purgatory.name, op)  # as in submit(); a no-op once finished
-            if isinstance(exc, PurgatoryClosedError) and self._shutting_down(op):
-                return self._outcome(op)
-            raise
-
-    @staticmethod
-    def _outcome(op: KafkaOperation) -> Outcome:
-        outcome = op.outcome
-        assert outcome is not None, f"{op!r} was answered without an outcome (refuse() finishes it)"
-        return outcome
-
-    def watch_then_call(
-        self, op: Op, callback: Callable[[Op], None], loop: asyncio.AbstractEventLoop | None = None
-    ) -> None:
-        """asyncio without a task: submit ``op`` (not validated); ``callback(op)`` on the loop once finished.
-
-        See ``DelayedOperationPurgatory.watch_then_call`` (``loop``: the running loop, when the
-        caller has it); the waiter gives up with ``purgatory_for(op).abandon(op)``.
-        """
-        purgatory = self.purgatory_for(op)
-        try:
-            purgatory.watch_then_call(op, op.watch_keys(), callback, loop)
-        except BaseException:
-            self.feed.on_finished(purgatory.name, op)  # as in submit(); a no-op once finished
-            raise
-
-    def _watch_then_call_or_refuse(
-        self, op: Op, callback: Callable[[Op], None], loop: asyncio.AbstractEventLoop | None = None
-    ) -> bool:
-        """:meth:`watch_then_call`, or False with ``op`` answered ``SHUTTING_DOWN`` (see there)."""
-        if self._shutting_down(op):
-            return False
-        try:
-            self.watch_then_call(op, callback, loop)
-        except PurgatoryClosedError:
-            if self._shutting_down(op):
-                return False
-            raise
-        return True
 
     def produce(self, records: Iterable[ProducerRecord], *, delay_ms: int | None = None) -> DelayedProduce:
         """Send ``records`` through the idempotent producer (``acks=all``) and hold a
@@ -687,499 +502,3 @@ class KafkaPurgatory:
             config=config,
             timeout_s=ADMIN_TIMEOUT_S,
         )
-
-    # -- request-reply (issue 14; docs/design.md §9) --------------------------------------------
-
-    def replies(
-        self,
-        topic: str | None = None,
-        *,
-        group: str | None = None,
-        partitions: int = DEFAULT_REPLY_PARTITIONS,
-        replication_factor: int = BROKER_DEFAULT,
-        linger_ms: int = DEFAULT_LINGER_MS,
-    ) -> ReplyRouter:
-        """The :class:`ReplyRouter` of this instance; the first call configures it (not started).
-
-        ``topic``: the reply topic shared by the instance group (created if missing with
-        ``partitions``). ``group``: the consumer group the instances split its partitions
-        through (scale-out ownership); None: this instance reads every partition. Later calls
-        return the same router and must not ask for another one.
-        """
-        with self._lock:
-            if self._router is None:
-                if self._closed:
-                    raise PurgatoryClosedError("KafkaPurgatory is closed: no request-reply")
-                self._router = ReplyRouter(
-                    self.settings,
-                    self._named_unlocked(REQUEST_PURGATORY),
-                    self.view.admin,
-                    topic=topic or DEFAULT_REPLY_TOPIC,
-                    group=group,
-                    partitions=partitions,
-                    replication_factor=replication_factor,
-                    bootstrap_servers=self.view.bootstrap_servers,
-                    name=self.name,
-                    linger_ms=linger_ms,
-                )
-            elif (topic is not None and topic != self._router.topic) or (
-                group is not None and group != self._router.group
-            ):
-                raise ValueError(
-                    f"request-reply already uses topic {self._router.topic!r} (group {self._router.group!r})"
-                )
-            return self._router
-
-    def _started_router(self) -> ReplyRouter:
-        # The first request starts request-reply: reply topic, group join, the tail's position.
-        # That setup is bounded on its own (REPLY_READY_TIMEOUT_S), not by the request's timeout.
-        router = self.replies().start()
-        if not router.ready():
-            router.wait_ready(REPLY_READY_TIMEOUT_S)
-        return router
-
-    def request(
-        self,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
-        *,
-        timeout_ms: int | None = None,
-        replies: int = 1,
-        partial: bool = False,
-    ) -> DelayedRequest:
-        """Send a request to ``topic`` and hold a :class:`DelayedRequest` until its replies arrive.
-
-        Threads: returns the submitted operation; ``op.wait(s)``, then ``op.result()`` (a
-        :class:`RequestResult`, or :class:`RequestTimeoutError` with the replies that arrived).
-        ``replies=N`` waits for N distinct responders; ``partial=True`` answers a deadline with
-        what arrived instead of raising. See :meth:`AsyncKafkaPurgatory.request`.
-        """
-        timeout = DEFAULT_REQUEST_TIMEOUT_MS if timeout_ms is None else timeout_ms
-        router = self._started_router()
-        op = router.prepare(topic, timeout_ms=timeout, replies=replies, partial=partial)
-        self._watch_then_send(
-            router, op, value, key, lambda: router.purgatory.try_complete_else_watch(op, op.watch_keys())
-        )
-        return op
-
-    @staticmethod
-    def _watch_then_send(
-        router: ReplyRouter,
-        op: DelayedRequest,
-        value: bytes | None,
-        key: bytes | None,
-        watch: Callable[[], Any],
-    ) -> None:
-        """Submit ``op`` (``watch``), then produce its request record: both faces' one order.
-
-        Watched first, then sent, as :meth:`produce` does. A submission the purgatory refuses
-        (full, closing) raises before anything is produced: no responder works on a request
-        nobody waits for, and the caller's error is the only outcome. Once the record is sent,
-        its replies and its delivery failure find the operation watched. (Sent first would be
-        safe for replies alone — ``prepare`` registers the operation with the router, and a reply
-        offered before the watch is kept on it for the first ``try_complete`` — but a refusal
-        after the send leaves a request in Kafka that responders answer into the void.)
-        """
-        try:
-            watch()
-        except BaseException as exc:
-            op.fail(
-                KafkaAdapterError(f"request to {op.topic!r} was not submitted: {exc!r}")
-            )  # no-op if finished
-            raise
-        router.send(op, value, key)  # fails op itself if the record is refused or undelivered
-
-    # -- lifecycle ------------------------------------------------------------------------------
-
-    def stop(self, *, drain: bool = True) -> None:
-        """Answer every pending operation now, then stop the feed; the clients stay open.
-
-        ``drain``: every operation still held finishes at once (``EXPIRED``, its undecided
-        partitions ``SHUTTING_DOWN``; none is lost, nobody hangs), produces already sent after
-        at most ``SHUTDOWN_FLUSH_S`` of delivery reports; ``drain=False`` is Kafka's behaviour:
-        they are left unexecuted. Operations submitted from now until :meth:`close` returns are
-        answered ``SHUTTING_DOWN``. :meth:`close` starts with this; an owner with workers of its
-        own that may still read through the clients (the HTTP service's fetch attempts) calls it
-        first, waits for them, then calls :meth:`close`. Blocks while operations drain (well
-        under a second; a second caller waits for the first). Idempotent.
-        """
-        with self._lock:
-            first = not self._closed
-            self._closed = True
-            purgatories = list(self._purgatories.values())
-        if not first:
-            # Another thread drains (begin_shutdown): close() must not close the clients under it.
-            self._stopped.wait()
-            return
-        try:
-            produce_name = PURGATORY_NAMES[DelayedProduce]
-            ordered = sorted(purgatories, key=lambda p: p.name == produce_name)  # produce last
-            for purgatory in ordered:
-                self.feed.detach(purgatory)
-                if purgatory is self._shared:
-                    continue
-                if drain and purgatory.name == produce_name and purgatory.num_delayed():
-                    # Reports served by the flush complete the produces they finish, as delivered.
-                    self.sender.flush(SHUTDOWN_FLUSH_S)
-                with draining():  # drained here, on this thread: answered SHUTTING_DOWN
-                    purgatory.shutdown(drain=drain)
-            # Only now: the feed's thread may be inside a Kafka request for up to the request
-            # timeout, and the callers must not wait for it to be answered.
-            self.feed.stop()
-        finally:
-            self._stopped.set()
-
-    def begin_shutdown(self) -> None:
-        """Start :meth:`stop` on a thread of its own and return at once; idempotent.
-
-        What :meth:`drain_on_signals` calls when the signal comes: the waiting callers are
-        answered ``SHUTTING_DOWN`` while the server is still finishing its requests.
-        """
-        with self._lock:
-            if self._closed or self._stopper is not None:
-                return
-            self._stopper = threading.Thread(
-                target=self._stop_then_redeliver, name=f"purgatory-{self.name}-stop"
-            )
-        self._stopper.start()
-
-    def _stop_then_redeliver(self) -> None:
-        self.stop()
-        signum = self._redeliver
-        if signum is not None:
-            os.kill(os.getpid(), signum)  # its default action, restored by the handler: after the drain
-
-    def drain_on_signals(self, signals: Iterable[int] = DRAIN_SIGNALS) -> bool:
-        """On each of ``signals`` start the drain (:meth:`begin_shutdown`), then run the handler
-        that was installed before (uvicorn's, which begins its graceful shutdown).
-
-        Call it from the main thread once the server runs — in a FastAPI lifespan, after
-        ``connect()`` — so it chains to the server's handlers. Why: uvicorn waits for the
-        in-flight requests before it runs the lifespan's shutdown, so without this the callers
-        waiting in the purgatory are answered only at their own timeout (or cancelled, a 500,
-        past ``--timeout-graceful-shutdown``). With it they get ``SHUTTING_DOWN`` within a second
-        of the signal. A signal whose handler was the default one (no server) is delivered again
-        with its default action once the drain is over. :meth:`close` puts the handlers back
-        (when called on the main thread; ``aclose`` is).
-
-        Returns False, installing nothing, off the main thread, where Python delivers no signal
-        (an application run by a test client's thread): the lifespan code stays the same there.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        for signum in signals:
-            previous: _SignalHandler = signal.getsignal(signum)
-            handler = self._signal_handler(loop, previous)
-            signal.signal(signum, handler)
-            self._signal_handlers[signum] = (handler, previous)
-        return True
-
-    def _signal_handler(
-        self, loop: asyncio.AbstractEventLoop | None, previous: _SignalHandler
-    ) -> Callable[[int, FrameType | None], None]:
-        def handler(signum: int, frame: FrameType | None) -> None:
-            # Runs on the main thread between two bytecodes, possibly while that thread holds one
-            # of our locks: it only hands the work over. call_soon_threadsafe is safe here (it
-            # appends and writes the loop's self-pipe); without a loop, a thread start is.
-            if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(self.begin_shutdown)
-            else:
-                self.begin_shutdown()
-            if callable(previous):
-                previous(signum, frame)
-            elif previous == signal.SIG_DFL:
-                signal.signal(signum, signal.SIG_DFL)
-                self._redeliver = signum
-
-        return handler
-
-    def _restore_signals(self) -> None:
-        # Python lets only the main thread change handlers; close() off it leaves them (harmless:
-        # a handler of a closed purgatory only chains to the previous one).
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum, (handler, previous) in list(self._signal_handlers.items()):
-            if signal.getsignal(signum) is handler:
-                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-            del self._signal_handlers[signum]
-
-    def close(self) -> None:
-        """Answer the pending operations (:meth:`stop`), flush the journal, close the clients.
-
-        Every operation still held is answered within a second (``SHUTTING_DOWN``; none is lost);
-        from asyncio use :meth:`aclose`. Idempotent.
-        """
-        self._restore_signals()
-        self.stop()
-        with self._lock:
-            if self._clients_closed:
-                return
-            self._clients_closed = True
-        try:
-            if self._router is not None:  # after the drain: waiting requests expired, none is lost
-                self._router.close()
-            if self.journal is not None:
-                self.journal.close()
-            self.calls.close()
-            self.sender.close()
-            self.reader.close()
-            self.view.close()
-        finally:
-            untrack_feed(self)
-            self._close_done = True
-
-    async def aclose(self) -> None:
-        """:meth:`close` in the default executor: the event loop keeps serving while it drains."""
-        self._restore_signals()  # on the loop's thread: the main one, where Python allows it
-        await asyncio.get_running_loop().run_in_executor(None, self.close)
-
-    def _prepare_journal(self) -> None:
-        if self.journal is None:
-            return
-        try:
-            self.journal.prepare()  # a journal that cannot write fails here, not once per event
-        except BaseException:
-            self.close()  # the feed thread and clients must not outlive the failed start
-            raise
-
-    def __enter__(self) -> Self:
-        self._prepare_journal()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    async def __aenter__(self) -> AsyncKafkaPurgatory:
-        # Checking (or creating) the journal topic is a Kafka round trip: off the loop.
-        await asyncio.get_running_loop().run_in_executor(None, self._prepare_journal)
-        return self.aio
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-
-class AsyncKafkaPurgatory:
-    """The asyncio face of a :class:`KafkaPurgatory`: every call is awaited, none blocks the loop.
-
-    Got from ``async with KafkaPurgatory.connect(settings) as kp`` or ``KafkaPurgatory.aio``.
-    Each awaitable submits one delayed operation and returns its frozen result when it finished
-    (completed, or expired at its timeout: a result, not an exception). Kafka-side conditions are
-    statuses in that result, not exceptions: ``KAFKA_UNAVAILABLE`` (Kafka did not answer until the
-    deadline), ``UNKNOWN_TOPIC_OR_PARTITION`` (answered at once), ``NOT_LEADER_OR_FOLLOWER``,
-    ``SHUTTING_DOWN`` (the purgatory is closing: every waiting call gets it within a second);
-    each result's ``shutting_down`` / ``unavailable`` say "503, retry later". Exceptions are left
-    for the caller's mistakes (bad arguments, a closed purgatory). Cancelling the awaiting task
-    cancels the operation (``Outcome.CANCELLED``; it is never left watched).
-
-    Attributes:
-        sync: the :class:`KafkaPurgatory` behind it (feed, view, purgatories, clients).
-    """
-
-    def __init__(self, sync: KafkaPurgatory) -> None:
-        self.sync = sync
-
-    @property
-    def feed(self) -> ChangeFeed:
-        """The change feed (a :class:`FactSource` for operations you build yourself)."""
-        return self.sync.feed
-
-    @property
-    def purgatories(self) -> dict[str, DelayedOperationPurgatory[Any]]:
-        """The purgatories created so far, by name."""
-        return self.sync.purgatories
-
-    @property
-    def settings(self) -> KafkaSettings:
-        """The Kafka settings in use (timeouts default from here)."""
-        return self.sync.settings
-
-    async def _admin(self, call: Any, *args: Any, what: str, timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
-        # Admin requests block up to ADMIN_TIMEOUT_S: on the bounded pool, with a deadline.
-        return await self.sync.calls.run(call, *args, timeout_s=timeout_s + 1.0, what=what)
-
-    def drain_on_signals(self, signals: Iterable[int] = DRAIN_SIGNALS) -> bool:
-        """See :meth:`KafkaPurgatory.drain_on_signals`: answer waiting calls ``SHUTTING_DOWN``
-        as soon as SIGTERM / SIGINT arrive, then let the server's own handler run."""
-        return self.sync.drain_on_signals(signals)
-
-    async def watch(self, op: Op, *, validate: bool = True) -> Outcome:
-        """Submit any :class:`KafkaOperation` and await its outcome."""
-        return await self.sync.watch(op, validate=validate)
-
-    async def produce(
-        self,
-        records: Iterable[ProducerRecord],
-        *,
-        timeout_ms: int | None = None,
-    ) -> ProduceResult:
-        """Produce ``records`` with ``acks=all`` (idempotent) and answer once Kafka acknowledged
-        each of them: every in-sync replica has it, and there are ``min.insync.replicas``.
-
-        ``timeout_ms`` (default ``kafka.produce_timeout_ms``) bounds the wait; records not
-        acknowledged by then answer ``REQUEST_TIMED_OUT`` (they may still be written, once).
-        Leader changes and broker restarts within it are ridden out by the producer's retries.
-        Kafka's refusals come back as statuses (``result.statuses``, ``result.record_statuses``);
-        a bad record raises when it is built (:class:`ProducerRecord`).
-        """
-        op = await self.sync.produce_async(records, delay_ms=timeout_ms)
-        return op.result()
-
-    async def fetch(
-        self,
-        fetch_offsets: Mapping[TopicPartitionKey, int],
-        *,
-        min_records: int = 1,
-        min_bytes: int | None = None,
-        max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
-        max_wait_ms: int | None = None,
-    ) -> FetchResult:
-        """Long poll: answer once ``min_records`` (or ``min_bytes``) arrived past the offsets, or at
-        ``max_wait_ms`` (default ``kafka.fetch_max_wait_ms``) with whatever arrived."""
-        op = DelayedFetch(
-            self.sync.feed,
-            self.sync.reader,
-            fetch_offsets,
-            min_records=min_records,
-            min_bytes=min_bytes,
-            max_bytes=max_bytes,
-            max_wait_ms=max_wait_ms,
-        )
-        await self.sync.watch(op)
-        return op.result()
-
-    async def wait_committed(
-        self, group: str, targets: Mapping[TopicPartitionKey, int], timeout_ms: int | None = None
-    ) -> CommitResult:
-        """Answer once consumer group ``group`` committed at least ``targets[partition]`` everywhere.
-
-        The "my record was processed" barrier: after producing offset ``n``, wait for ``n + 1``.
-        ``timeout_ms`` defaults to ``kafka.commit_timeout_ms``.
-        """
-        op = DelayedConsumerCommit(self.sync.feed, group, targets, delay_ms=timeout_ms)
-        await self.sync.watch(op)
-        return op.result()
-
-    async def wait_topic_ready(self, topic: str, timeout_ms: int | None = None) -> TopicReadyResult:
-        """Answer once ``topic`` exists and every partition has a leader (it may not exist yet)."""
-        op = DelayedTopicReady(self.sync.feed, topic, delay_ms=timeout_ms)
-        await self.sync.watch(op)
-        return op.result()
-
-    async def delete_records(
-        self, before: Mapping[TopicPartitionKey, int], timeout_ms: int | None = None
-    ) -> DeleteRecordsResult:
-        """Delete every record before ``before[partition]``; answer once the log start offsets moved."""
-        op = DelayedDeleteRecords(self.sync.feed, before, delay_ms=timeout_ms)
-        try:
-            issued = await self._admin(
-                self.sync._issue_delete, op, what="DeleteRecords", timeout_s=op.delay_ms / 1000.0
-            )
-        except KafkaUnavailableError as exc:  # the pool's deadline or refusal: Kafka did not answer
-            self.sync._refuse(op, ErrorCode.KAFKA_UNAVAILABLE, exc)  # a no-op if answered meanwhile
-            issued = False
-        if issued:
-            await self.sync.watch(op, validate=False)
-        return op.result()
-
-    async def create_topic(
-        self,
-        topic: str,
-        *,
-        partitions: int = BROKER_DEFAULT,
-        replication_factor: int = BROKER_DEFAULT,
-        config: Mapping[str, str] | None = None,
-        timeout_ms: int | None = None,
-    ) -> TopicReadyResult:
-        """Create ``topic`` unless it exists, then answer once every partition has a leader.
-
-        Kafka not answering (within ``timeout_ms`` when given) is answered ``KAFKA_UNAVAILABLE``;
-        a refusal of the request itself (a bad name, more replicas than brokers) raises.
-        """
-        op = DelayedTopicReady(self.sync.feed, topic, delay_ms=timeout_ms)
-        try:
-            await self._admin(
-                lambda: self.sync.create_topic(
-                    topic, partitions=partitions, replication_factor=replication_factor, config=config
-                ),
-                what="CreateTopics",
-                timeout_s=min(ADMIN_TIMEOUT_S, op.delay_ms / 1000.0),
-            )
-        except KafkaUnavailableError as exc:
-            self.sync._refuse(op, ErrorCode.KAFKA_UNAVAILABLE, exc)
-            return op.result()
-        await self.sync.watch(op)
-        return op.result()
-
-    async def request(
-        self,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
-        *,
-        timeout_ms: int | None = None,
-        replies: int = 1,
-        partial: bool = False,
-    ) -> RequestResult:
-        """Send a request to ``topic`` and answer with its reply (docs/design.md §9).
-
-        The record carries ``kafka_correlationId``, ``kafka_replyTopic`` / ``kafka_replyPartition``
-        (one of this instance's reply partitions) and its deadline; a :class:`Responder` (or a
-        Spring ``@SendTo`` listener) answers on the reply topic. ``replies=N`` gathers N replies
-        from distinct responder groups (scatter-gather). At ``timeout_ms`` (default 30 s):
-        :class:`RequestTimeoutError` carrying the replies that arrived, or with ``partial=True`` a
-        :class:`RequestResult` with ``complete=False``. Copies of a reply count once; replies
-        after the deadline are dropped (``kp.sync.replies().stats``). Cancelling the awaiting task
-        cancels the request.
-        """
-        timeout = DEFAULT_REQUEST_TIMEOUT_MS if timeout_ms is None else timeout_ms
-        router = self.sync.replies()
-        if not router.ready():  # the first request: create the topic, join, position the tail
-            await self.sync.calls.run(
-                self.sync._started_router,
-                timeout_s=ADMIN_TIMEOUT_S + REPLY_READY_TIMEOUT_S + 1.0,
-                what="the reply topic",
-            )
-        op = router.prepare(topic, timeout_ms=timeout, replies=replies, partial=partial)
-        loop = asyncio.get_running_loop()
-        finished: asyncio.Future[None] = loop.create_future()
-
-        def answered(_op: DelayedRequest) -> None:  # on the loop, once (watch_then_call)
-            if not finished.done():
-                finished.set_result(None)
-
-        # The sync face's order (watched, then sent; see _watch_then_send for why).
-        self.sync._watch_then_send(
-            router,
-            op,
-            value,
-            key,
-            lambda: router.purgatory.watch_then_call(op, op.watch_keys(), answered, loop),
-        )
-        try:
-            await finished
-        except asyncio.CancelledError:
-            router.purgatory.abandon(op)  # as cancelling purgatory.watch's task: CANCELLED, timer removed
-            raise
-        return op.result()
-
-    async def aclose(self) -> None:
-        """Close the :class:`KafkaPurgatory` without blocking the loop: every pending call is
-        answered ``SHUTTING_DOWN`` within a second, then the clients close."""
-        await self.sync.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
