@@ -20,32 +20,18 @@ Local cluster: ``with LocalKafkaCluster(brokers=3) as cluster: cluster.bootstrap
 ``provide_cluster(settings)`` for the provider order of docs/design.md §5.
 """
 
-from ._admin import create_topic, delete_records
-from ._append import Appended
-from ._calls import KafkaCalls
-from ._clients import (
+from .clients._admin import create_topic, delete_records
+from .clients._append import Appended
+from .clients._calls import KafkaCalls
+from .clients._clients import (
     DIGEST_BYTES,
     FetchedRecord,
     ProducerRecord,
     RecordIdentity,
     RecordReader,
 )
-from ._config import check_client_config, client_config, redacted
-from ._correlation import (
-    CORRELATION_ID,
-    DEADLINE_MS,
-    ERROR,
-    REPLY_FROM,
-    REPLY_PARTITION,
-    REPLY_TOPIC,
-    CorrelationKey,
-    Reply,
-    ReplyAddress,
-    encode_partition,
-    header,
-    headers_of,
-)
-from ._errors import (
+from .clients._config import check_client_config, client_config, redacted
+from .clients._errors import (
     InvalidOffsetError,
     InvalidTopicError,
     KafkaAdapterError,
@@ -60,21 +46,48 @@ from ._errors import (
     UnknownNodeError,
     UnknownTopicError,
 )
-from ._facts import ClusterFacts, ErrorFact, FactSource, GroupFacts, PartitionFacts, TopicFacts
-from ._feed import ChangeFeed, FeedStats
-from ._keys import LEGAL_TOPIC_RULE, GroupPartitionKey, KafkaKey, TopicKey, TopicPartitionKey, is_legal_topic
-from ._moved import Moved, MovedReason
-from ._operations import (
-    DelayedConsumerCommit,
-    DelayedDeleteRecords,
-    DelayedFetch,
-    DelayedReplication,
-    DelayedTopicReady,
-    KafkaOperation,
-    PartitionRead,
+from .clients._provider import (
+    BOOTSTRAP_ENV,
+    KafkaClusterHandle,
+    configured_bootstrap,
+    docker_available,
+    provide_cluster,
 )
-from ._owner_proof import OwnerProof
-from ._ownership import (
+from .clients._sender import RecordSender
+from .faces._service import PURGATORY_NAMES, AsyncKafkaPurgatory, KafkaPurgatory
+from .facts._facts import ClusterFacts, ErrorFact, FactSource, GroupFacts, PartitionFacts, TopicFacts
+from .facts._feed import ChangeFeed, FeedStats
+from .facts._keys import (
+    LEGAL_TOPIC_RULE,
+    GroupPartitionKey,
+    KafkaKey,
+    TopicKey,
+    TopicPartitionKey,
+    is_legal_topic,
+)
+from .facts._record_cache import SharedReadReader
+
+# The tail's fetch.wait.max.ms: public so a bench's bare consumer can fetch as the tail does.
+from .facts._tail import FETCH_WAIT_MS as TAIL_FETCH_WAIT_MS
+from .facts._view import ClusterView
+from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster, resolve_kafka
+from .ops._fetch import DelayedFetch, PartitionRead
+from .ops._metadata_waits import DelayedConsumerCommit, DelayedDeleteRecords, DelayedTopicReady
+from .ops._moved import Moved, MovedReason
+from .ops._operations import KafkaOperation
+from .ops._produce import DelayedProduce, ProduceRequestKey
+from .ops._replication import DelayedReplication
+from .ops._results import (
+    CommitResult,
+    DeleteRecordsResult,
+    ErrorCode,
+    FetchResult,
+    ProduceResult,
+    ReplicationResult,
+    TopicReadyResult,
+)
+from .ownership._owner_proof import OwnerProof
+from .ownership._ownership import (
     Member,
     Owner,
     OwnershipListener,
@@ -84,36 +97,24 @@ from ._ownership import (
     PartitionOwnership,
     describe_owners,
 )
-from ._ownership_guard import OwnedOperation, OwnershipGuard, WatchedKeys
-from ._produce import DelayedProduce, ProduceRequestKey
-from ._provider import (
-    BOOTSTRAP_ENV,
-    KafkaClusterHandle,
-    configured_bootstrap,
-    docker_available,
-    provide_cluster,
+from .ownership._ownership_guard import OwnedOperation, OwnershipGuard, WatchedKeys
+from .reply._correlation import (
+    CORRELATION_ID,
+    DEADLINE_MS,
+    ERROR,
+    REPLY_FROM,
+    REPLY_PARTITION,
+    REPLY_TOPIC,
+    CorrelationKey,
+    Reply,
+    ReplyAddress,
+    encode_partition,
+    header,
+    headers_of,
 )
-from ._record_cache import SharedReadReader
-from ._redirect import Redirect, moved_answer, redirect_for
-from ._reply_router import LateReply, ReplyRouter, ReplyRouterStats
-from ._request import DelayedRequest, RequestResult, RequestTimeoutError, ResponderError
-from ._responder import Request, Responder, ResponderStats, request_of, responder
-from ._results import (
-    CommitResult,
-    DeleteRecordsResult,
-    ErrorCode,
-    FetchResult,
-    ProduceResult,
-    ReplicationResult,
-    TopicReadyResult,
-)
-from ._sender import RecordSender
-from ._service import PURGATORY_NAMES, AsyncKafkaPurgatory, KafkaPurgatory
-
-# The tail's fetch.wait.max.ms: public so a bench's bare consumer can fetch as the tail does.
-from ._tail import FETCH_WAIT_MS as TAIL_FETCH_WAIT_MS
-from ._view import ClusterView
-from .local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster, resolve_kafka
+from .reply._reply_router import LateReply, ReplyRouter, ReplyRouterStats
+from .reply._request import DelayedRequest, RequestResult, RequestTimeoutError, ResponderError
+from .reply._responder import Request, Responder, ResponderStats, request_of, responder
 
 __all__ = [
     "BOOTSTRAP_ENV",
@@ -188,7 +189,6 @@ __all__ = [
     "RecordReader",
     "RecordSender",
     "RecordTooLargeError",
-    "Redirect",
     "ReplicationResult",
     "Reply",
     "ReplyAddress",
@@ -220,10 +220,8 @@ __all__ = [
     "header",
     "headers_of",
     "is_legal_topic",
-    "moved_answer",
     "provide_cluster",
     "redacted",
-    "redirect_for",
     "request_of",
     "resolve_kafka",
     "responder",

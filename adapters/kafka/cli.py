@@ -21,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from ._errors import KafkaAdapterError, NoLocalClusterError, UnknownNodeError
+from .clients._errors import KafkaAdapterError, NoLocalClusterError, UnknownNodeError
 from .local import DEFAULT_HEAP_MB, STATE_FILE, LocalKafkaCluster, cache_dir
 
 __all__ = ["app"]
@@ -171,8 +171,8 @@ def owners(
 
     from purgatory.settings import load_settings
 
-    from ._ownership import describe_owners
-    from ._provider import BOOTSTRAP_ENV, configured_bootstrap
+    from .clients._provider import BOOTSTRAP_ENV, configured_bootstrap
+    from .ownership._ownership import describe_owners
 
     settings = load_settings()
     servers = configured_bootstrap(settings.kafka, bootstrap)

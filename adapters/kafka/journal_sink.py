@@ -28,8 +28,8 @@ from confluent_kafka.cimpl import NewTopic
 from purgatory.journal import FileJournalSink, Journal, JournalEvent, JournalSink
 from purgatory.settings import Settings
 
-from ._config import client_config, redacted
-from ._errors import KafkaAdapterError, KafkaUnavailableError
+from .clients._config import client_config, redacted
+from .clients._errors import KafkaAdapterError, KafkaUnavailableError
 
 __all__ = ["JournalTopicError", "KafkaJournalSink", "build_journal", "ensure_journal_topic"]
 

@@ -16,6 +16,7 @@ from ._app import create_app
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
 from ._gateway import FETCH_PURGATORY, PRODUCE_PURGATORY, Gateway, resolve_bootstrap
+from ._redirect import Redirect, moved_answer, redirect_for
 from ._requests import FetchParams, ProduceRecordIn, ProduceRequest
 
 __all__ = [
@@ -26,7 +27,10 @@ __all__ = [
     "OffLoopFetch",
     "ProduceRecordIn",
     "ProduceRequest",
+    "Redirect",
     "RequestError",
     "create_app",
+    "moved_answer",
+    "redirect_for",
     "resolve_bootstrap",
 ]

@@ -83,8 +83,8 @@ from ..kafka import (
     UnknownTopicError,
     configured_bootstrap,
 )
-from ..kafka._keys import partition_key
-from ..kafka._off_loop import OffLoopReplication
+from ..kafka.facts._keys import partition_key
+from ..kafka.ops._off_loop import OffLoopReplication
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
 from ._requests import FetchParams, ProduceRequest

@@ -50,14 +50,13 @@ from ..kafka import (
     OwnerStatus,
     PartitionOwnership,
     RecordIdentity,
-    Redirect,
     TopicPartitionKey,
     WatchedKeys,
-    redirect_for,
 )
-from ..kafka._off_loop import OffLoopReplication
+from ..kafka.ops._off_loop import OffLoopReplication
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
+from ._redirect import Redirect, redirect_for
 from ._requests import MAX_OFFSET, MAX_PARTITION
 
 __all__ = ["FORWARDED_HEADER", "OwnedFetch", "OwnedReplication", "ScaleOut", "ScaleOutCollector"]

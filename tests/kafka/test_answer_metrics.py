@@ -12,8 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from purgatory.adapters.kafka import DelayedProduce, DelayedTopicReady, ErrorCode, ProducerRecord
-from purgatory.adapters.kafka._errors import KafkaUnavailableError, RecordTooLargeError
 from purgatory.adapters.kafka._metrics import ANSWERS, AnswerCounts, KafkaCollector, feed_health
+from purgatory.adapters.kafka.clients._errors import KafkaUnavailableError, RecordTooLargeError
 
 
 def _facts() -> Any:

@@ -12,8 +12,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from purgatory.adapters.kafka import DelayedFetch, FetchedRecord, KafkaOperation, _clients
-from purgatory.adapters.kafka._record_cache import SharedReadReader
+from purgatory.adapters.kafka import DelayedFetch, FetchedRecord, KafkaOperation
+from purgatory.adapters.kafka.clients import _clients
+from purgatory.adapters.kafka.facts._record_cache import SharedReadReader
 
 from purgatory import Outcome
 from purgatory._loop_handoff import BURST_CHUNK, handoff_for

@@ -14,7 +14,7 @@ from purgatory.adapters.kafka import (
     ProducerRecord,
     TopicPartitionKey,
 )
-from purgatory.adapters.kafka._feed import METADATA_EVERY, WAKE_LIMIT
+from purgatory.adapters.kafka.facts._feed import METADATA_EVERY, WAKE_LIMIT
 
 from purgatory import DelayedOperationPurgatory, PurgatoryFullError
 from purgatory.settings import KafkaSettings

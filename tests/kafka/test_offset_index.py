@@ -23,9 +23,9 @@ from purgatory.adapters.kafka import (
     RecordIdentity,
     TopicPartitionKey,
 )
-from purgatory.adapters.kafka._facts import ClusterFacts
-from purgatory.adapters.kafka._offset_index import COMPACT_MIN, OffsetIndex
-from purgatory.adapters.kafka._tail import TailedPosition
+from purgatory.adapters.kafka.facts._facts import ClusterFacts
+from purgatory.adapters.kafka.facts._offset_index import COMPACT_MIN, OffsetIndex
+from purgatory.adapters.kafka.facts._tail import TailedPosition
 
 from purgatory import DelayedOperationPurgatory, MockTimer, Outcome
 from purgatory.settings import KafkaSettings

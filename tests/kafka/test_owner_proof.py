@@ -18,9 +18,9 @@ from purgatory.adapters.kafka import (
     OwnerStatus,
     PartitionOwnership,
     TopicPartitionKey,
-    redirect_for,
 )
-from purgatory.adapters.kafka._ownership_guard import OwnershipGuard
+from purgatory.adapters.kafka.ownership._ownership_guard import OwnershipGuard
+from purgatory.adapters.service import redirect_for
 from pydantic import SecretStr
 from structlog.testing import capture_logs
 

@@ -27,9 +27,8 @@ from purgatory.adapters.kafka import (
     PartitionFacts,
     PartitionOwnership,
     TopicPartitionKey,
-    moved_answer,
-    redirect_for,
 )
+from purgatory.adapters.service import moved_answer, redirect_for
 from pydantic import SecretStr
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome

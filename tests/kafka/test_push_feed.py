@@ -27,8 +27,8 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
     UnknownTopicError,
 )
-from purgatory.adapters.kafka._facts import ClusterFacts
-from purgatory.adapters.kafka._tail import TailedPosition
+from purgatory.adapters.kafka.facts._facts import ClusterFacts
+from purgatory.adapters.kafka.facts._tail import TailedPosition
 
 from purgatory import DelayedOperationPurgatory, Outcome
 from purgatory.settings import KafkaSettings

@@ -18,8 +18,8 @@ from purgatory.adapters.kafka import (
     RecordReader,
     SharedReadReader,
     TopicPartitionKey,
-    _record_cache,
 )
+from purgatory.adapters.kafka.facts import _record_cache
 
 from purgatory.settings import KafkaSettings
 from tests.kafka.kafka_fixtures import RecordAppender, TopicFactory

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 from purgatory.adapters.kafka import ProducerRecord, RecordReader, TopicPartitionKey
-from purgatory.adapters.kafka._clients import LOG_END
+from purgatory.adapters.kafka.clients._clients import LOG_END
 
 from purgatory.settings import KafkaSettings
 from tests.kafka.kafka_fixtures import WAIT_S, RecordAppender, TopicFactory

@@ -32,7 +32,7 @@ from purgatory.adapters.kafka import (
     request_of,
     responder,
 )
-from purgatory.adapters.kafka._responder import COMMIT_MAX_DELAY_S
+from purgatory.adapters.kafka.reply._responder import COMMIT_MAX_DELAY_S
 
 from purgatory.journal import EventType, Journal, JournalEvent
 from purgatory.settings import KafkaSettings

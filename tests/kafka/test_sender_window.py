@@ -1,4 +1,4 @@
-"""The request/reply sender's in-flight window, without a cluster (adapters/kafka/_sender.py).
+"""The request/reply sender's in-flight window, without a cluster (adapters/kafka/clients/_sender.py).
 
 librdkafka's idempotent producer spins its broker thread while 5 records of a partition are
 unacknowledged and a batch is ready; the sender holds records back instead (module doc, "The
@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 from purgatory.adapters.kafka import KafkaAdapterError, KafkaUnavailableError
-from purgatory.adapters.kafka._sender import IDEMPOTENCE_WINDOW, HeldRecord, InFlightWindow, RecordSender
+from purgatory.adapters.kafka.clients._sender import (
+    IDEMPOTENCE_WINDOW,
+    HeldRecord,
+    InFlightWindow,
+    RecordSender,
+)
 
 from purgatory.settings import KafkaSettings
 

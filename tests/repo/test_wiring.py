@@ -25,7 +25,7 @@ KAFKA_WIRING = {
     "build_journal",
 }
 BOOTSTRAP_ENV = "PURGATORY_KAFKA_BOOTSTRAP"
-PROVIDER = ROOT / "adapters" / "kafka" / "_provider.py"
+PROVIDER = ROOT / "adapters" / "kafka" / "clients" / "_provider.py"
 
 
 def _called_name(call: ast.Call) -> str | None:
@@ -107,7 +107,7 @@ def test_only_the_provider_reads_the_bootstrap_variable() -> None:
         if _bootstrap_env_reads(path)
     }
     assert readers == {PROVIDER.relative_to(ROOT)}, (
-        "name the cluster through configured_bootstrap() (adapters/kafka/_provider.py), "
+        "name the cluster through configured_bootstrap() (adapters/kafka/clients/_provider.py), "
         f"the one place of the provider order: {sorted(map(str, readers))}"
     )
 

@@ -26,7 +26,7 @@ from purgatory.adapters.kafka import (
     RecordReader,
     TopicPartitionKey,
 )
-from purgatory.adapters.kafka._clients import READ_TIMEOUT_S
+from purgatory.adapters.kafka.clients._clients import READ_TIMEOUT_S
 from purgatory.adapters.service import create_app
 from purgatory.adapters.service._server import BackgroundServer
 

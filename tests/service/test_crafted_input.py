@@ -277,7 +277,7 @@ def test_the_table_covers_every_class_of_crafted_input() -> None:
 
 
 def test_kafka_refusing_a_topic_name_is_a_typed_invalid_topic_error(kafka_settings: KafkaSettings) -> None:
-    # The key refuses the name itself now (Kafka's rule, adapters/kafka/_keys.py): the same typed
+    # The key refuses the name itself now (Kafka's rule, adapters/kafka/facts/_keys.py): the same typed
     # error, before a round trip.
     view = ClusterView(kafka_settings)
     try:

@@ -13,7 +13,7 @@ from purgatory.adapters.kafka import (
     RecordIdentity,
     TopicPartitionKey,
 )
-from purgatory.adapters.kafka._off_loop import OffLoopReplication
+from purgatory.adapters.kafka.ops._off_loop import OffLoopReplication
 
 from tests.kafka.test_fence_and_calls import FakeFacts
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from purgatory.adapters.kafka import ErrorCode, FetchedRecord
-from purgatory.adapters.kafka._record_cache import SharedReadReader
+from purgatory.adapters.kafka.facts._record_cache import SharedReadReader
 from purgatory.adapters.service import _fetch
 from purgatory.adapters.service._fetch import OffLoopFetch
 

@@ -22,9 +22,9 @@ from purgatory.adapters.kafka import (
     PartitionFacts,
     RecordReader,
     TopicPartitionKey,
-    _keys,
 )
-from purgatory.adapters.kafka._keys import INTERNED_KEYS, partition_key
+from purgatory.adapters.kafka.facts import _keys
+from purgatory.adapters.kafka.facts._keys import INTERNED_KEYS, partition_key
 from purgatory.adapters.service._fetch import OffLoopFetch
 
 from purgatory import DelayedOperationPurgatory, Outcome

@@ -58,7 +58,7 @@ from typing import Literal, Self
 
 import structlog
 
-from .._errors import (
+from ..clients._errors import (
     KafkaLauncherError,
     KafkaStartError,
     NodeNotRunningError,

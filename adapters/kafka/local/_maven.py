@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 
 from ..._maven import MavenError, copy_dependencies, is_resolved
-from .._errors import KafkaLauncherError
+from ..clients._errors import KafkaLauncherError
 
 __all__ = ["CACHE_ENV", "DEFAULT_KAFKA_VERSION", "VERSION_ENV", "cache_dir", "resolve_kafka"]
 

@@ -14,7 +14,7 @@ leader appended it. Stages (wall clock, ms):
 * t5 request() returned
 
 ``--no-window`` runs our requester and the responder without the sender's in-flight window
-(adapters/kafka/_sender.py: librdkafka's idempotent producer gets every record at once, as
+(adapters/kafka/clients/_sender.py: librdkafka's idempotent producer gets every record at once, as
 before the window), to compare the two on one machine state.
 """
 
@@ -58,7 +58,7 @@ LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 
 def _no_window() -> None:
     """Emulate the sender before its in-flight window: a window nothing ever fills."""
-    from purgatory.adapters.kafka import _sender
+    from purgatory.adapters.kafka.clients import _sender
 
     unbounded = _sender.InFlightWindow
     _sender.InFlightWindow = lambda size=0: unbounded(size=1 << 30)
