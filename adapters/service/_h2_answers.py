@@ -55,6 +55,11 @@ __all__ = [
 # Distinct header lists kept encoded: a 200 differs from the next by its Date (one a second) and
 # its Content-Length; a few dozen cover every answer of a burst many times over.
 SHARED_HEADER_BLOCKS = 64
+# The largest body sent as shared frames: RFC 9113's default frame size. A client may announce
+# frames of up to 16 MiB (and windows of 2^31-1): each stream's shared frames are *copied* into
+# its connection's buffer, so a 4 MB answer to 100 streams of a client that never reads was
+# 400 MB there. Larger bodies go through h2, a frame at a time within the write backlog.
+MAX_SHARED_BODY = 16 * 1024
 DATA, HEADERS = 0x0, 0x1  # frame types (RFC 9113 §6.1, §6.2)
 END_STREAM, END_HEADERS = 0x1, 0x4
 # A frame header without its stream id: length (24 bits, as 16 + 8), type, flags (RFC 9113 §4.1).
@@ -217,6 +222,7 @@ def record_plain_stream(conn: h2.connection.H2Connection, stream: Any, frames: S
     if (
         frames.block_size > limit  # would need CONTINUATION frames
         or size > limit
+        or size > MAX_SHARED_BODY
         or size > conn.outbound_flow_control_window
         or size > stream.outbound_flow_control_window
     ):

@@ -1,0 +1,126 @@
+"""AnswerBudget: the process-wide bound on the bytes of long-poll answers waiting to be written.
+
+Why: an answer the client does not read at once stays with its connection until the last byte
+left — the HTTP/1.1 fast path's answer written piece by piece, an HTTP/2 stream's body held back by
+its windows or by the connection's write backlog, the ASGI path's response waiting for its
+transport to drain. Each is at most one answer (16 MiB of records, ~22 MB of JSON) per connection
+or stream, and answers alike are one shared object; but waiters answered *differently* (other
+offsets, other ``max_bytes``) on connections that do not read hold one answer each: 1,000 of them
+were 22 GB. The budget counts the distinct answer objects held this way, once each however many
+connections share one, and refuses what would pass ``service.answer_budget_bytes``:
+
+* a new long poll while the budget is spent: ``429 MEMORY_BUDGET_EXCEEDED`` + ``Retry-After``,
+  before anything is submitted (:meth:`Gateway.fetch`, :meth:`Gateway.fetch_then_call`);
+* a waiting poll whose answer is ready but would take the held bytes past the budget (an answer
+  not already held, larger than one write): answered at once with the same 429 instead of its
+  records — small, written whole. A long poll repeated at the same offset loses nothing.
+
+An answer is taken when it does not fit only if nothing is held at all, so one answer larger
+than the whole budget still goes out (else it never would): the held bytes stay within
+``max(answer_budget_bytes, largest answer)``. docs/limits.md gives the process's whole bound.
+
+Concurrency contract: the event loop's thread only (answers are written there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+from ._errors import RequestError
+
+__all__ = ["AnswerBudget", "HeldBodies", "memory_budget_exceeded"]
+
+
+class AnswerBudget:
+    """Bytes of the distinct answer objects connections hold while writing them (module docstring)."""
+
+    __slots__ = ("_holders", "held", "limit", "refused")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0  # bytes of the distinct objects in _holders
+        self.refused = 0  # polls and answers refused because of the budget (a counter for /healthz)
+        # id(answer) -> [answer, holders, size]: the answer itself is kept, so its id is not
+        # reused while counted (its holders keep it alive anyway).
+        self._holders: dict[int, list[Any]] = {}
+
+    @property
+    def spent(self) -> bool:
+        """Whether new long polls are refused: the held bytes reached the budget."""
+        return self.held >= self.limit
+
+    def fits(self, answer: bytes) -> bool:
+        """Whether ``answer`` may be held: it is already (shared), fits what is left, or nothing is held."""
+        return id(answer) in self._holders or not self.held or self.held + len(answer) <= self.limit
+
+    def take(self, answer: bytes) -> None:
+        """One more holder of ``answer`` (its bytes counted with the first)."""
+        entry = self._holders.get(id(answer))
+        if entry is None:
+            self._holders[id(answer)] = [answer, 1, len(answer)]
+            self.held += len(answer)
+        else:
+            entry[1] += 1
+
+    def give_back(self, answer: object) -> None:
+        """A holder of ``answer`` let go of it (written, or its connection lost); a memoryview's
+        ``obj`` is the answer it shows."""
+        entry = self._holders.get(id(answer))
+        if entry is None or entry[0] is not answer:
+            return
+        entry[1] -= 1
+        if not entry[1]:
+            del self._holders[id(answer)]
+            self.held -= entry[2]
+
+
+def memory_budget_exceeded(budget: AnswerBudget, retry_after_s: int) -> RequestError:
+    """The 429 of a poll refused by ``budget``: the client comes back after Retry-After."""
+    budget.refused += 1
+    return RequestError(
+        429,
+        "MEMORY_BUDGET_EXCEEDED",
+        None,
+        f"answers waiting to be written hold {budget.held} bytes, the service's budget is "
+        f"{budget.limit} (service.answer_budget_bytes): retry later",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+class HeldBodies(MutableMapping[int, memoryview]):
+    """An HTTP/2 connection's bodies held back (stream id -> what is left to send), counted in a budget.
+
+    Each view's ``obj`` (the whole body, shared with every stream answered alike) is taken from
+    the budget while a stream holds it and given back when the stream lets go (sent, reset, or
+    the connection lost): every way out of the mapping is ``__delitem__``.
+    """
+
+    __slots__ = ("_budget", "_views")
+
+    def __init__(self, budget: AnswerBudget | None) -> None:
+        self._budget = budget
+        self._views: dict[int, memoryview] = {}
+
+    def __getitem__(self, stream_id: int) -> memoryview:
+        return self._views[stream_id]
+
+    def __setitem__(self, stream_id: int, view: memoryview) -> None:
+        old = self._views.get(stream_id)
+        self._views[stream_id] = view
+        if self._budget is None or (old is not None and old.obj is view.obj):
+            return  # the same body, less of it left: counted once already
+        if old is not None:
+            self._budget.give_back(old.obj)
+        self._budget.take(view.obj)  # type: ignore[arg-type]  # a view of an answer's bytes
+
+    def __delitem__(self, stream_id: int) -> None:
+        view = self._views.pop(stream_id)
+        if self._budget is not None:
+            self._budget.give_back(view.obj)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._views)
+
+    def __len__(self) -> int:
+        return len(self._views)
