@@ -249,6 +249,17 @@ def _fetch_json(topic: str, partition: int, op: DelayedFetch) -> dict[str, Any]:
     }
 
 
+def _same_records(held: Sequence[FetchedRecord], records: Sequence[FetchedRecord]) -> bool:
+    """Whether two lists hold the very same record objects, in order.
+
+    The polls of one key event usually share one list; but reads that reached the span's end
+    (SharedReadReader) make a list of their own of the same objects, and a body too large for
+    the LRU was then rendered again per list — a 4 MB answer renders to ~18 MB of JSON, and 100
+    such polls held several distinct copies of it. A walk of identities is far cheaper than that.
+    """
+    return len(held) == len(records) and all(a is b for a, b in zip(held, records, strict=True))
+
+
 class RenderedFetches:
     """Long-poll answers rendered once and shared by every waiter answered the same.
 
@@ -284,7 +295,7 @@ class RenderedFetches:
         last = self._last
         if (
             last is not None
-            and last[5] is records
+            and (last[5] is records or _same_records(last[5], records))
             and op.error is None
             and last[4] == part.fetch_offset
             and last[2] is op.outcome

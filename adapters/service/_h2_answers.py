@@ -166,8 +166,10 @@ class SharedH2Answer:
 
     def frames_of(
         self, rendered: RenderedFetches, op: DelayedFetch, default_headers: list[tuple[bytes, bytes]]
-    ) -> SharedAnswerFrames:
-        """The frames of ``op``'s 200 (a one-partition fetch), as ``rendered`` renders it."""
+    ) -> SharedAnswerFrames | None:
+        """The frames of ``op``'s 200 (a one-partition fetch), as ``rendered`` renders it; None for
+        a body larger than MAX_SHARED_BODY (sent through h2, a frame at a time: a frame's length
+        has 24 bits, and a body past 16 MiB made every such answer a 500)."""
         part = op.parts[0]
         records = part.records
         key = part.key
@@ -183,8 +185,11 @@ class SharedH2Answer:
             and last[3] == part.fetch_offset
             and (last[4] is key or last[4] == key)
         ):
-            return cast(SharedAnswerFrames, last[6])
-        frames = self.frames_for(rendered.body(key.topic, key.partition, op), default_headers)
+            return cast("SharedAnswerFrames | None", last[6])
+        body = rendered.body(key.topic, key.partition, op)
+        if len(body) > MAX_SHARED_BODY:
+            return None
+        frames = self.frames_for(body, default_headers)
         if error is None:  # an error's text is in the body: such answers are not looked up here
             answered = (records, op.outcome, part.status, part.fetch_offset, key, default_headers, frames)
             self.last_answer = answered

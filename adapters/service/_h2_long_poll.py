@@ -323,7 +323,7 @@ class _Bridged:
         self.left = asyncio.Event()  # the client reset the stream or the connection went away
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.response = bytearray()
+        self.response: bytes | bytearray = b""
         self.complete = False
 
     async def receive(self) -> dict[str, Any]:
@@ -344,7 +344,17 @@ class _Bridged:
                 if bytes(name).lower() not in _CONNECTION_FIELDS
             ]
         elif message["type"] == "http.response.body":
-            self.response += message.get("body", b"")
+            body = message.get("body", b"")
+            if not self.response and type(body) is bytes:
+                # The common answer, one message: the app's bytes themselves. A long poll's body is
+                # shared by every stream answered alike (RenderedFetches); a copy per stream was
+                # two per stream (here, then bytes() of it): +530 MB for 100 streams of a cold
+                # service's 4 MB answers (the back-pressure report's h2c replay).
+                self.response = body
+            else:
+                if not isinstance(self.response, bytearray):
+                    self.response = bytearray(self.response)
+                self.response += body
             if not message.get("more_body", False):
                 self.complete = True
                 self.left.set()  # a receive still awaited (a disconnect watcher) returns
@@ -723,7 +733,7 @@ class H2Session:
                 if plain and completed and part.status is ErrorCode.NONE and len(self.out) < room:
                     assert self.rendered is not None
                     frames = _SHARED_ANSWER.frames_of(self.rendered, op, default_headers)  # identity-cached
-                    if record_plain_stream(conn, streams.get(stream_id), frames):
+                    if frames is not None and record_plain_stream(conn, streams.get(stream_id), frames):
                         del waiters[stream_id]
                         # h2's own bytes first (a SETTINGS ack, an answer sent through it): in order.
                         if conn._data_to_send:  # read first: data_to_send() makes two objects when empty

@@ -36,7 +36,7 @@ from purgatory.adapters.service.bench import ServiceProcess
 
 from purgatory.settings import load_settings
 
-__all__ = ["ReplayResult", "main", "replay"]
+__all__ = ["ReplayResult", "RssCapExceeded", "main", "replay"]
 
 POLLS = 100
 MAX_BYTES = 4_000_000
@@ -45,6 +45,9 @@ RECORD_BYTES = 100_000  # 60 records: ~6 MB on the partition, so every answer is
 OPEN_S = 8.0  # the connection stays open (unread) this long: every poll is due after 1 s
 SETTLE_S = 4.0  # after the close: RSS sampled this long, the last sample reported
 SAMPLE_S = 0.05
+# The machine may be shared: past this above the service's RSS when it became ready, it is
+# killed (by its PID) and the run reported as failed, rather than let it take the machine's memory.
+RSS_CAP_MB = 1_500
 MAX_WINDOW = 2**31 - 1
 
 
@@ -85,9 +88,21 @@ def _h2_requests(topic: str) -> bytes:
     return conn.data_to_send()
 
 
-def _round(service: ServiceProcess, port: int, request: bytes) -> tuple[int, int, int]:
+class RssCapExceeded(RuntimeError):
+    """The service grew past RSS_CAP_MB above its start and was killed."""
+
+
+def _rss(service: ServiceProcess, cap: int) -> int:
+    rss = rss_bytes(service.pid)
+    if rss > cap:
+        service.kill()
+        raise RssCapExceeded(f"the service's RSS reached {rss / 1e6:.0f} MB: killed at the cap")
+    return rss
+
+
+def _round(service: ServiceProcess, port: int, request: bytes, cap: int) -> tuple[int, int, int]:
     """One unread connection: (RSS at start, peak while open, last sample after close), bytes."""
-    start = rss_bytes(service.pid)
+    start = _rss(service, cap)
     client = socket.socket()
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     peak = start
@@ -98,14 +113,14 @@ def _round(service: ServiceProcess, port: int, request: bytes) -> tuple[int, int
         # sampled for a bounded window, after every poll's max_wait_ms.
         deadline = time.monotonic() + OPEN_S
         while time.monotonic() < deadline:
-            peak = max(peak, rss_bytes(service.pid))
+            peak = max(peak, _rss(service, cap))
             time.sleep(SAMPLE_S)
     finally:
         client.close()
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:
         time.sleep(SAMPLE_S)
-    return start, peak, rss_bytes(service.pid)
+    return start, peak, _rss(service, cap)
 
 
 def _fill_partition(bootstrap: str) -> str:
@@ -134,9 +149,10 @@ def replay(
     results = []
     try:
         service.wait_ready()
-        _round(service, port, request)  # warm-up: the caches fill (module docstring)
+        cap = rss_bytes(service.pid) + RSS_CAP_MB * 1_000_000
+        _round(service, port, request, cap)  # warm-up: the caches fill (module docstring)
         for _ in range(rounds):
-            start, peak, after = _round(service, port, request)
+            start, peak, after = _round(service, port, request, cap)
             results.append(ReplayResult(protocol, start / 1e6, (peak - start) / 1e6, (after - start) / 1e6))
     finally:
         service.stop()
