@@ -93,7 +93,7 @@ class RssCapExceeded(RuntimeError):
 
 
 def _rss(service: ServiceProcess, cap: int) -> int:
-    rss = rss_bytes(service.pid)
+    rss: int = rss_bytes(service.pid)
     if rss > cap:
         service.kill()
         raise RssCapExceeded(f"the service's RSS reached {rss / 1e6:.0f} MB: killed at the cap")
