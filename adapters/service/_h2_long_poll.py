@@ -63,7 +63,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote
 
@@ -410,9 +410,7 @@ class H2Session:
         self.bridged: dict[int, _Bridged] = {}
         # Counted in the gateway's answer budget while held (._answer_budget).
         gateway = _app_state(protocol.app, "gateway", Gateway)
-        self.blocked: MutableMapping[int, memoryview] = HeldBodies(
-            None if gateway is None else gateway.answer_budget
-        )
+        self.blocked = HeldBodies(None if gateway is None else gateway.answer_budget)
         # True when a body waits in ``blocked`` for the transport to drain, not for a window.
         self.backlogged = False
         self.closing = False  # graceful shutdown: new streams refused, GOAWAY once the last is answered
@@ -871,7 +869,8 @@ class H2Session:
     def _unblock(self, stream_id: int) -> None:
         streams = list(self.blocked) if stream_id == 0 else [stream_id]
         for sid in streams:
-            view = self.blocked.pop(sid, None)
+            # Left in ``blocked``: _send_body re-blocks or pops it (the same body: no budget work).
+            view = self.blocked.get(sid)
             if view is None:
                 continue
             try:
