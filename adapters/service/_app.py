@@ -81,6 +81,7 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from purgatory import configure_logging
 from purgatory.metrics import register_metrics
@@ -96,6 +97,7 @@ from ..kafka import (
     check_client_config,
     is_legal_topic,
 )
+from ._answer_budget import AnswerBudget
 from ._auth import Authenticator, RequireAuth, TopicPolicy, is_authenticated
 from ._errors import RequestError, from_validation_error
 from ._gateway import Gateway, resolve_bootstrap
@@ -247,6 +249,17 @@ def _fetch_json(topic: str, partition: int, op: DelayedFetch) -> dict[str, Any]:
     }
 
 
+def _same_records(held: Sequence[FetchedRecord], records: Sequence[FetchedRecord]) -> bool:
+    """Whether two lists hold the very same record objects, in order.
+
+    The polls of one key event usually share one list; but reads that reached the span's end
+    (SharedReadReader) make a list of their own of the same objects, and a body too large for
+    the LRU was then rendered again per list — a 4 MB answer renders to ~18 MB of JSON, and 100
+    such polls held several distinct copies of it. A walk of identities is far cheaper than that.
+    """
+    return len(held) == len(records) and all(a is b for a, b in zip(held, records, strict=True))
+
+
 class RenderedFetches:
     """Long-poll answers rendered once and shared by every waiter answered the same.
 
@@ -282,7 +295,7 @@ class RenderedFetches:
         last = self._last
         if (
             last is not None
-            and last[5] is records
+            and (last[5] is records or _same_records(last[5], records))
             and op.error is None
             and last[4] == part.fetch_offset
             and last[2] is op.outcome
@@ -501,7 +514,36 @@ async def fetch_records(request: Request) -> Response:
     if op.moved is not None and scaleout is not None:
         default_wait = gateway.settings.kafka.fetch_max_wait_ms
         return scaleout.moved_fetch(request, op, started, default_wait)
-    return fetch_response(request.app.state.rendered_fetches, topic, partition, op)
+    body = request.app.state.rendered_fetches.body(topic, partition, op)
+    if len(body) <= _HELD_ANSWER_BYTES:
+        return fetch_body_response(body)
+    gateway.check_answer_fits(body)  # 429 MEMORY_BUDGET_EXCEEDED past the budget (._answer_budget)
+    return _BudgetedResponse(body, gateway.answer_budget)
+
+
+# Answers larger than this are counted in the answer budget while written (as the fast paths'
+# answers written piece by piece: _long_poll.ANSWER_CHUNK).
+_HELD_ANSWER_BYTES = 64 * 1024
+
+
+class _BudgetedResponse(Response):
+    """A long poll's 200 counted in the answer budget while it is written.
+
+    uvicorn hands the body to its transport in one write and then waits while the transport's
+    buffer is past its high-water mark: the copy a slow client leaves there is what is counted.
+    """
+
+    def __init__(self, body: bytes, budget: AnswerBudget) -> None:
+        super().__init__(body, media_type="application/json")
+        self.budget = budget
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = bytes(self.body)  # the body given (bytes(b) is b)
+        self.budget.take(body)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.budget.give_back(body)
 
 
 async def produce_records(request: Request) -> Response:

@@ -85,6 +85,7 @@ from ..kafka import (
 )
 from ..kafka.facts._keys import partition_key
 from ..kafka.ops._off_loop import OffLoopReplication
+from ._answer_budget import AnswerBudget, memory_budget_exceeded
 from ._errors import RequestError
 from ._fetch import OffLoopFetch
 from ._requests import FetchParams, ProduceRequest
@@ -207,6 +208,8 @@ class Gateway:
         )
         self.serving = False
         self.task_free_fetches = 0  # long polls submitted by fetch_then_call (no task waits for them)
+        # Bytes of answers held by connections slow to read them: past it, long polls get a 429.
+        self.answer_budget = AnswerBudget(settings.service.answer_budget_bytes)
         # Scale-out (docs/design.md §7): this instance serves only the partitions its group assigns it.
         self.scaleout: ScaleOut | None = (
             ScaleOut(settings, self.bootstrap_servers, self.purgatories, self.feed)
@@ -370,6 +373,7 @@ class Gateway:
 
     async def fetch(self, topic: str, partition: int, params: FetchParams) -> DelayedFetch:
         """Long poll: the records past ``params.offset``, once enough arrived or ``max_wait_ms`` passed."""
+        self._check_answer_budget()
         started = time.monotonic()
         await self._check_partition(topic, partition, "partition")
         key = TopicPartitionKey(topic, partition)
@@ -419,11 +423,22 @@ class Gateway:
         offset = params.offset if params.offset is not None else self._known_high_watermark(key)
         if offset is None:
             return None
+        self._check_answer_budget()
         op = self._fetch_op(key, offset, params)
         with self._admitted():
             self.kafka.watch_then_call(op, callback)
         self.task_free_fetches += 1
         return op
+
+    def _check_answer_budget(self) -> None:
+        """429 MEMORY_BUDGET_EXCEEDED while answers held for slow readers spent it (._answer_budget)."""
+        if self.answer_budget.spent:
+            raise memory_budget_exceeded(self.answer_budget, self.settings.admission.retry_after_s)
+
+    def check_answer_fits(self, answer: bytes) -> None:
+        """429 MEMORY_BUDGET_EXCEEDED instead of ``answer`` if holding it would pass the budget."""
+        if not self.answer_budget.fits(answer):
+            raise memory_budget_exceeded(self.answer_budget, self.settings.admission.retry_after_s)
 
     def abandon_fetch(self, op: DelayedFetch) -> None:
         """The waiter of ``op`` (from :meth:`fetch_then_call`) left: finish it CANCELLED, out of the timer."""

@@ -55,6 +55,11 @@ __all__ = [
 # Distinct header lists kept encoded: a 200 differs from the next by its Date (one a second) and
 # its Content-Length; a few dozen cover every answer of a burst many times over.
 SHARED_HEADER_BLOCKS = 64
+# The largest body sent as shared frames: RFC 9113's default frame size. A client may announce
+# frames of up to 16 MiB (and windows of 2^31-1): each stream's shared frames are *copied* into
+# its connection's buffer, so a 4 MB answer to 100 streams of a client that never reads was
+# 400 MB there. Larger bodies go through h2, a frame at a time within the write backlog.
+MAX_SHARED_BODY = 16 * 1024
 DATA, HEADERS = 0x0, 0x1  # frame types (RFC 9113 §6.1, §6.2)
 END_STREAM, END_HEADERS = 0x1, 0x4
 # A frame header without its stream id: length (24 bits, as 16 + 8), type, flags (RFC 9113 §4.1).
@@ -161,8 +166,10 @@ class SharedH2Answer:
 
     def frames_of(
         self, rendered: RenderedFetches, op: DelayedFetch, default_headers: list[tuple[bytes, bytes]]
-    ) -> SharedAnswerFrames:
-        """The frames of ``op``'s 200 (a one-partition fetch), as ``rendered`` renders it."""
+    ) -> SharedAnswerFrames | None:
+        """The frames of ``op``'s 200 (a one-partition fetch), as ``rendered`` renders it; None for
+        a body larger than MAX_SHARED_BODY (sent through h2, a frame at a time: a frame's length
+        has 24 bits, and a body past 16 MiB made every such answer a 500)."""
         part = op.parts[0]
         records = part.records
         key = part.key
@@ -178,8 +185,11 @@ class SharedH2Answer:
             and last[3] == part.fetch_offset
             and (last[4] is key or last[4] == key)
         ):
-            return cast(SharedAnswerFrames, last[6])
-        frames = self.frames_for(rendered.body(key.topic, key.partition, op), default_headers)
+            return cast("SharedAnswerFrames | None", last[6])
+        body = rendered.body(key.topic, key.partition, op)
+        if len(body) > MAX_SHARED_BODY:
+            return None
+        frames = self.frames_for(body, default_headers)
         if error is None:  # an error's text is in the body: such answers are not looked up here
             answered = (records, op.outcome, part.status, part.fetch_offset, key, default_headers, frames)
             self.last_answer = answered
@@ -217,6 +227,7 @@ def record_plain_stream(conn: h2.connection.H2Connection, stream: Any, frames: S
     if (
         frames.block_size > limit  # would need CONTINUATION frames
         or size > limit
+        or size > MAX_SHARED_BODY
         or size > conn.outbound_flow_control_window
         or size > stream.outbound_flow_control_window
     ):

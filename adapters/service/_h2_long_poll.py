@@ -81,6 +81,7 @@ from purgatory import Outcome
 from purgatory.settings import Settings
 
 from ..kafka import DelayedFetch, ErrorCode
+from ._answer_budget import HeldBodies
 from ._app import (
     LongPollRoute,
     RenderedFetches,
@@ -97,7 +98,7 @@ from ._h2_answers import (
     record_plain_stream,
 )
 from ._h2_inbound import BoundedHeaderDecoder, InboundFrames
-from ._long_poll import _app_state, _checked_poll, _long_poll_route, _plain_get_headers
+from ._long_poll import ANSWER_CHUNK, _app_state, _checked_poll, _long_poll_route, _plain_get_headers
 from .settings import ServiceSettings
 
 __all__ = [
@@ -129,6 +130,9 @@ WRITE_BACKLOG = 256 * 1024
 # acknowledgement (2,000,000 PINGs: +29 MB; the CVE-2019-9512 class). Twice WRITE_BACKLOG so the
 # answers, which stop at WRITE_BACKLOG, never pause it alone: only traffic the client drives does.
 READ_PAUSE_BACKLOG = 2 * WRITE_BACKLOG
+# The largest DATA frame written (a client may allow 16 MiB ones): what one frame may take the
+# connection's buffers past WRITE_BACKLOG.
+MAX_DATA_FRAME = 64 * 1024
 # Frames a client may send within one second that the service must act on while no request is
 # served by them (PING and SETTINGS to acknowledge, PRIORITY, empty DATA/HEADERS/CONTINUATION:
 # _h2_inbound.is_flood_frame), plus streams refused past SETTINGS_MAX_CONCURRENT_STREAMS, before
@@ -320,7 +324,7 @@ class _Bridged:
         self.left = asyncio.Event()  # the client reset the stream or the connection went away
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.response = bytearray()
+        self.response: bytes | bytearray = b""
         self.complete = False
 
     async def receive(self) -> dict[str, Any]:
@@ -341,7 +345,17 @@ class _Bridged:
                 if bytes(name).lower() not in _CONNECTION_FIELDS
             ]
         elif message["type"] == "http.response.body":
-            self.response += message.get("body", b"")
+            body = message.get("body", b"")
+            if not self.response and type(body) is bytes:
+                # The common answer, one message: the app's bytes themselves. A long poll's body is
+                # shared by every stream answered alike (RenderedFetches); a copy per stream was
+                # two per stream (here, then bytes() of it): +530 MB for 100 streams of a cold
+                # service's 4 MB answers (the back-pressure report's h2c replay).
+                self.response = body
+            else:
+                if not isinstance(self.response, bytearray):
+                    self.response = bytearray(self.response)
+                self.response += body
             if not message.get("more_body", False):
                 self.complete = True
                 self.left.set()  # a receive still awaited (a disconnect watcher) returns
@@ -395,7 +409,9 @@ class H2Session:
         self.waiters: dict[int, _H2Waiter] = {}
         self.requests: dict[int, _H2Request] = {}
         self.bridged: dict[int, _Bridged] = {}
-        self.blocked: dict[int, memoryview] = {}
+        # Counted in the gateway's answer budget while held (._answer_budget).
+        gateway = _app_state(protocol.app, "gateway", Gateway)
+        self.blocked = HeldBodies(None if gateway is None else gateway.answer_budget)
         # True when a body waits in ``blocked`` for the transport to drain, not for a window.
         self.backlogged = False
         self.closing = False  # graceful shutdown: new streams refused, GOAWAY once the last is answered
@@ -701,6 +717,9 @@ class H2Session:
         default_headers = self.protocol.server_state.default_headers
         streams = conn.streams
         answered = 0
+        # Shared frames are copied into ``out``: past the write backlog, answers go through h2,
+        # whose bodies wait in ``blocked`` (shared, counted in the answer budget) instead.
+        room = WRITE_BACKLOG - self.transport.get_write_buffer_size()
         for waiter in finished:
             stream_id = waiter.stream_id
             if waiters.get(stream_id) is not waiter:
@@ -710,10 +729,10 @@ class H2Session:
                 assert op is not None
                 part = op.parts[0]
                 completed = op.outcome is Outcome.COMPLETED and op.error is None
-                if plain and completed and part.status is ErrorCode.NONE:
+                if plain and completed and part.status is ErrorCode.NONE and len(self.out) < room:
                     assert self.rendered is not None
                     frames = _SHARED_ANSWER.frames_of(self.rendered, op, default_headers)  # identity-cached
-                    if record_plain_stream(conn, streams.get(stream_id), frames):
+                    if frames is not None and record_plain_stream(conn, streams.get(stream_id), frames):
                         del waiters[stream_id]
                         # h2's own bytes first (a SETTINGS ack, an answer sent through it): in order.
                         if conn._data_to_send:  # read first: data_to_send() makes two objects when empty
@@ -785,7 +804,11 @@ class H2Session:
     def _fetch_response(self, waiter: _H2Waiter, op: DelayedFetch) -> Response:
         assert self.route is not None
         rendered: RenderedFetches = self.route.app.state.rendered_fetches
-        return fetch_response(rendered, waiter.topic, waiter.partition, op)
+        response = fetch_response(rendered, waiter.topic, waiter.partition, op)
+        body = response.body
+        if len(body) > ANSWER_CHUNK:  # may wait in ``blocked`` for the client: within the answer budget
+            waiter.gateway.check_answer_fits(bytes(body))
+        return response
 
     def _unexpected(self) -> Response:
         """As :class:`._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
@@ -826,7 +849,14 @@ class H2Session:
                 self.blocked[stream_id] = view
                 self.backlogged = True
                 return
-            size = min(conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size, len(view))
+            # At most MAX_DATA_FRAME a frame, whatever frame size the client allows: each frame
+            # is a copy, and the backlog is checked between frames.
+            size = min(
+                conn.local_flow_control_window(stream_id),
+                conn.max_outbound_frame_size,
+                MAX_DATA_FRAME,
+                len(view),
+            )
             if size <= 0:
                 self.blocked[stream_id] = view
                 return
@@ -840,7 +870,8 @@ class H2Session:
     def _unblock(self, stream_id: int) -> None:
         streams = list(self.blocked) if stream_id == 0 else [stream_id]
         for sid in streams:
-            view = self.blocked.pop(sid, None)
+            # Left in ``blocked``: _send_body re-blocks or pops it (the same body: no budget work).
+            view = self.blocked.get(sid)
             if view is None:
                 continue
             try:
@@ -1008,7 +1039,7 @@ class H2Session:
         conn.streams = {}
         conn._frame_dispatch_table = {}  # the cycle: h2 reads nothing more once the transport is gone
         self.out = bytearray()
-        self.blocked = {}
+        self.blocked.clear()  # empty already (connection_lost released every stream): no budget held
         self.held_acks.clear()
         self.finished = []
 

@@ -90,7 +90,7 @@ _MAX_WRAPPERS = 8
 # An answer is handed to the transport at most this much at a time, and the next piece only once
 # the transport's buffer is empty again. asyncio (3.11) *copies* what the socket does not take at
 # once into a per-connection buffer: a whole 21 MB answer shared by 1,000 slow or idle clients
-# was 21 GB of copies (tools/bench/min_bytes_flood.py, the memory-runaway report). Piece by
+# was 21 GB of copies (tools/bench/service/min_bytes_flood.py, the memory-runaway report). Piece by
 # piece, a connection's own bytes stay under one chunk; the shared answer is held once.
 ANSWER_CHUNK = 64 * 1024
 _T = TypeVar("_T")
@@ -398,7 +398,10 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         rendered: RenderedFetches = route.app.state.rendered_fetches
         key = parked.op.parts[0].key
         body = rendered.body(key.topic, key.partition, parked.op)
-        return _SHARED_ANSWER.bytes_for(body, self.server_state.default_headers)
+        data = _SHARED_ANSWER.bytes_for(body, self.server_state.default_headers)
+        if len(data) > ANSWER_CHUNK:  # held while written piece by piece: within the answer budget
+            parked.gateway.check_answer_fits(data)
+        return data
 
     def _error_answer(self, response: Response) -> bytes:
         return http11_response(response, self.server_state.default_headers)
@@ -422,6 +425,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         # Written piece by piece (ANSWER_CHUNK): the connection stays parked meanwhile, so bytes
         # the client pipelines wait (data_received) and no other response can interleave.
         parked.answer = memoryview(data)
+        parked.gateway.answer_budget.take(data)  # given back once written, or the connection lost
         # Any byte left over in the transport's buffer pauses writing, and its draining to 0
         # resumes it: resume_writing is the signal to hand over the next piece.
         self.transport.set_write_buffer_limits(high=0, low=0)
@@ -450,6 +454,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
                 return
         parked.sent = end
         parked.answer = None
+        parked.gateway.answer_budget.give_back(answer.obj)
         transport.set_write_buffer_limits()  # asyncio's defaults again, as uvicorn runs with
         self._answered(parked, answer[:12])
 
@@ -535,6 +540,9 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         parked, self._parked = self._parked, None
+        if parked is not None and parked.answer is not None:
+            parked.gateway.answer_budget.give_back(parked.answer.obj)
+            parked.answer = None
         if parked is not None and self._route is not None:
             # The ASGI path's disconnect watcher does the same: the op leaves the timer and the
             # watch lists now, not at its max_wait_ms.

@@ -75,6 +75,13 @@ class ServiceSettings(Section):
         "waiting poll holds no asyncio task and its answer is written from the batch wake-up "
         "(same checks and answers as the ASGI route; anything else still goes through it).",
     )
+    answer_budget_bytes: PositiveInt = Field(
+        256 * 1024 * 1024,
+        description="Bound on the bytes of long-poll answers held while their clients are slow to read "
+        "them (distinct answers, each counted once however many connections share it). Past it a new "
+        "long poll is answered 429 MEMORY_BUDGET_EXCEEDED with Retry-After, and so is a waiting one "
+        "whose answer would pass it (docs/operations/limits.md).",
+    )
     http2: bool = Field(
         True,
         description="Accept HTTP/2 with prior knowledge (h2c, the connection preface) on the same port "

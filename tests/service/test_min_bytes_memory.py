@@ -100,3 +100,84 @@ def test_pipelined_large_answers_to_a_client_that_never_reads_keep_rss_bounded(k
         assert peak / 1e6 < PIPELINED_MAX_GROWTH_MB, f"RSS grew {peak / 1e6:.0f} MB for one unread connection"
     finally:
         service.stop()
+
+
+# The same replay over h2c (issue 31, item 6): 100 streams on one connection whose client opened
+# its windows to 2^31-1 and never reads. Unfixed: +381 MB in the report, past 1 GB here (a cold
+# service's bridged answers were two copies per stream, an answer's JSON past 16 MiB a 500 per
+# stream, and no budget bounded distinct answers held). Measured after a warm-up round
+# (tools/bench/service/unread_answers.py), medians of 3 rounds: h2 +49-64 MB peak, +3-7 MB after the
+# close; HTTP/1.1 +49-69 MB peak (runs up to 83), +3-4 MB after the close. The issue's peak
+# target (50 MB) is not met reliably: each round re-reads the range from Kafka and renders its
+# ~18 MB of JSON again while the previous body is still the last answer kept (docs/operations/limits.md).
+# The peak bound guards the regression; back within 10 MB after the close is the issue's own.
+UNREAD_ROUNDS = 3
+UNREAD_PEAK_MB = 100
+UNREAD_AFTER_CLOSE_MB = 10
+
+
+@pytest.mark.parametrize("protocol", ["h2", "h1"])
+def test_unread_large_answers_stay_bounded_and_are_freed_after_the_close(
+    protocol: str, kafka_bootstrap: str
+) -> None:
+    import statistics
+
+    from purgatory.tools.bench.service.unread_answers import replay
+
+    results = replay(kafka_bootstrap, protocol, rounds=UNREAD_ROUNDS)
+    peak = max(r.peak_above_start_mb for r in results)
+    after = statistics.median(r.after_close_above_start_mb for r in results)
+    assert peak < UNREAD_PEAK_MB, f"RSS grew too much while unread: {results}"
+    assert after < UNREAD_AFTER_CLOSE_MB, f"RSS stayed up after the close: {results}"
+
+
+def test_long_polls_past_the_answer_budget_are_answered_429_memory_budget_exceeded(
+    kafka_bootstrap: str,
+) -> None:
+    """One unread connection holds a 4 MB answer; with a 1 MB budget a new long poll hears 429."""
+    import socket
+    import time
+
+    import httpx
+    from purgatory.adapters.kafka.local import free_port
+    from purgatory.tools.bench.service.fanout import ServiceProcess
+    from purgatory.tools.bench.service.unread_answers import _fill_partition, _h1_requests
+
+    topic = _fill_partition(kafka_bootstrap)
+    port = free_port()
+    service = ServiceProcess(
+        kafka_bootstrap, port, env={"PURGATORY_SERVICE__ANSWER_BUDGET_BYTES": str(1024 * 1024)}
+    )
+    try:
+        service.wait_ready()
+        url = f"http://127.0.0.1:{port}/topics/{topic}/partitions/0/records"
+        small = httpx.get(url, params={"offset": 0, "max_bytes": 1000, "max_wait_ms": 100}, timeout=10)
+        assert small.status_code == 200, f"small answers are not held: {small.text}"
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            client.connect(("127.0.0.1", port))
+            client.sendall(_h1_requests(topic))
+            deadline = time.monotonic() + 20.0
+            refused = None
+            while time.monotonic() < deadline:  # until the unread answer is being written (held)
+                answer = httpx.get(url, params={"offset": 0, "max_wait_ms": 100}, timeout=10)
+                if answer.status_code == 429:
+                    refused = answer
+                    break
+                time.sleep(0.1)
+            assert refused is not None, "a long poll past the answer budget is refused"
+            assert refused.json()["error"] == "MEMORY_BUDGET_EXCEEDED"
+            assert refused.headers["retry-after"].isdigit()
+        finally:
+            client.close()
+        deadline = time.monotonic() + 20.0
+        status = 0
+        while time.monotonic() < deadline and status != 200:  # the closed connection gave it back
+            status = httpx.get(
+                url, params={"offset": 0, "max_bytes": 1000, "max_wait_ms": 100}, timeout=10
+            ).status_code
+            time.sleep(0.1)
+        assert status == 200, "the budget is given back once the unread connection closed"
+    finally:
+        service.stop()

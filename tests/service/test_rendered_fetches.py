@@ -83,5 +83,18 @@ def test_rendered_bodies_are_bounded_by_count_and_bytes() -> None:
     assert rendered.hits == 0, "the oldest of three was dropped at a bound of two"
     big = [_record(0, b"x" * 2_000)]  # more than a quarter of the byte bound: rendered, not kept
     rendered.body("orders", 0, _answered(big))
+    rendered.body("orders", 0, _answered(batches[1]))  # another answer is the last one now
     rendered.body("orders", 0, _answered(big))
     assert rendered.hits == 0
+
+
+def test_the_same_records_in_another_list_are_the_last_answer_again() -> None:
+    """Reads that reached the record cache's end make lists of their own of the same records: a
+    body too large for the LRU is still not rendered again for them (~18 MB each, measured)."""
+    rendered = RenderedFetches(max_entries=2, max_bytes=4_000)
+    big = [_record(0, b"x" * 2_000), _record(1, b"y" * 2_000)]
+    first = rendered.body("orders", 0, _answered(list(big)))
+    again = rendered.body("orders", 0, _answered(list(big)))
+    assert again is first and rendered.hits == 1
+    other = rendered.body("orders", 0, _answered([big[0], _record(1, b"y" * 2_000)]))  # equal, not the same
+    assert other is not first and rendered.hits == 1

@@ -147,7 +147,7 @@ class SharedReadReader(RecordReader):
             return out
         self.kafka_reads += 1
         fetched = super().read(key, resume, end, max_bytes=max(1, max_bytes - used), timeout_s=timeout_s)
-        self._remember(key, resume, fetched)
+        fetched = self._remember(key, resume, fetched)
         for record in fetched:
             if out and used + record.size > max_bytes:
                 break
@@ -173,15 +173,35 @@ class SharedReadReader(RecordReader):
             self._remember(key, records[0].offset, records)
         self.pushed_records += len(records)
 
-    def _remember(self, key: TopicPartitionKey, start: int, fetched: list[FetchedRecord]) -> None:
+    def _remember(
+        self, key: TopicPartitionKey, start: int, fetched: list[FetchedRecord]
+    ) -> list[FetchedRecord]:
+        """Keep ``fetched`` (read from ``start``) in the partition's span; return the span's own
+        records for those offsets.
+
+        Readers that missed the same range at once (the first long polls of a cold partition,
+        on the attempt threads) each read it from Kafka: their records are equal but other
+        objects, and the answers rendered from them are keyed on the records' identity — 100
+        polls of a 4 MB range were 100 bodies of ~5.4 MB, not one (the back-pressure report's
+        h2c replay: +530 MB from a cold service). A read overlapping the span's end continues
+        it, and every reader gets the span's objects for the offsets it already held.
+        """
         if not fetched:
-            return
+            return fetched
         with self._spans_lock:
             span = self._spans.get(key)
-            if span is not None and span.end == start:
+            if span is not None and span.start <= start <= span.end:
+                if span.end > start:
+                    fetched_offsets = [r.offset for r in fetched]
+                    fresh = fetched[bisect.bisect_left(fetched_offsets, span.end) :]
+                else:
+                    fresh = fetched  # the common case: the tail after the span's end
                 before = span.size
-                span.extend(fetched)
+                span.extend(fresh)
                 self._total += span.size - before
+                if fresh is not fetched:
+                    lo = bisect.bisect_left(span.offsets, start)
+                    fetched = span.records[lo : bisect.bisect_right(span.offsets, fetched[-1].offset, lo)]
             else:
                 if span is not None:
                     self._total -= span.size
@@ -197,3 +217,4 @@ class SharedReadReader(RecordReader):
             while self._total > self._total_max and len(self._spans) > 1:
                 _, evicted = self._spans.popitem(last=False)
                 self._total -= evicted.size
+        return fetched

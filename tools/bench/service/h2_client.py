@@ -95,7 +95,7 @@ class _H2Connection(asyncio.Protocol):
     ) -> None:
         self.authority = authority
         self.requests = requests
-        # False: bodies are read and thrown away (tools/bench/min_bytes_flood: 16 MiB answers by
+        # False: bodies are read and thrown away (tools/bench/service/min_bytes_flood: 16 MiB answers by
         # the thousand); a poll keeps its status and its body's last DATA frame only.
         self.keep_bodies = keep_bodies
         self.by_stream: dict[int, H2LongPoll] = {}
