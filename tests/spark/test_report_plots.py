@@ -18,7 +18,7 @@ from purgatory.adapters.spark._report import (
     window_grid,
     with_outcome_columns,
 )
-from purgatory.adapters.spark.bench import marginal_line
+from purgatory.tools.bench.spark.pipeline import marginal_line
 
 
 def _stats(windows: int, completed: int = 20_000, expired: int = 3) -> pd.DataFrame:
