@@ -87,15 +87,40 @@ def test_the_waiters_of_one_key_event_get_the_very_same_list(fake_log: list[Fetc
     assert reader.read(KEY, 2, 4, max_bytes=1 << 20) == fake_log[2:4], "another end is its own read"
 
 
-def test_a_replaced_span_forgets_the_answer_it_gave(fake_log: list[FetchedRecord]) -> None:
-    """The last answer lives no longer than its span: once the span is replaced (the tail
-    appending elsewhere, a read elsewhere), an equal read is read again, not repeated."""
+def test_a_range_read_again_after_the_tail_pushed_elsewhere_is_served_from_memory(
+    fake_log: list[FetchedRecord],
+) -> None:
+    """Issue 31, item 6: readers of a range behind the end and the tail's push of the record
+    below the end (``read_last``) each keep their span; the range's next read is the same list
+    (one rendered body), not a Kafka read and a new body."""
+    fake_log += _log(list(range(60)))
+    reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
+    reader.read(KEY, 0, 60, max_bytes=400)  # records 0-39, from "Kafka"
+    reader.append(KEY, fake_log[59:60])  # the tail starts following the partition
+    # Records 0-39 from the span, record 40 from "Kafka" proves the cut: shared from now on.
+    shared = reader.read(KEY, 0, 60, max_bytes=400)
+    assert shared == fake_log[0:40] and reader.kafka_reads == 2
+    again = reader.read(KEY, 0, 60, max_bytes=400)
+    assert again is shared and reader.kafka_reads == 2
+    assert reader.read(KEY, 59, 60, max_bytes=400) == fake_log[59:60] and reader.kafka_reads == 2, (
+        "the pushed record is served from its own span"
+    )
+    reader.append(KEY, fake_log[41:45])  # continues the first span (0-40)
+    assert reader.read(KEY, 0, 45, max_bytes=1 << 20) == fake_log[0:45] and reader.kafka_reads == 2
+
+
+def test_a_dropped_span_forgets_the_answer_it_gave(fake_log: list[FetchedRecord]) -> None:
+    """The last answer lives no longer than its span: once the span is dropped (the tail or
+    reads opening spans elsewhere past SPANS_PER_PARTITION), an equal read is read again, not
+    repeated."""
     fake_log += _log(list(range(5)))
     reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
     reader.read(KEY, 0, 5, max_bytes=1 << 20)  # fills the span from "Kafka"
     old = reader.read(KEY, 0, 3, max_bytes=1 << 20)
     assert reader.read(KEY, 0, 3, max_bytes=1 << 20) is old
-    reader.append(KEY, _log([7, 8]))  # not contiguous with the span: replaces it
+    assert _record_cache.SPANS_PER_PARTITION == 2
+    reader.append(KEY, _log([7, 8]))  # not contiguous with the span: a second span
+    reader.append(KEY, _log([20, 21]))  # a third: the least recently used one goes
     repeated = reader.repeated_reads
     got = reader.read(KEY, 0, 3, max_bytes=1 << 20)
     assert got is not old and got == fake_log[0:3], "read again after the span went"
@@ -157,10 +182,13 @@ def test_memory_stays_bounded(fake_log: list[FetchedRecord], monkeypatch: pytest
     fake_log += _log(list(range(50)))  # 10 bytes each
     reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
     assert reader.read(KEY, 0, 50, max_bytes=1 << 20) == fake_log
-    assert reader._spans[KEY].size <= 100, "a span keeps only its newest records"
+    assert reader._spans[KEY][0].size <= 100, "a span keeps only its newest records"
     for partition in range(1, 6):
         reader.read(TopicPartitionKey("t", partition), 0, 50, max_bytes=1 << 20)
-    assert reader._total <= 250 and sum(s.size for s in reader._spans.values()) == reader._total
+    assert (
+        reader._total <= 250
+        and sum(s.size for spans in reader._spans.values() for s in spans) == reader._total
+    )
     assert reader.read(KEY, 0, 50, max_bytes=1 << 20) == fake_log, "evicted spans are read again"
 
 

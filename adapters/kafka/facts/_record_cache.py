@@ -6,15 +6,22 @@ reader's consumer) — measured 9.8 s from the produce to the last answer, with 
 busy all along. Kafka's broker reads its local log (the page cache) instead; this is the
 page cache of a :class:`KafkaPurgatory` connected with ``shared_reads=True`` (the HTTP service's).
 
-Algorithm: per partition, the records of one contiguous *span* ``[start, end)`` read before —
-by a fetch, or pushed by the change feed's tail (``append``), which follows every watched
-partition's end: a long poll woken by a new record then reads it from here, not from Kafka.
-``read(key, start, end, max_bytes)`` returns what the span holds from ``start`` on, then reads
-only the missing tail ``[span.end, end)`` from Kafka and extends the span with it (a read that
-starts elsewhere replaces the span). Offsets are immutable in a Kafka log, so a record read once
-is the record at that offset; a span records exactly the offsets one sequential read consumed,
-so gaps (compacted topics) are gaps in the span too. Memory is bounded: a span drops its oldest
-records past ``SPAN_MAX_BYTES``, and past ``TOTAL_MAX_BYTES`` the least recently used spans go.
+Algorithm: per partition, up to ``SPANS_PER_PARTITION`` contiguous *spans* ``[start, end)`` of
+records read before — by a fetch, or pushed by the change feed's tail (``append``), which follows
+every watched partition's end: a long poll woken by a new record then reads it from here, not
+from Kafka. ``read(key, start, end, max_bytes)`` returns what the span covering ``start`` holds
+from there on, then reads only the missing tail ``[span.end, end)`` from Kafka and extends the
+span with it (a read that starts in no span opens a new one, and the partition's least recently
+used span goes past ``SPANS_PER_PARTITION``). Why more than one: readers of a range behind the end
+and the tail at the end are two access patterns of one partition; with a single span each
+replaced the other — the tail's first push (the record below the end, ``PartitionTail``'s
+``read_last``) threw away the 4 MB range 100 unread long polls had just read, so every replay
+round read it from Kafka again and rendered a new ~18 MB body while the last one was still held
+(issue 31, item 6: peaks of +50-80 MB). Offsets are immutable in a Kafka log, so a record read
+once is the record at that offset; a span records exactly the offsets one sequential read
+consumed, so gaps (compacted topics) are gaps in the span too. Memory is bounded: a span drops its
+oldest records past ``SPAN_MAX_BYTES``, and past ``TOTAL_MAX_BYTES`` the least recently used spans
+go (of the least recently used partition first).
 
 ``max_bytes`` keeps :class:`RecordReader`'s rule: stop before a record that would exceed it,
 except that the first record is always returned.
@@ -25,7 +32,7 @@ one key event. A read served wholly from a span is a function of those four (a s
 hold what the log holds, for ever), so the last such answer is kept and returned again, the same
 list object, without a walk of the span: the callers treat it as read-only (``PartitionRead``
 shares it, and the service's rendered answers are keyed on it). It goes when its span is replaced
-(a read elsewhere, or the tail starting the partition afresh), as the span's records do.
+(a read or a push opening a span elsewhere past the partition's limit), as the span's records do.
 
 Concurrency contract: thread-safe. The span table has its own lock, never held during a Kafka
 read; two threads missing the same tail at once may both read it (both results are correct; the
@@ -43,10 +50,11 @@ from ..clients._clients import READ_TIMEOUT_S, FetchedRecord, RecordReader
 from ..settings import KafkaSettings
 from ._keys import TopicPartitionKey
 
-__all__ = ["SPAN_MAX_BYTES", "TOTAL_MAX_BYTES", "SharedReadReader"]
+__all__ = ["SPANS_PER_PARTITION", "SPAN_MAX_BYTES", "TOTAL_MAX_BYTES", "SharedReadReader"]
 
 SPAN_MAX_BYTES = 16 * 1024 * 1024  # one partition's span: the largest fetch the service allows
 TOTAL_MAX_BYTES = 64 * 1024 * 1024  # all spans: a few hot partitions' recent records
+SPANS_PER_PARTITION = 2  # a range readers come back to, and the tail's end (module docstring)
 
 
 @dataclass
@@ -78,6 +86,14 @@ class _Span:
         return freed
 
 
+def _covering(spans: list[_Span], offset: int, *, at_end: bool = False) -> _Span | None:
+    """The first of ``spans`` holding ``offset`` (or, with ``at_end``, continued by it)."""
+    for span in spans:
+        if span.start <= offset < span.end or (at_end and offset == span.end):
+            return span
+    return None
+
+
 class SharedReadReader(RecordReader):
     """A :class:`RecordReader` whose reads are shared through per-partition spans (module docstring)."""
 
@@ -92,7 +108,8 @@ class SharedReadReader(RecordReader):
         # All spans: TOTAL_MAX_BYTES unless a smaller cache is wanted (KafkaPurgatory's read-back).
         self._total_max = TOTAL_MAX_BYTES if total_max_bytes is None else total_max_bytes
         self._span_max = min(SPAN_MAX_BYTES, self._total_max)
-        self._spans: OrderedDict[TopicPartitionKey, _Span] = OrderedDict()
+        # Per partition its spans, most recently used first; partitions least recently used first.
+        self._spans: OrderedDict[TopicPartitionKey, list[_Span]] = OrderedDict()
         self._spans_lock = threading.Lock()
         self._total = 0
         self.shared_hits = 0  # reads answered (at least in part) from a span
@@ -130,9 +147,13 @@ class SharedReadReader(RecordReader):
         used = 0
         resume = start
         with self._spans_lock:
-            span = self._spans.get(key)
-            if span is not None and span.start <= start < span.end:
+            spans = self._spans.get(key)
+            span = _covering(spans, start) if spans else None
+            if spans is not None and span is not None:
                 self._spans.move_to_end(key)
+                if spans[0] is not span:
+                    spans.remove(span)
+                    spans.insert(0, span)
                 self.shared_hits += 1
                 for record in span.records[bisect.bisect_left(span.offsets, start) :]:
                     if record.offset >= end or (out and used + record.size > max_bytes):
@@ -150,6 +171,10 @@ class SharedReadReader(RecordReader):
         fetched = self._remember(key, resume, fetched)
         for record in fetched:
             if out and used + record.size > max_bytes:
+                # Cut by max_bytes at a record read: the answer is complete, whatever the log
+                # holds past it, so it is shared from now on (the next range read of a long
+                # poll repeated against a client that never reads renders no new body).
+                self._last = (key, start, end, max_bytes, out)
                 break
             out.append(record)
             used += record.size
@@ -158,15 +183,17 @@ class SharedReadReader(RecordReader):
     def append(self, key: TopicPartitionKey, records: list[FetchedRecord]) -> None:
         """Records a sequential reader (the change feed's tail) fetched, contiguous from ``records[0]``.
 
-        They continue the span when the tail's read covers its end (the overlap is dropped: the
-        same offsets hold the same records), and replace it otherwise, as a read elsewhere does.
+        They continue the span whose range holds or ends at their first offset (the overlap is
+        dropped: the same offsets hold the same records), and open a span otherwise, as a read
+        elsewhere does.
         """
         if not records:
             return
         with self._spans_lock:
-            span = self._spans.get(key)
+            spans = self._spans.get(key)
+            span = _covering(spans, records[0].offset, at_end=True) if spans else None
             end = span.end if span is not None else None
-        if end is not None and records[0].offset <= end:
+        if end is not None:
             fresh = records[bisect.bisect_left([r.offset for r in records], end) :]
             self._remember(key, end, fresh)
         else:
@@ -189,8 +216,9 @@ class SharedReadReader(RecordReader):
         if not fetched:
             return fetched
         with self._spans_lock:
-            span = self._spans.get(key)
-            if span is not None and span.start <= start <= span.end:
+            spans = self._spans.setdefault(key, [])
+            span = _covering(spans, start, at_end=True)
+            if span is not None:
                 if span.end > start:
                     fetched_offsets = [r.offset for r in fetched]
                     fresh = fetched[bisect.bisect_left(fetched_offsets, span.end) :]
@@ -202,19 +230,37 @@ class SharedReadReader(RecordReader):
                 if fresh is not fetched:
                     lo = bisect.bisect_left(span.offsets, start)
                     fetched = span.records[lo : bisect.bisect_right(span.offsets, fetched[-1].offset, lo)]
+                # Spans it grew over hold the same records again: they go.
+                for other in [
+                    s for s in spans if s is not span and span.start <= s.start and s.end <= span.end
+                ]:
+                    spans.remove(other)
+                    self._total -= other.size
+                if spans[0] is not span:
+                    spans.remove(span)
+                    spans.insert(0, span)
             else:
-                if span is not None:
-                    self._total -= span.size
-                last = self._last
-                if last is not None and last[0] == key:
-                    self._last = None  # its span is replaced: so is what it read (module docstring)
                 span = _Span(start, start)
                 span.extend(fetched)
-                self._spans[key] = span
+                spans.insert(0, span)
                 self._total += span.size
+                if len(spans) > SPANS_PER_PARTITION:
+                    self._drop_oldest(key, spans)
             self._spans.move_to_end(key)
             self._total -= span.trim(self._span_max)
-            while self._total > self._total_max and len(self._spans) > 1:
-                _, evicted = self._spans.popitem(last=False)
-                self._total -= evicted.size
+            # The least recently used spans go first; never the one just written (it is the
+            # first of the most recently used partition).
+            while self._total > self._total_max and (len(self._spans) > 1 or len(spans) > 1):
+                oldest_key, oldest = next(iter(self._spans.items()))
+                self._drop_oldest(oldest_key, oldest)
         return fetched
+
+    def _drop_oldest(self, key: TopicPartitionKey, spans: list[_Span]) -> None:
+        """Drop the least recently used span of ``key`` (the caller holds the span table's lock)."""
+        dropped = spans.pop()
+        self._total -= dropped.size
+        if not spans:
+            del self._spans[key]
+        last = self._last
+        if last is not None and last[0] == key:
+            self._last = None  # a span of its partition went: so may what it read (module docstring)
