@@ -17,7 +17,7 @@ and the tail at the end are two access patterns of one partition; with a single 
 replaced the other — the tail's first push (the record below the end, ``PartitionTail``'s
 ``read_last``) threw away the 4 MB range 100 unread long polls had just read, so every replay
 round read it from Kafka again and rendered a new ~18 MB body while the last one was still held
-(issue 31, item 6: peaks of +50-80 MB). Offsets are immutable in a Kafka log, so a record read
+(issue 31, item 6: peaks of +48-83 MB). Offsets are immutable in a Kafka log, so a record read
 once is the record at that offset; a span records exactly the offsets one sequential read
 consumed, so gaps (compacted topics) are gaps in the span too. Memory is bounded: a span drops its
 oldest records past ``SPAN_MAX_BYTES``, and past ``TOTAL_MAX_BYTES`` the least recently used spans
