@@ -19,8 +19,8 @@ import uvicorn
 
 from purgatory.settings import ConfigError, load_settings
 
-from ._app import apply_log_settings, create_app
-from ._server import ReleasingServer, uvicorn_options
+from .app._app import apply_log_settings, create_app
+from .server._server import ReleasingServer, uvicorn_options
 
 __all__ = ["main"]
 

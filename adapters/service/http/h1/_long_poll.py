@@ -6,14 +6,14 @@ the middlewares' send wrappers and h11's state machine, and makes two writes: ~2
 per waiter (``purgatory bench fanout``, docs/performance.md). Here, once h11 has parsed a request
 head, a ``GET /topics/{t}/partitions/{p}/records`` is taken by the protocol itself:
 
-* checked with the ASGI path's own code — the header limits (:func:`._guards.header_fields_problem`),
+* checked with the ASGI path's own code — the header limits (:func:`...app._guards.header_fields_problem`),
   the :class:`Authenticator` its middleware asks, the very Starlette :class:`Route` it matches,
-  :func:`._app.checked_topic` (topic policy), :func:`._app.checked_partition`,
-  :func:`._app.fetch_params`, and :meth:`Gateway.fetch_then_call` (admission and its 429, the
+  :func:`...app._app.checked_topic` (topic policy), :func:`...app._app.checked_partition`,
+  :func:`...app._app.fetch_params`, and :meth:`Gateway.fetch_then_call` (admission and its 429, the
   ``max_wait_ms`` clamp, the same operation);
 * parked: the connection's protocol holds the operation; nothing else waits (no task, no future);
 * answered from the batch wake-up (:class:`LoopHandoff`): the callback renders the answer through
-  the route's :func:`._app.fetch_response` (the body shared by every waiter answered the same,
+  the route's :func:`...app._app.fetch_response` (the body shared by every waiter answered the same,
   and the whole response's bytes shared too) and writes it in one call.
 
 Anything else — another route, a refusal (4xx), a request this path does not take (a body,
@@ -57,8 +57,8 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import STATUS_PHRASES
 from uvicorn.protocols.utils import get_path_with_query_string
 
-from ..kafka import DelayedFetch
-from ._app import (
+from ....kafka import DelayedFetch
+from ...app._app import (
     LongPollRoute,
     RenderedFetches,
     checked_partition,
@@ -67,13 +67,13 @@ from ._app import (
     fetch_body_response,
     fetch_params,
 )
+from ...app._errors import RequestError
+from ...app._gateway import Gateway
+from ...app._guards import UNEXPECTED_ERROR_BODY, header_fields_problem
+from ...app._requests import FetchParams
 from ._coalesced_timers import coalesced_timers
-from ._errors import RequestError
-from ._gateway import Gateway
-from ._guards import UNEXPECTED_ERROR_BODY, header_fields_problem
-from ._h1_framing import StrictH11Connection
+from ._framing import StrictH11Connection
 from ._head_timeout import HeadTimeoutH11Protocol
-from ._requests import FetchParams
 
 __all__ = ["LongPollH11Protocol", "http11_response", "long_poll_protocol"]
 
@@ -392,7 +392,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             self._respond(parked, data)
 
     def _fetch_answer(self, parked: _Parked) -> bytes:
-        """The 200's bytes, as the route's :func:`._app.fetch_response` renders them (see _SharedAnswer)."""
+        """The 200's bytes, as the route's :func:`...app._app.fetch_response` renders them (_SharedAnswer)."""
         route = self._route
         assert route is not None
         rendered: RenderedFetches = route.app.state.rendered_fetches
@@ -407,7 +407,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         return http11_response(response, self.server_state.default_headers)
 
     def _unexpected(self, parked: _Parked) -> Response:
-        """As :class:`._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
+        """As :class:`...app._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
         route = self._route
         assert route is not None
         route.app.state.unexpected_errors.count += 1

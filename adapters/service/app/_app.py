@@ -38,9 +38,9 @@ purgatory cannot take it. No crafted request reaches a 500: what no route expect
 JSON 500 on a connection that stays usable (:class:`._guards.CatchAll`), and a bug.
 
 Authentication (bearer tokens, mutual TLS) and the topic policy: :mod:`._auth`; request-head
-limits and the catch-all: :mod:`._guards`; TLS and parser limits of uvicorn itself: :mod:`._server`.
+limits and the catch-all: :mod:`._guards`; TLS and parser limits of uvicorn itself: :mod:`..server._server`.
 
-Scale-out (``scaleout.enabled``, :mod:`._scaleout`): a request for a partition owned by another
+Scale-out (``scaleout.enabled``, :mod:`..scaleout._scaleout`): a request for a partition owned by another
 instance is answered 307 to it (or forwarded), 503 + Retry-After while it has no owner; an
 operation whose partition moves while it waits is answered MOVED (307/303 to the new owner, or
 503 + Retry-After and a relative Location).
@@ -50,7 +50,7 @@ timer): abandoned long polls do not fill the purgatory.
 
 With ``service.fast_long_poll`` (the default) the service's uvicorn protocol serves the long-poll
 route itself, below this app, with this module's checks (:class:`LongPollRoute`,
-:mod:`._long_poll`): a waiting poll then holds no task; what it does not take comes here.
+:mod:`..http.h1._long_poll`): a waiting poll then holds no task; what it does not take comes here.
 
 Lifespan: startup builds the :class:`Gateway` (its :class:`KafkaPurgatory`: change feed, clients,
 purgatories); shutdown drains the purgatories (every waiting request is answered) and closes the
@@ -87,7 +87,7 @@ from purgatory import configure_logging
 from purgatory.metrics import register_metrics
 from purgatory.settings import Settings, load_settings
 
-from ..kafka import (
+from ...kafka import (
     LEGAL_TOPIC_RULE,
     DelayedFetch,
     DelayedProduce,
@@ -97,7 +97,14 @@ from ..kafka import (
     check_client_config,
     is_legal_topic,
 )
-from ._answer_budget import AnswerBudget
+from ..answers._budget import AnswerBudget
+from ..scaleout._scaleout import (
+    ScaleOut,
+    ScaleOutCollector,
+    parse_offsets,
+    parse_record_identities,
+    release_on_shutdown,
+)
 from ._auth import Authenticator, RequireAuth, TopicPolicy, is_authenticated
 from ._errors import RequestError, from_validation_error
 from ._gateway import Gateway, resolve_bootstrap
@@ -109,13 +116,6 @@ from ._requests import (
     MAX_PRODUCE_TIMEOUT_MS,
     FetchParams,
     ProduceRequest,
-)
-from ._scaleout import (
-    ScaleOut,
-    ScaleOutCollector,
-    parse_offsets,
-    parse_record_identities,
-    release_on_shutdown,
 )
 
 __all__ = ["LongPollRoute", "apply_log_settings", "create_app"]
@@ -342,7 +342,7 @@ class RenderedFetches:
 
 @dataclass(slots=True)
 class LongPollRoute:
-    """The long-poll route as the protocol-level path (:mod:`._long_poll`) serves it.
+    """The long-poll route as the protocol-level path (:mod:`..http.h1._long_poll`) serves it.
 
     Set as ``app.state.long_poll`` (None with ``service.fast_long_poll`` off): the app, the very
     :class:`Route` the ASGI path matches, the :class:`Authenticator` its middleware asks, and the
@@ -746,7 +746,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
 
     ``uvicorn --factory purgatory.adapters.service:create_app`` runs it with the environment's
     settings (``PURGATORY_*``, ``PURGATORY_CONFIG_FILE``); uvicorn's own limits and TLS then come
-    from its command line, while :class:`._server.BackgroundServer` takes them from the settings.
+    from its command line, while :class:`..server._server.BackgroundServer` takes them from the settings.
 
     Raises :class:`ConfigError` / :class:`KafkaConfigError` at once for settings that could not
     serve a single request (no cluster named, a Kafka client property librdkafka refuses, a

@@ -24,10 +24,10 @@ from typing import Any, Self
 import structlog
 import uvicorn
 
-from ._h2_long_poll import http2_capable
-from ._head_timeout import head_timeout_protocol
-from ._long_poll import long_poll_protocol
-from .settings import ServiceSettings
+from ..http.h1._head_timeout import head_timeout_protocol
+from ..http.h1._long_poll import long_poll_protocol
+from ..http.h2._long_poll import http2_capable
+from ..settings import ServiceSettings
 
 __all__ = ["BackgroundServer", "ReleasingServer", "ServerStartError", "uvicorn_options"]
 

@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse, Response
 from purgatory import DelayedOperationPurgatory
 from purgatory.settings import Settings
 
-from ..kafka import (
+from ...kafka import (
     DIGEST_BYTES,
     DelayedFetch,
     DelayedReplication,
@@ -53,11 +53,11 @@ from ..kafka import (
     TopicPartitionKey,
     WatchedKeys,
 )
-from ..kafka.ops._off_loop import OffLoopReplication
-from ._errors import RequestError
-from ._fetch import OffLoopFetch
+from ...kafka.ops._off_loop import OffLoopReplication
+from .._fetch import OffLoopFetch
+from ..app._errors import RequestError
+from ..app._requests import MAX_OFFSET, MAX_PARTITION
 from ._redirect import Redirect, redirect_for
-from ._requests import MAX_OFFSET, MAX_PARTITION
 
 __all__ = ["FORWARDED_HEADER", "OwnedFetch", "OwnedReplication", "ScaleOut", "ScaleOutCollector"]
 

@@ -4,8 +4,8 @@ Why: over HTTP/1.1 every waiting long poll holds a socket on the service *and* o
 the open-file limit caps the waiters of one process (20,000 here, ~18,000 long polls). Real
 clients multiplex: one HTTP/2 connection carries thousands of waiting streams.
 
-How: the service's uvicorn protocol (:class:`._long_poll.LongPollH11Protocol` or
-:class:`._head_timeout.HeadTimeoutH11Protocol`) gets the :class:`H2PriorKnowledge` mixin. When a
+How: the service's uvicorn protocol (:class:`..h1._long_poll.LongPollH11Protocol` or
+:class:`..h1._head_timeout.HeadTimeoutH11Protocol`) gets the :class:`H2PriorKnowledge` mixin. When a
 connection's first bytes are the HTTP/2 connection preface (``PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n``)
 the connection is handed to an :class:`H2Session` (the ``h2`` library's state machine: framing,
 HPACK, flow control, stream states); anything else is HTTP/1.1 exactly as before. TLS with ALPN
@@ -21,7 +21,7 @@ is the route's 200 (the body bytes shared by every waiter answered the same), wr
 not fit waits for the client's WINDOW_UPDATE). The common answer does not go through ``h2``'s
 per-stream calls: its two frames are built once and each stream writes them with its own id,
 ``h2``'s stream state and windows recorded as its own calls would leave them
-(:mod:`._h2_answers`: ~6 µs of the loop per answer where ``send_headers`` + ``send_data`` took
+(:mod:`._answers`: ~6 µs of the loop per answer where ``send_headers`` + ``send_data`` took
 ~28). Answers of one batch wake-up are written with one ``transport.write`` per connection. A
 stream the client resets (RST_STREAM), or a connection that goes away, finishes its operation
 CANCELLED at once.
@@ -33,7 +33,7 @@ bridged to the ASGI app (``http_version`` "2" in its scope) with its body read i
 answers are the same status, headers and bytes as over HTTP/1.1 (tests/service/test_h2.py).
 
 Header blocks: HPACK is per connection and stateful, so equal headers normally encode to
-different bytes on each stream. :class:`._h2_answers.SharedHeaderEncoder` encodes without the
+different bytes on each stream. :class:`._answers.SharedHeaderEncoder` encodes without the
 dynamic table (static table and literals only: always allowed, RFC 7541 §4.2), so equal header
 lists encode to equal bytes, encoded once per process and reused on every stream of every
 connection.
@@ -80,26 +80,26 @@ from starlette.responses import JSONResponse, Response
 from purgatory import Outcome
 from purgatory.settings import Settings
 
-from ..kafka import DelayedFetch, ErrorCode
-from ._answer_budget import HeldBodies
-from ._app import (
+from ....kafka import DelayedFetch, ErrorCode
+from ...answers._budget import HeldBodies
+from ...app._app import (
     LongPollRoute,
     RenderedFetches,
     error_response,
     fetch_response,
 )
-from ._errors import RequestError
-from ._gateway import Gateway
-from ._guards import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY
-from ._h2_answers import (
+from ...app._errors import RequestError
+from ...app._gateway import Gateway
+from ...app._guards import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY
+from ...settings import ServiceSettings
+from ..h1._long_poll import ANSWER_CHUNK, _app_state, _checked_poll, _long_poll_route, _plain_get_headers
+from ._answers import (
     SharedH2Answer,
     SharedHeaderEncoder,
     plain_answers_allowed,
     record_plain_stream,
 )
-from ._h2_inbound import BoundedHeaderDecoder, InboundFrames
-from ._long_poll import ANSWER_CHUNK, _app_state, _checked_poll, _long_poll_route, _plain_get_headers
-from .settings import ServiceSettings
+from ._inbound import BoundedHeaderDecoder, InboundFrames
 
 __all__ = [
     "H2_PREFACE",
@@ -811,7 +811,7 @@ class H2Session:
         return response
 
     def _unexpected(self) -> Response:
-        """As :class:`._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
+        """As :class:`...app._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
         assert self.route is not None
         self.route.app.state.unexpected_errors.count += 1
         _log.exception("request_failed_unexpectedly", method="GET", fast_path=True, http_version="2")
