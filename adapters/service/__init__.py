@@ -12,7 +12,7 @@ ASGI app instead (no fast paths, no HTTP/2).
 See :mod:`.app._app` for the routes and :mod:`.app._gateway` for how requests become operations.
 """
 
-from ._fetch import OffLoopFetch
+from ..kafka.ops._off_loop_fetch import OffLoopFetch  # DelayedFetch's variants sit with it
 from .app._app import create_app
 from .app._errors import RequestError
 from .app._gateway import FETCH_PURGATORY, PRODUCE_PURGATORY, Gateway, resolve_bootstrap

@@ -85,9 +85,10 @@ from ...kafka import (
 )
 from ...kafka.facts._keys import partition_key
 from ...kafka.ops._off_loop import OffLoopReplication
-from .._fetch import OffLoopFetch
+from ...kafka.ops._off_loop_fetch import OffLoopFetch
+from ...kafka.ops._owned import OwnedFetch, OwnedReplication
 from ..answers._budget import AnswerBudget, memory_budget_exceeded
-from ..scaleout._scaleout import OwnedFetch, OwnedReplication, ScaleOut
+from ..scaleout._scaleout import ScaleOut
 from ._errors import RequestError
 from ._requests import FetchParams, ProduceRequest
 
