@@ -13,8 +13,8 @@ See :mod:`.app._app` for the routes and :mod:`.app._gateway` for how requests be
 """
 
 from ..kafka.ops._off_loop_fetch import OffLoopFetch  # DelayedFetch's variants sit with it
+from .answers._errors import RequestError
 from .app._app import create_app
-from .app._errors import RequestError
 from .app._gateway import FETCH_PURGATORY, PRODUCE_PURGATORY, Gateway, resolve_bootstrap
 from .app._requests import FetchParams, ProduceRecordIn, ProduceRequest
 from .scaleout._redirect import Redirect, moved_answer, redirect_for

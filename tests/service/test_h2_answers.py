@@ -18,7 +18,7 @@ import h2.settings
 import pytest
 from h2.stream import StreamClosedBy, StreamState
 from purgatory.adapters.kafka import FetchedRecord, TopicPartitionKey
-from purgatory.adapters.service.app._app import RenderedFetches
+from purgatory.adapters.service.answers._render import RenderedFetches
 from purgatory.adapters.service.http.h2._answers import (
     SharedH2Answer,
     SharedHeaderEncoder,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from purgatory.adapters.service import FetchParams, Gateway, ProduceRequest, resolve_bootstrap
-from purgatory.adapters.service.app._errors import from_validation_error
+from purgatory.adapters.service.answers._errors import from_validation_error
 from purgatory.adapters.service.app._requests import (
     MAX_FETCH_BYTES,
     MAX_RECORDS_PER_PRODUCE,

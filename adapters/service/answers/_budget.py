@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..app._errors import RequestError
+from ._errors import RequestError
 
 __all__ = ["AnswerBudget", "HeldBodies", "memory_budget_exceeded"]
 

@@ -60,14 +60,11 @@ Kafka clients.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import re
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, TypeVar
 
@@ -75,7 +72,6 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
-from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -88,16 +84,14 @@ from purgatory.metrics import register_metrics
 from purgatory.settings import Settings, load_settings
 
 from ...kafka import (
-    LEGAL_TOPIC_RULE,
-    DelayedFetch,
     DelayedProduce,
     DelayedReplication,
     ErrorCode,
-    FetchedRecord,
     check_client_config,
-    is_legal_topic,
 )
 from ..answers._budget import AnswerBudget
+from ..answers._errors import RequestError, from_validation_error
+from ..answers._render import RenderedFetches, error_response, fetch_body_response
 from ..scaleout._scaleout import (
     ScaleOut,
     ScaleOutCollector,
@@ -106,26 +100,22 @@ from ..scaleout._scaleout import (
     release_on_shutdown,
 )
 from ._auth import Authenticator, RequireAuth, TopicPolicy, is_authenticated
-from ._errors import RequestError, from_validation_error
 from ._gateway import Gateway, resolve_bootstrap
 from ._guards import CatchAll, HeaderLimits, UnexpectedErrors
+from ._long_poll_route import LongPollRoute
 from ._metrics import Answers, CountAnswers, ServiceCollector
 from ._requests import (
-    MAX_PARTITION,
     MAX_PRODUCE_BODY_BYTES,
     MAX_PRODUCE_TIMEOUT_MS,
-    FetchParams,
     ProduceRequest,
+    _single_known_parameters,
+    checked_partition,
+    checked_topic,
+    fetch_params,
 )
 
 __all__ = ["LongPollRoute", "apply_log_settings", "create_app"]
 
-# A partition in the path: ASCII digits only. str.isdigit() also accepts superscript two (U+00B2),
-# Arabic-Indic three (U+0663) and fullwidth three (U+FF13); int() fails on the first (a 500 once)
-# and reads the others as 3: a request would silently name another partition.
-# Without leading zeros: "/partitions/00/" is refused, not read as partition 0 (one spelling per
-# partition, as _scaleout's offsets).
-_PARTITION = re.compile(r"0|[1-9][0-9]{0,9}")
 _TIMEOUT_MS = re.compile(r"[0-9]{1,10}")  # ASCII digits, as _PARTITION (then bounded by value)
 MAX_LEADER_EPOCH = 2**31 - 1  # Kafka's int32 leader epoch
 # What GET /topics/{topic}/replicated reads: anything else is a misspelling, refused as the long
@@ -133,29 +123,9 @@ MAX_LEADER_EPOCH = 2**31 - 1  # Kafka's int32 leader epoch
 _REPLICATED_PARAMETERS = frozenset({"offsets", "epochs", "records", "timeout_ms"})
 
 
-def _single_known_parameters(query: QueryParams, known: frozenset[str] | None) -> None:
-    """A 400 naming a query parameter given twice (``?offset=0&offset=9``: which one was meant?)
-    or, when ``known`` is given, one not in it."""
-    seen: set[str] = set()
-    for name, _ in query.multi_items():
-        if known is not None and name not in known:
-            raise RequestError(
-                400, "INVALID_REQUEST", name, f"unknown query parameter {name!r}; expected {sorted(known)}"
-            )
-        if name in seen:
-            raise RequestError(400, "INVALID_REQUEST", name, f"query parameter {name!r} is given twice")
-        seen.add(name)
-
-
 T = TypeVar("T")
 # nginx's "client closed request": logged by the server, never delivered to the departed client.
 CLIENT_CLOSED_REQUEST = 499
-# Distinct long-poll answers kept rendered: one per (partition, offset, records) being answered at
-# once is what is shared; a few hundred covers many hot partitions at a few KB each.
-RENDERED_FETCHES = 256
-# ... and their bytes in all: a rendered body (and the records it keeps alive) is about the size
-# of its records, up to max_bytes each; 64 MiB is the shared record cache's own bound.
-RENDERED_FETCH_BYTES = 64 * 1024 * 1024
 
 
 def _gateway(request: Request) -> Gateway:
@@ -169,195 +139,8 @@ def _topic(request: Request) -> str:
     return checked_topic(str(request.path_params["topic"]), request.app.state.topic_policy)
 
 
-def checked_topic(topic: str, policy: TopicPolicy) -> str:
-    """``topic`` from a request path if it is a legal Kafka name the policy allows, else a 400/403."""
-    # The keys' rule ("%2e%2e" in a path arrives here as "..", "%0A" as a newline).
-    if not is_legal_topic(topic):
-        raise RequestError(
-            400, "INVALID_TOPIC_EXCEPTION", "topic",
-            f"topic {topic!r} is not a legal Kafka topic name ({LEGAL_TOPIC_RULE})",
-        )  # fmt: skip
-    policy.check(topic)
-    return topic
-
-
 def _partition(request: Request) -> int:
     return checked_partition(str(request.path_params["partition"]))
-
-
-def checked_partition(raw: str) -> int:
-    """A partition from a request path (ASCII digits, an int32), else a 400 naming it."""
-    if not _PARTITION.fullmatch(raw) or int(raw) > MAX_PARTITION:
-        raise RequestError(
-            400, "INVALID_REQUEST", "partition",
-            f"partition must be an int in [0, {MAX_PARTITION}] written in ASCII digits without "
-            f"leading zeros, got {raw!r}",
-        )  # fmt: skip
-    return int(raw)
-
-
-def fetch_params(query: QueryParams) -> FetchParams:
-    """The long poll's query as :class:`FetchParams`, else a 400 naming the first bad field."""
-    if len(query) != len(query.multi_items()):
-        _single_known_parameters(query, None)
-    try:
-        return FetchParams.model_validate(dict(query))
-    except ValidationError as exc:
-        raise from_validation_error(exc, where="query") from None
-
-
-def fetch_response(rendered: RenderedFetches, topic: str, partition: int, op: DelayedFetch) -> Response:
-    """The 200 answer of a finished long poll (the body shared by every waiter answered the same)."""
-    return fetch_body_response(rendered.body(topic, partition, op))
-
-
-def fetch_body_response(body: bytes) -> Response:
-    """The 200 answer whose body :meth:`RenderedFetches.body` rendered."""
-    return Response(body, media_type="application/json")
-
-
-def error_response(exc: RequestError) -> Response:
-    """A refused request's answer: the error's JSON body, status and headers (Retry-After of a 429)."""
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-
-def _record_json(record: FetchedRecord) -> dict[str, Any]:
-    out: dict[str, Any] = {"offset": record.offset, "timestamp_ms": record.timestamp_ms}
-    for name, data in (("key", record.key), ("value", record.value)):
-        if data is None:
-            out[name] = None
-            continue
-        try:
-            out[name] = data.decode("utf-8")
-        except UnicodeDecodeError:  # binary payloads survive the trip as base64
-            out[f"{name}_b64"] = base64.b64encode(data).decode("ascii")
-    return out
-
-
-def _fetch_json(topic: str, partition: int, op: DelayedFetch) -> dict[str, Any]:
-    (part,) = op.parts
-    records = part.records
-    return {
-        "topic": topic,
-        "partition": partition,
-        "outcome": op.outcome.name if op.outcome is not None else None,
-        "error_code": part.status.value,
-        "fetch_offset": part.fetch_offset,
-        "next_offset": records[-1].offset + 1 if records else part.fetch_offset,
-        "records": [_record_json(r) for r in records],
-        "error": str(op.error) if op.error is not None else None,
-    }
-
-
-def _same_records(held: Sequence[FetchedRecord], records: Sequence[FetchedRecord]) -> bool:
-    """Whether two lists hold the very same record objects, in order.
-
-    The polls of one key event usually share one list; but reads that reached the span's end
-    (SharedReadReader) make a list of their own of the same objects, and a body too large for
-    the LRU was then rendered again per list — a 4 MB answer renders to ~18 MB of JSON, and 100
-    such polls held several distinct copies of it. A walk of identities is far cheaper than that.
-    """
-    return len(held) == len(records) and all(a is b for a, b in zip(held, records, strict=True))
-
-
-class RenderedFetches:
-    """Long-poll answers rendered once and shared by every waiter answered the same.
-
-    A record appended to a partition completes every long poll waiting at its end with the same
-    answer: rendering each (JSON of the records, then the response) cost ~100-170 µs per waiter,
-    so the last of 10,000 waiters heard of the record seconds after it was produced. The body is
-    a function of the answer's fields and the records' *identity* (the shared record cache hands
-    every waiter the same :class:`FetchedRecord` objects), so the key holds their ids; the entry
-    holds the records themselves, so no id is reused while its entry lives. A waiter answered
-    with other records (another offset, fewer bytes) renders its own and keys its own entry.
-
-    Concurrency contract: the event loop's thread only (responses are built there). At most
-    ``max_entries`` bodies of at most ``max_bytes`` in all are kept (a body holds its records
-    too), least recently used dropped first; a body larger than a quarter of that is not kept.
-    """
-
-    def __init__(self, max_entries: int = RENDERED_FETCHES, max_bytes: int = RENDERED_FETCH_BYTES) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[Any, ...], tuple[Sequence[FetchedRecord], bytes]] = OrderedDict()
-        self._bytes = 0
-        self.hits = 0
-        # The last body with what it answered: (topic, partition, outcome, status, fetch offset,
-        # the records' list itself, body). The waiters of one key event hold the very same list
-        # (SharedReadReader's last answer, shared), so most answers of a burst are this entry,
-        # found by a few identity checks instead of a key of seven fields and an LRU move. Its
-        # records stay referenced here, so the identity cannot be another list's later.
-        self._last: tuple[str, int, Any, Any, int, Sequence[FetchedRecord], bytes] | None = None
-
-    def body(self, topic: str, partition: int, op: DelayedFetch) -> bytes:
-        (part,) = op.parts
-        records = part.records
-        last = self._last
-        if (
-            last is not None
-            and (last[5] is records or _same_records(last[5], records))
-            and op.error is None
-            and last[4] == part.fetch_offset
-            and last[2] is op.outcome
-            and last[3] is part.status
-            and last[1] == partition
-            and last[0] == topic
-        ):
-            self.hits += 1
-            return last[6]
-        body = self._body(topic, partition, op, records)
-        if op.error is None:
-            # Kept whatever its size (the LRU keeps none past a quarter of its bytes): one body,
-            # at most a 16 MiB answer's ~22 MB of JSON, and the waiters of a key event answered
-            # with the largest answers share it instead of rendering ~22 MB each (the
-            # memory-runaway report: 1,000 min_bytes=16000000 polls).
-            self._last = (topic, partition, op.outcome, part.status, part.fetch_offset, records, body)
-        return body
-
-    def _body(self, topic: str, partition: int, op: DelayedFetch, records: Sequence[FetchedRecord]) -> bytes:
-        part = op.parts[0]
-        cache_key = (
-            topic,
-            partition,
-            op.outcome,
-            part.status,
-            part.fetch_offset,
-            str(op.error) if op.error is not None else None,
-            tuple(map(id, records)),
-        )
-        entry = self._entries.get(cache_key)
-        if entry is not None:
-            self._entries.move_to_end(cache_key)
-            self.hits += 1
-            return entry[1]
-        body = _json_bytes(_fetch_json(topic, partition, op))
-        if len(body) <= self.max_bytes // 4:
-            self._entries[cache_key] = (records, body)
-            self._bytes += len(body)
-            while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self._bytes -= len(dropped)
-        return body
-
-
-@dataclass(slots=True)
-class LongPollRoute:
-    """The long-poll route as the protocol-level path (:mod:`..http.h1._long_poll`) serves it.
-
-    Set as ``app.state.long_poll`` (None with ``service.fast_long_poll`` off): the app, the very
-    :class:`Route` the ASGI path matches, the :class:`Authenticator` its middleware asks, and the
-    settings of its header limits. The checks themselves are this module's functions.
-    """
-
-    app: Starlette
-    route: Route
-    authenticator: Authenticator
-    settings: Settings
-
-
-def _json_bytes(content: Any) -> bytes:
-    """``content`` as :class:`JSONResponse` renders it (compact, UTF-8, no NaN)."""
-    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
 # A produce's failure names its answer: the first of these codes among its records.
@@ -807,9 +590,10 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     app.state.answers = answers
     app.state.rendered_fetches = RenderedFetches()
     # The long-poll route served below the ASGI app (._long_poll), with the checks above.
-    app.state.long_poll = (
-        LongPollRoute(app, fetch_route, authenticator, settings) if service.fast_long_poll else None
-    )
+    # What the server hands its protocols (..http._endpoint): always, for HTTP/2's limits and budget.
+    endpoint = LongPollRoute(app, fetch_route, authenticator, settings, service.fast_long_poll)
+    app.state.endpoint = endpoint
+    app.state.long_poll = endpoint if service.fast_long_poll else None
     # One registry per app: the collectors read every live purgatory and the gateway at scrape time.
     app.state.registry = CollectorRegistry()
     register_metrics(app.state.registry)

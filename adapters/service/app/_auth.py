@@ -29,8 +29,8 @@ import hmac
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..answers._errors import RequestError
 from ..settings import ServiceSettings
-from ._errors import RequestError
 
 __all__ = ["PUBLIC_PATHS", "Authenticator", "RequireAuth", "TopicPolicy", "is_authenticated"]
 

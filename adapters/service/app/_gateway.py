@@ -88,8 +88,8 @@ from ...kafka.ops._off_loop import OffLoopReplication
 from ...kafka.ops._off_loop_fetch import OffLoopFetch
 from ...kafka.ops._owned import OwnedFetch, OwnedReplication
 from ..answers._budget import AnswerBudget, memory_budget_exceeded
+from ..answers._errors import RequestError
 from ..scaleout._scaleout import ScaleOut
-from ._errors import RequestError
 from ._requests import FetchParams, ProduceRequest
 
 __all__ = ["FETCH_PURGATORY", "PRODUCE_PURGATORY", "Gateway", "resolve_bootstrap"]

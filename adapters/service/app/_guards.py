@@ -25,16 +25,11 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..answers._errors import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY
+
 __all__ = ["UNEXPECTED_ERROR_BODY", "CatchAll", "HeaderLimits", "UnexpectedErrors", "header_fields_problem"]
 
 _log = structlog.get_logger("purgatory.service")
-
-REQUEST_HEADER_FIELDS_TOO_LARGE = 431  # RFC 6585
-UNEXPECTED_ERROR_BODY = {
-    "error": "UNKNOWN_SERVER_ERROR",
-    "field": None,
-    "message": "unexpected error (logged)",
-}
 
 
 def header_fields_problem(

@@ -54,7 +54,7 @@ from ...kafka import (
     WatchedKeys,
 )
 from ...kafka.ops._owned import OwnedFetch, OwnedReplication
-from ..app._errors import RequestError
+from ..answers._errors import RequestError
 from ..app._requests import MAX_OFFSET, MAX_PARTITION
 from ._redirect import Redirect, redirect_for
 

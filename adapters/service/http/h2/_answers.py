@@ -1,7 +1,7 @@
 """HTTP/2 answers of the long-poll route as shared frames: the stream id is all that differs.
 
 Why: a record appended to a partition answers every long poll waiting there with the same 200 —
-same headers, same body bytes (:class:`...app._app.RenderedFetches`). Through the ``h2`` library each
+same headers, same body bytes (:class:`...answers._render.RenderedFetches`). Through the ``h2`` library each
 stream's answer was a ``send_headers`` and a ``send_data``: its stream and connection state
 machines, its frame objects and their serialisation, ~20 µs of the loop's time per answer
 (cProfile, 10,000 streams). Here the HEADERS and DATA frames of that answer are built once,
@@ -39,11 +39,11 @@ import hpack
 from h2.connection import ConnectionState
 from h2.stream import StreamClosedBy, StreamState
 
-from ...app._app import fetch_body_response
+from ...answers._render import fetch_body_response
 
 if TYPE_CHECKING:
     from ....kafka import DelayedFetch
-    from ...app._app import RenderedFetches
+    from ...answers._render import RenderedFetches
 
 __all__ = [
     "SharedH2Answer",

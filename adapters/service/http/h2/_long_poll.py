@@ -78,21 +78,14 @@ import structlog
 from starlette.responses import JSONResponse, Response
 
 from purgatory import Outcome
-from purgatory.settings import Settings
 
 from ....kafka import DelayedFetch, ErrorCode
 from ...answers._budget import HeldBodies
-from ...app._app import (
-    LongPollRoute,
-    RenderedFetches,
-    error_response,
-    fetch_response,
-)
-from ...app._errors import RequestError
-from ...app._gateway import Gateway
-from ...app._guards import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY
+from ...answers._errors import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY, RequestError
+from ...answers._render import error_response, fetch_response
 from ...settings import ServiceSettings
-from ..h1._long_poll import ANSWER_CHUNK, _app_state, _checked_poll, _long_poll_route, _plain_get_headers
+from .._endpoint import LongPollEndpoint, PollWaits, endpoint_in
+from ..h1._long_poll import ANSWER_CHUNK
 from ._answers import (
     SharedH2Answer,
     SharedHeaderEncoder,
@@ -274,7 +267,7 @@ class _H2Waiter:
         self,
         session: H2Session,
         stream_id: int,
-        gateway: Gateway,
+        gateway: PollWaits,
         topic: str,
         partition: int,
         offset: int | None,
@@ -374,14 +367,15 @@ class H2Session:
         self.protocol = protocol  # the uvicorn protocol the transport calls (app, state, transport)
         self.transport: asyncio.Transport = protocol.transport
         self.loop: asyncio.AbstractEventLoop = protocol.loop
-        self.route: LongPollRoute | None = _long_poll_route(protocol.app)
+        # The app's endpoint, handed to the protocol class by the server (else looked up in the app
+        # it serves); its long-poll route only while the fast path is on.
+        endpoint: LongPollEndpoint | None = getattr(protocol, "endpoint", None) or endpoint_in(protocol.app)
+        self.route = endpoint if endpoint is not None and endpoint.serves_long_polls else None
         # The app's shared answers, looked up once: Starlette's ``app.state`` answers each
         # attribute through a Python-level __getattr__ (once per answer of a burst, before).
-        self.rendered: RenderedFetches | None = (
-            None if self.route is None else self.route.app.state.rendered_fetches
-        )
+        self.rendered = None if self.route is None else self.route.rendered
         # The app's settings, the very object its gateway admits by (None: not our app).
-        settings = _app_state(protocol.app, "settings", Settings)
+        settings = None if endpoint is None else endpoint.settings
         config = h2.config.H2Configuration(
             client_side=False,
             header_encoding=None,
@@ -410,8 +404,7 @@ class H2Session:
         self.requests: dict[int, _H2Request] = {}
         self.bridged: dict[int, _Bridged] = {}
         # Counted in the gateway's answer budget while held (._answer_budget).
-        gateway = _app_state(protocol.app, "gateway", Gateway)
-        self.blocked = HeldBodies(None if gateway is None else gateway.answer_budget)
+        self.blocked = HeldBodies(None if endpoint is None else endpoint.answer_budget())
         # True when a body waits in ``blocked`` for the transport to drain, not for a window.
         self.backlogged = False
         self.closing = False  # graceful shutdown: new streams refused, GOAWAY once the last is answered
@@ -677,12 +670,12 @@ class H2Session:
         """Park the stream if it is a long poll the fast path serves (as ``LongPollH11Protocol._take``)."""
         route = self.route
         assert route is not None
-        if not _plain_get_headers(route, headers):
+        if not route.plain_get_headers(headers):
             return False
         scope = self._scope(pseudo, headers)
         if scope is None:
             return False
-        poll = _checked_poll(route, scope)
+        poll = route.checked_poll(scope)
         if poll is None:
             return False
         gateway, topic, partition, params = poll
@@ -750,7 +743,7 @@ class H2Session:
                     self._respond_with(stream_id, self._unexpected())
         _SHARED_ANSWER.answers += answered
         if answered and self.route is not None:
-            self.route.app.state.answers.count(200, None, answered)
+            self.route.count_answers(200, None, answered)
         self.flush()
         self._close_if_done()
 
@@ -803,23 +796,22 @@ class H2Session:
 
     def _fetch_response(self, waiter: _H2Waiter, op: DelayedFetch) -> Response:
         assert self.route is not None
-        rendered: RenderedFetches = self.route.app.state.rendered_fetches
-        response = fetch_response(rendered, waiter.topic, waiter.partition, op)
+        response = fetch_response(self.route.rendered, waiter.topic, waiter.partition, op)
         body = response.body
         if len(body) > ANSWER_CHUNK:  # may wait in ``blocked`` for the client: within the answer budget
             waiter.gateway.check_answer_fits(bytes(body))
         return response
 
     def _unexpected(self) -> Response:
-        """As :class:`...app._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
+        """As the app's catch-all (``CatchAll``): a bug answered as a JSON 500, counted, logged."""
         assert self.route is not None
-        self.route.app.state.unexpected_errors.count += 1
+        self.route.count_unexpected_error()
         _log.exception("request_failed_unexpectedly", method="GET", fast_path=True, http_version="2")
         return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
 
     def _respond_with(self, stream_id: int, response: Response) -> None:
         if self.route is not None:  # answered below the app: counted here, not by CountAnswers
-            self.route.app.state.answers.count(response.status_code, response.body)
+            self.route.count_answers(response.status_code, response.body)
         self._respond(stream_id, response.status_code, response.raw_headers, bytes(response.body))
 
     def _respond(
@@ -1129,6 +1121,8 @@ class H2PriorKnowledge:
             self._h2.writing_resumed()
 
 
-def http2_capable(protocol: type[Any]) -> type[Any]:
-    """``protocol`` (a uvicorn h11 protocol class) accepting HTTP/2 with prior knowledge too."""
-    return type(protocol.__name__, (H2PriorKnowledge, protocol), {})
+def http2_capable(protocol: type[Any], endpoint: LongPollEndpoint | None = None) -> type[Any]:
+    """``protocol`` (a uvicorn h11 protocol class) accepting HTTP/2 with prior knowledge too,
+    serving ``endpoint`` (the app's; None: the one ``protocol`` has, else looked up in the app)."""
+    attributes = {} if endpoint is None else {"endpoint": endpoint}
+    return type(protocol.__name__, (H2PriorKnowledge, protocol), attributes)
