@@ -23,7 +23,7 @@ import httpx
 import pytest
 from purgatory.adapters.service.http.h2 import _long_poll as _h2_long_poll
 from purgatory.adapters.service.http.h2._answers import SharedH2Answer, SharedHeaderEncoder
-from purgatory.adapters.service.http.h2._long_poll import H2PriorKnowledge
+from purgatory.adapters.service.http.h2._prior_knowledge import H2PriorKnowledge
 from purgatory.adapters.service.server._server import uvicorn_options
 from purgatory.tools.bench.service.h2_client import open_h2_long_polls
 

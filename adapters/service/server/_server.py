@@ -27,7 +27,7 @@ import uvicorn
 from ..http._endpoint import LongPollEndpoint, endpoint_in
 from ..http.h1._head_timeout import head_timeout_protocol
 from ..http.h1._long_poll import long_poll_protocol
-from ..http.h2._long_poll import http2_capable
+from ..http.h2._prior_knowledge import http2_capable
 from ..settings import ServiceSettings
 
 __all__ = ["BackgroundServer", "ReleasingServer", "ServerStartError", "uvicorn_options"]

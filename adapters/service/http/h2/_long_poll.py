@@ -11,6 +11,11 @@ the connection is handed to an :class:`H2Session` (the ``h2`` library's state ma
 HPACK, flow control, stream states); anything else is HTTP/1.1 exactly as before. TLS with ALPN
 ``h2`` is not offered (the service's TLS stays HTTP/1.1): h2c is for clients that know.
 
+This module is the session (its waiters, their batched answers, its limits); the preface
+sniffing is :mod:`._prior_knowledge`, the patched ``h2`` connection :mod:`._connection`, the
+frame and header bounds before ``h2`` parses :mod:`._inbound`, the shared answer frames
+:mod:`._answers`, and the streams the ASGI app serves :mod:`._bridge`.
+
 A stream that is ``GET /topics/{t}/partitions/{p}/records`` without a body is checked with the
 same code as the HTTP/1.1 fast path (header limits, authentication, the route's own match, the
 topic policy, the query, :meth:`Gateway.fetch_then_call`: admission and its 429 + Retry-After,
@@ -73,7 +78,6 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
-import h11
 import structlog
 from starlette.responses import JSONResponse, Response
 
@@ -92,16 +96,11 @@ from ._answers import (
     plain_answers_allowed,
     record_plain_stream,
 )
-from ._inbound import BoundedHeaderDecoder, InboundFrames
+from ._bridge import _Bridged
+from ._connection import H2ServerConnection, HeaderListTooLarge
+from ._inbound import InboundFrames
 
-__all__ = [
-    "H2_PREFACE",
-    "H2PriorKnowledge",
-    "H2ServerConnection",
-    "H2Session",
-    "HeaderListTooLarge",
-    "http2_capable",
-]
+__all__ = ["H2_PREFACE", "H2Session"]
 
 _log = structlog.get_logger("purgatory.service")
 
@@ -161,101 +160,8 @@ H2_IDLE_TIMEOUT_S = 60.0
 # filled the budget can still open streams and hear 429 + Retry-After (and reach /healthz),
 # instead of queueing unseen in its own connection pool.
 STREAM_HEADROOM = 100
-# HTTP/1.1 connection-specific fields HTTP/2 forbids (RFC 9113 §8.2.2): dropped from ASGI answers.
-_CONNECTION_FIELDS = frozenset(
-    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
-)
-# Streams a connection may hold past twice those left after its last walk before walking again
-# (H2ServerConnection): closed ones wait at most that long to be dropped.
-STREAM_WALK_SLACK = 64
 _STATUS = {status: str(status).encode() for status in range(100, 600)}
 _SHARED_ANSWER = SharedH2Answer()  # the last 200's frames: one loop thread per process
-
-
-class H2ServerConnection(h2.connection.H2Connection):
-    """``h2``'s connection whose check of SETTINGS_MAX_CONCURRENT_STREAMS does not walk every stream.
-
-    ``h2`` counts the open streams for each new one by walking all it holds (dropping the closed
-    ones as it goes): 1,000 streams opened on a connection were 500,000 steps, a third of the
-    loop's time registering 10,000 long polls (cProfile) — adding a waiter cost O(its connection's
-    streams). The count only decides whether one more stream is over the limit, and the streams
-    held bound the open ones from above: below the limit, that bound is the answer (no stream is
-    refused that ``h2`` would accept, nor accepted that it would refuse); at the limit, ``h2``'s
-    exact walk decides. The walk also runs whenever the streams held have doubled since the last
-    one (plus :data:`STREAM_WALK_SLACK`), so closed streams are still dropped, at O(1) amortised.
-    """
-
-    _held_after_walk = 0  # streams held right after the last walk
-    _counted = False  # inside _receive_headers_frame: the stream limit was decided already
-    refused = 0  # streams refused past SETTINGS_MAX_CONCURRENT_STREAMS (the session counts them as a flood)
-
-    def __init__(self, config: h2.config.H2Configuration) -> None:
-        super().__init__(config)
-        # h2's decoder enforces its own 64 KiB default, not the list size advertised (the session
-        # sets that); this one refuses an oversized list as a stream's error (_h2_inbound).
-        self.decoder = BoundedHeaderDecoder(self.DEFAULT_MAX_HEADER_LIST_SIZE)
-
-    @property
-    def open_inbound_streams(self) -> int:
-        if self._counted:
-            return 0  # decided by _receive_headers_frame before it let h2 open the stream
-        held = len(self.streams)
-        if (
-            held < self.local_settings.max_concurrent_streams
-            and held < 2 * self._held_after_walk + STREAM_WALK_SLACK
-        ):
-            return held  # >= the open ones, and under the limit: the answer h2 needs (class docstring)
-        count = super().open_inbound_streams
-        self._held_after_walk = len(self.streams)
-        return count
-
-    def _receive_headers_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
-        """As ``h2``'s, but a stream past the limit and a header list past its size are stream errors.
-
-        ``h2`` raises TooManyStreamsError for a stream past SETTINGS_MAX_CONCURRENT_STREAMS: a
-        connection error, GOAWAY, and every waiting long poll of the connection dropped. RFC 9113
-        §5.1.2 wants that stream refused alone (RST_STREAM REFUSED_STREAM: the client may retry
-        it). Its header block is still decoded (the HPACK table is the connection's, §4.3), so
-        the stream is opened as ``h2`` would open it, then reset, and its events dropped.
-        A header list over SETTINGS_MAX_HEADER_LIST_SIZE (:class:`BoundedHeaderDecoder`) becomes a
-        :class:`HeaderListTooLarge` in place of its request's events: the session answers 431.
-        """
-        stream_id = frame.stream_id
-        new = stream_id not in self.streams
-        refuse = new and self.open_inbound_streams + 1 > self.local_settings.max_concurrent_streams
-        decoder = self.decoder
-        assert isinstance(decoder, BoundedHeaderDecoder), "set in __init__; test_h2_hostile_clients"
-        # A new stream's oversized list stands in as a minimal valid request (h2 validates it);
-        # trailers (the stream exists) as no fields at all.
-        decoder.stand_in = _STAND_IN_REQUEST if new else []
-        self._counted = True
-        try:
-            frames, events = super()._receive_headers_frame(frame)
-        finally:
-            self._counted = False
-            oversized, decoder.oversized = decoder.oversized, False
-        if refuse:
-            self.refused += 1
-            self.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-            return frames, []
-        if oversized:
-            return frames, [HeaderListTooLarge(stream_id, "END_STREAM" in frame.flags)]
-        return frames, events
-
-
-# What an oversized request's header list is replaced by inside h2 (never served: the session
-# answers HeaderListTooLarge instead): the fewest fields RFC 9113 §8.3.1 requires of a request,
-# and the :authority h2 insists on.
-_STAND_IN_REQUEST = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"-"), (b":path", b"/")]
-
-
-class HeaderListTooLarge(h2.events.Event):
-    """A request's (or its trailers') header list over SETTINGS_MAX_HEADER_LIST_SIZE, decoded and
-    dropped; in place of the RequestReceived / TrailersReceived (and StreamEnded) h2 would give."""
-
-    def __init__(self, stream_id: int, stream_ended: bool) -> None:
-        self.stream_id = stream_id
-        self.stream_ended = stream_ended  # the client sent its whole request: no RST_STREAM needed
 
 
 class _H2Waiter:
@@ -305,54 +211,6 @@ class _H2Request:
         self.body = bytearray()
         self.refused = False  # answered 413 already: the rest of its body is dropped
         self.started = started  # the loop's time its HEADERS arrived (it has body_read_timeout_ms to end)
-
-
-class _Bridged:
-    """One stream served by the ASGI app: its ``receive`` and ``send``, the answer sent when complete."""
-
-    def __init__(self, session: H2Session, stream_id: int, body: bytes) -> None:
-        self.session = session
-        self.stream_id = stream_id
-        self.body: bytes | None = body  # None once handed to the app
-        self.left = asyncio.Event()  # the client reset the stream or the connection went away
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.response: bytes | bytearray = b""
-        self.complete = False
-
-    async def receive(self) -> dict[str, Any]:
-        body, self.body = self.body, None
-        if body is not None:
-            return {"type": "http.request", "body": body, "more_body": False}
-        await self.left.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if self.left.is_set() or self.complete:
-            return
-        if message["type"] == "http.response.start":
-            self.status = int(message["status"])
-            self.headers = [
-                (bytes(name).lower(), bytes(value))
-                for name, value in message.get("headers", ())
-                if bytes(name).lower() not in _CONNECTION_FIELDS
-            ]
-        elif message["type"] == "http.response.body":
-            body = message.get("body", b"")
-            if not self.response and type(body) is bytes:
-                # The common answer, one message: the app's bytes themselves. A long poll's body is
-                # shared by every stream answered alike (RenderedFetches); a copy per stream was
-                # two per stream (here, then bytes() of it): +530 MB for 100 streams of a cold
-                # service's 4 MB answers (the back-pressure report's h2c replay).
-                self.response = body
-            else:
-                if not isinstance(self.response, bytearray):
-                    self.response = bytearray(self.response)
-                self.response += body
-            if not message.get("more_body", False):
-                self.complete = True
-                self.left.set()  # a receive still awaited (a disconnect watcher) returns
-                self.session.bridged_done(self)
 
 
 class H2Session:
@@ -1048,81 +906,3 @@ class H2Session:
             self.conn.close_connection()
         self.flush()
         self.transport.close()
-
-
-class H2PriorKnowledge:
-    """Mixin for the service's uvicorn protocols: a connection opening with the HTTP/2 preface
-    is served by an :class:`H2Session`; any other stays HTTP/1.1, untouched (module docstring).
-
-    Set on the instance only for HTTP/2 connections (class defaults otherwise): an HTTP/1.1
-    connection carries no attribute more (see ``LongPollH11Protocol`` on instance dictionaries).
-    """
-
-    _h2: H2Session | None = None
-    _preface: bytes = b""  # the start of a preface split across reads
-
-    def data_received(self, data: bytes) -> None:
-        session = self._h2
-        if session is not None:
-            session.data_received(data)
-            return
-        if self._preface or (data[:1] == b"P" and self._before_first_request()):
-            data = self._preface + data
-            if len(data) < len(H2_PREFACE) and H2_PREFACE.startswith(data):
-                self._preface = data  # wait for the rest of it
-                return
-            if self._preface:
-                self._preface = b""
-            if data.startswith(H2_PREFACE):
-                self._start_h2(data)
-                return
-        super().data_received(data)  # type: ignore[misc]
-
-    def _before_first_request(self) -> bool:
-        """Nothing arrived on this connection yet: prior knowledge means the preface comes first."""
-        conn = getattr(self, "conn", None)
-        return (
-            conn is not None
-            and getattr(self, "cycle", None) is None
-            and conn.their_state is h11.IDLE
-            and conn.our_state is h11.IDLE
-            and not conn.trailing_data[0]
-            and not getattr(self, "_head_bytes", 0)
-        )
-
-    def _start_h2(self, data: bytes) -> None:
-        disarm = getattr(self, "_disarm_head_timer", None)
-        if disarm is not None:
-            disarm()  # h2 has no request head to trickle: the head timer is HTTP/1.1's
-        keep_alive = getattr(self, "timeout_keep_alive_task", None)
-        if keep_alive is not None:
-            keep_alive.cancel()
-        self._h2 = H2Session(self)
-        self._h2.data_received(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._h2 is not None:
-            self._h2.connection_lost()
-            # The session and this protocol refer to each other: without this edge a closed
-            # connection waited for a full collection (H2Session._free_buffers). Nothing calls
-            # data_received, resume_writing or shutdown on a protocol whose connection is lost.
-            self._h2 = None
-        super().connection_lost(exc)  # type: ignore[misc]
-
-    def shutdown(self) -> None:
-        if self._h2 is not None:
-            self._h2.shutdown()
-            return
-        super().shutdown()  # type: ignore[misc]
-
-    def resume_writing(self) -> None:
-        super().resume_writing()  # type: ignore[misc]
-        if self._h2 is not None:
-            self._h2.writing_resumed()
-
-
-def http2_capable(protocol: type[Any], endpoint: LongPollEndpoint | None = None) -> type[Any]:
-    """``protocol`` (a uvicorn h11 protocol class) accepting HTTP/2 with prior knowledge too,
-    serving ``endpoint`` (the app's; None: the one ``protocol`` has, else looked up in the app)."""
-    attributes = {} if endpoint is None else {"endpoint": endpoint}
-    return type(protocol.__name__, (H2PriorKnowledge, protocol), attributes)
