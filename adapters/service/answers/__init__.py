@@ -1,6 +1,8 @@
-"""Answers waiting to be written: the process-wide answer budget (``service.answer_budget_bytes``).
+"""Answers: what every protocol (the ASGI route, HTTP/1.1, HTTP/2) answers with, and what it may hold.
 
-An answer a client does not read at once stays with its connection; the budget bounds the bytes
-held that way across every protocol (HTTP/1.1, HTTP/2, the ASGI route) and refuses new long polls
-with 429 ``MEMORY_BUDGET_EXCEEDED`` while it is spent.
+A finished long poll's body rendered once and shared by every waiter answered alike
+(``RenderedFetches``); the request errors (a status and a JSON body naming the field at fault);
+the process-wide answer budget (``service.answer_budget_bytes``), which bounds the bytes of
+answers waiting for slow readers and refuses new long polls with 429 ``MEMORY_BUDGET_EXCEEDED``
+while it is spent.
 """
