@@ -9,15 +9,15 @@ polls below the ASGI app and HTTP/2 beside HTTP/1.1 (the fast paths)::
 or let ``purgatory run`` start a local Kafka, the service, and a short exercise of both. The plain
 ``uvicorn --factory purgatory.adapters.service:create_app`` serves every request through the
 ASGI app instead (no fast paths, no HTTP/2).
-See :mod:`._app` for the routes and :mod:`._gateway` for how requests become operations.
+See :mod:`.app._app` for the routes and :mod:`.app._gateway` for how requests become operations.
 """
 
-from ._app import create_app
-from ._errors import RequestError
-from ._fetch import OffLoopFetch
-from ._gateway import FETCH_PURGATORY, PRODUCE_PURGATORY, Gateway, resolve_bootstrap
-from ._redirect import Redirect, moved_answer, redirect_for
-from ._requests import FetchParams, ProduceRecordIn, ProduceRequest
+from ..kafka.ops._off_loop_fetch import OffLoopFetch  # DelayedFetch's variants sit with it
+from .answers._errors import RequestError
+from .app._app import create_app
+from .app._gateway import FETCH_PURGATORY, PRODUCE_PURGATORY, Gateway, resolve_bootstrap
+from .app._requests import FetchParams, ProduceRecordIn, ProduceRequest
+from .scaleout._redirect import Redirect, moved_answer, redirect_for
 
 __all__ = [
     "FETCH_PURGATORY",

@@ -1,7 +1,7 @@
 """``purgatory run``: the README's main command (entry point ``run`` in group ``purgatory.cli``).
 
 Kafka (a local cluster when none is configured), the example service, an HTTP exercise of it and
-a report — see :mod:`._main`. This module stays light: every ``purgatory`` invocation loads the
+a report — see :mod:`.server._main`. This module stays light: every ``purgatory`` invocation loads the
 CLI plugins, so the Kafka client, uvicorn and httpx are imported only when ``run`` runs. When one
 of them is not installed, importing this module fails and the core CLI falls back to its
 in-process demonstration as the main job.
@@ -32,7 +32,7 @@ def run(
     ] = 1,
 ) -> None:
     """Start Kafka (unless configured) and the example service, exercise it over HTTP, report."""
-    from ._main import main
+    from .server._main import main
 
     if not main(brokers):
         raise typer.Exit(1)

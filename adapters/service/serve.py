@@ -19,8 +19,8 @@ import uvicorn
 
 from purgatory.settings import ConfigError, load_settings
 
-from ._app import apply_log_settings, create_app
-from ._server import ReleasingServer, uvicorn_options
+from .app._app import apply_log_settings, create_app
+from .server._server import ReleasingServer, uvicorn_options
 
 __all__ = ["main"]
 
@@ -54,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings.model_copy(
             update={"scaleout": settings.scaleout.model_copy(update={"advertised_url": url})}
         )
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=args.host,
         port=args.port,
         fd=args.fd,
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         log_level="warning",
         timeout_graceful_shutdown=args.graceful_shutdown_s,
         backlog=args.backlog,
-        **uvicorn_options(settings.service),  # TLS, the request head's size and time bounds
+        # TLS, the request head's size and time bounds; the protocols get the app's endpoint.
+        **uvicorn_options(settings.service, app.state.endpoint),
     )
     ReleasingServer(config).run()
     return 0

@@ -36,7 +36,7 @@ from purgatory.settings import KafkaSettings, ScaleOutSettings
 from purgatory.testing import MockTimer
 
 if TYPE_CHECKING:
-    from purgatory.adapters.service._scaleout import ScaleOut
+    from purgatory.adapters.service.scaleout._scaleout import ScaleOut
 
 TOPIC = "orders"
 ME, OTHER = "http://127.0.0.1:8001", "http://127.0.0.1:8002"
@@ -125,7 +125,7 @@ class NoKeys:
 
 def service_scaleout(purgatory: DelayedOperationPurgatory[DelayedOperation]) -> ScaleOut:
     """The HTTP service's scale-out of this instance (ME) over ``purgatory``; nothing connects."""
-    from purgatory.adapters.service._scaleout import ScaleOut
+    from purgatory.adapters.service.scaleout._scaleout import ScaleOut
 
     from purgatory.settings import Settings
 
@@ -383,7 +383,7 @@ def test_a_moved_replication_wait_with_a_partition_of_unknown_epoch_is_answered_
     """One partition without an epoch before the append must not strip the others' fences: a
     query of bare offsets would let the new owner answer NONE for a record a leader change lost."""
     from purgatory.adapters.kafka import Appended, FetchedRecord, RecordIdentity
-    from purgatory.adapters.service._scaleout import replicated_query
+    from purgatory.adapters.service.scaleout._scaleout import replicated_query
 
     class NoRecords:
         def read(
@@ -404,7 +404,7 @@ def test_a_moved_replication_wait_with_a_partition_of_unknown_epoch_is_answered_
 def test_plain_target_offsets_moved_before_every_epoch_was_seen_travel_as_plain_targets(
     purgatory: DelayedOperationPurgatory[DelayedOperation],
 ) -> None:
-    from purgatory.adapters.service._scaleout import replicated_query
+    from purgatory.adapters.service.scaleout._scaleout import replicated_query
 
     op = DelayedReplication(FakeFacts(), {tp(1): 41, tp(0): 7}, delay_ms=30_000)
     query = replicated_query(op, 30_000)

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 from purgatory.adapters.kafka._metrics import AnswerCounts, KafkaCollector
-from purgatory.adapters.service._metrics import Answers, ServiceCollector
+from purgatory.adapters.service.app._metrics import Answers, ServiceCollector
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
 from purgatory.metrics import register_metrics

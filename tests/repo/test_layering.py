@@ -167,6 +167,18 @@ def test_the_kafka_adapter_does_not_import_the_service() -> None:
     assert problems == [], "the Kafka adapter importing the service:\n" + "\n".join(problems)
 
 
+def test_the_service_protocols_import_nothing_of_the_app() -> None:
+    """The HTTP/1.1 and HTTP/2 protocols get the app's LongPollEndpoint at construction
+    (adapters/service/http/_endpoint.py); they never reach into the ASGI app's modules."""
+
+    def app(target: str) -> bool:
+        room = "purgatory.adapters.service.app"
+        return target == room or target.startswith(room + ".")
+
+    problems = reaches(ROOT, "purgatory.adapters.service.http", app)
+    assert problems == [], "the protocols importing the app:\n" + "\n".join(problems)
+
+
 def test_the_private_check_sees_modules_and_names_of_adapters(tmp_path: Path) -> None:
     """The checker itself: a private module, a private name from a public module, a relative
     import inside the Kafka adapter that lands in the service."""

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from purgatory.adapters.service import Gateway, create_app
-from purgatory.adapters.service._app import LongPollRoute
-from purgatory.adapters.service._server import BackgroundServer
+from purgatory.adapters.service.app._long_poll_route import LongPollRoute
+from purgatory.adapters.service.server._server import BackgroundServer
 from starlette.applications import Starlette
 
 from purgatory.settings import KafkaSettings, Settings

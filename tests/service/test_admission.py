@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from purgatory.adapters.kafka.ops._off_loop_fetch import OffLoopFetch
 from purgatory.adapters.service import create_app
-from purgatory.adapters.service._fetch import OffLoopFetch
-from purgatory.adapters.service._server import BackgroundServer
+from purgatory.adapters.service.server._server import BackgroundServer
 
 from purgatory.settings import AdmissionSettings, KafkaSettings, Settings
 from tests.kafka.kafka_fixtures import TopicFactory

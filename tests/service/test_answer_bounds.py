@@ -28,7 +28,7 @@ from purgatory.adapters.kafka import (
 )
 from purgatory.adapters.kafka.clients._clients import READ_TIMEOUT_S
 from purgatory.adapters.service import create_app
-from purgatory.adapters.service._server import BackgroundServer
+from purgatory.adapters.service.server._server import BackgroundServer
 
 from purgatory.settings import KafkaSettings, Settings
 from tests.kafka.kafka_fixtures import RecordAppender, create_topic, wait_isr

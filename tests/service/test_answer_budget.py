@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from purgatory.adapters.service._answer_budget import AnswerBudget, HeldBodies, memory_budget_exceeded
+from purgatory.adapters.service.answers._budget import AnswerBudget, HeldBodies, memory_budget_exceeded
 
 
 def test_an_answer_shared_by_many_holders_is_counted_once() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from purgatory.adapters.service import create_app
-from purgatory.adapters.service._server import BackgroundServer
+from purgatory.adapters.service.server._server import BackgroundServer
 
 from purgatory.settings import KafkaSettings, ServiceSettings, Settings
 

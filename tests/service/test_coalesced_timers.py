@@ -11,7 +11,7 @@ import gc
 from collections.abc import Callable
 from typing import Any, cast
 
-from purgatory.adapters.service._coalesced_timers import (
+from purgatory.adapters.service.http.h1._coalesced_timers import (
     COMPACT_MIN_CANCELLED,
     GRANULARITY_S,
     CoalescedTimeout,

@@ -28,8 +28,8 @@ from purgatory.adapters.kafka import (
     TopicKey,
 )
 from purgatory.adapters.service import create_app
-from purgatory.adapters.service._requests import MAX_PRODUCE_BODY_BYTES
-from purgatory.adapters.service._server import BackgroundServer
+from purgatory.adapters.service.app._requests import MAX_PRODUCE_BODY_BYTES
+from purgatory.adapters.service.server._server import BackgroundServer
 
 from purgatory.settings import KafkaSettings, Settings
 from tests.kafka.kafka_fixtures import RecordAppender, create_topic

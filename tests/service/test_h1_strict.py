@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import structlog
-from purgatory.adapters.service._gateway import unreachable_offset
-from purgatory.adapters.service._h1_framing import head_problem
+from purgatory.adapters.service.app._gateway import unreachable_offset
+from purgatory.adapters.service.http.h1._framing import head_problem
 from structlog.testing import capture_logs
 
 from purgatory.settings import KafkaSettings, ServiceSettings, Settings

@@ -18,8 +18,8 @@ import h2.settings
 import pytest
 from h2.stream import StreamClosedBy, StreamState
 from purgatory.adapters.kafka import FetchedRecord, TopicPartitionKey
-from purgatory.adapters.service._app import RenderedFetches
-from purgatory.adapters.service._h2_answers import (
+from purgatory.adapters.service.answers._render import RenderedFetches
+from purgatory.adapters.service.http.h2._answers import (
     SharedH2Answer,
     SharedHeaderEncoder,
     plain_answers_allowed,

@@ -23,8 +23,8 @@ import h2.events
 import h2.settings
 import httpx
 import pytest
-from purgatory.adapters.service import _h2_long_poll
-from purgatory.adapters.service._h2_long_poll import (
+from purgatory.adapters.service.http.h2 import _long_poll as _h2_long_poll
+from purgatory.adapters.service.http.h2._long_poll import (
     CONTROL_FRAMES_PER_SECOND,
     H2_PREFACE,
     READ_PAUSE_BACKLOG,

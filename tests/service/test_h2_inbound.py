@@ -9,7 +9,7 @@ import struct
 
 import hpack
 import pytest
-from purgatory.adapters.service._h2_inbound import (
+from purgatory.adapters.service.http.h2._inbound import (
     CONTINUATION,
     DATA,
     HEADERS,

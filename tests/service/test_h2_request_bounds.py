@@ -19,8 +19,8 @@ import h2.connection
 import h2.errors
 import h2.events
 import pytest
-from purgatory.adapters.service import _h2_long_poll
-from purgatory.adapters.service._h2_long_poll import (
+from purgatory.adapters.service.http.h2 import _long_poll as _h2_long_poll
+from purgatory.adapters.service.http.h2._long_poll import (
     BUFFERED_BODY_BYTES,
     MAX_BRIDGED_BODY_BYTES,
     MAX_INCOMPLETE_REQUESTS,

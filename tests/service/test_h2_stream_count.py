@@ -11,7 +11,7 @@ import h2.connection
 import h2.exceptions
 import h2.settings
 import pytest
-from purgatory.adapters.service._h2_long_poll import STREAM_WALK_SLACK, H2ServerConnection
+from purgatory.adapters.service.http.h2._connection import STREAM_WALK_SLACK, H2ServerConnection
 
 REQUEST = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"t"), (b":path", b"/r")]
 

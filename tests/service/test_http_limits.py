@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from purgatory.adapters.service import create_app
-from purgatory.adapters.service._guards import CatchAll, UnexpectedErrors
-from purgatory.adapters.service._server import BackgroundServer
+from purgatory.adapters.service.app._guards import CatchAll, UnexpectedErrors
+from purgatory.adapters.service.server._server import BackgroundServer
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-from purgatory.adapters.service._head_timeout import HeadTimeoutH11Protocol
-from purgatory.adapters.service._long_poll import LongPollH11Protocol
-from purgatory.adapters.service._server import uvicorn_options
+from purgatory.adapters.service.http.h1._head_timeout import HeadTimeoutH11Protocol
+from purgatory.adapters.service.http.h1._long_poll import LongPollH11Protocol
+from purgatory.adapters.service.server._server import uvicorn_options
 
 from purgatory.settings import KafkaSettings, ServiceSettings, Settings
 
@@ -341,7 +341,8 @@ def test_two_servers_in_one_process_each_keep_their_apps_route(monkeypatch: pyte
     import gc
     import weakref
 
-    from purgatory.adapters.service import _long_poll, create_app
+    from purgatory.adapters.service import create_app
+    from purgatory.adapters.service.http.h1 import _long_poll
 
     settings = Settings(kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"))  # never connected
     apps = [create_app(settings), create_app(settings)]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from purgatory.adapters.kafka import DelayedFetch, ErrorCode, FetchedRecord, PartitionRead, TopicPartitionKey
-from purgatory.adapters.service._app import RenderedFetches, _fetch_json
+from purgatory.adapters.service.answers._render import RenderedFetches, _fetch_json
 
 from purgatory import Outcome
 

@@ -19,7 +19,7 @@ from purgatory.adapters.kafka import (
     RecordIdentity,
     TopicPartitionKey,
 )
-from purgatory.adapters.service._scaleout import replicated_query
+from purgatory.adapters.service.scaleout._scaleout import replicated_query
 
 from tests.kafka.kafka_fixtures import TopicFactory
 

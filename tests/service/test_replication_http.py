@@ -19,7 +19,7 @@ import httpx
 import pytest
 from purgatory.adapters.kafka import LocalKafkaCluster, TopicPartitionKey
 from purgatory.adapters.service import create_app
-from purgatory.adapters.service._server import BackgroundServer
+from purgatory.adapters.service.server._server import BackgroundServer
 
 from purgatory.settings import KafkaSettings, Settings
 from tests.kafka.kafka_fixtures import (

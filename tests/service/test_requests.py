@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from purgatory.adapters.service import FetchParams, Gateway, ProduceRequest, resolve_bootstrap
-from purgatory.adapters.service._errors import from_validation_error
-from purgatory.adapters.service._requests import (
+from purgatory.adapters.service.answers._errors import from_validation_error
+from purgatory.adapters.service.app._requests import (
     MAX_FETCH_BYTES,
     MAX_RECORDS_PER_PRODUCE,
     MAX_WAIT_MS_LIMIT,

@@ -41,7 +41,7 @@ def test_serve_applies_the_log_format_and_level(
 
 
 async def test_the_apps_lifespan_applies_log_settings_when_nobody_did(unconfigured: None) -> None:
-    from purgatory.adapters.service._app import apply_log_settings
+    from purgatory.adapters.service.app._app import apply_log_settings
 
     apply_log_settings(
         Settings.model_validate({"log": {"level": "WARNING", "format": "json"}}), override=False

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from purgatory.adapters.kafka import ProducerRecord, TopicPartitionKey
 from purgatory.adapters.service import Gateway, create_app
-from purgatory.adapters.service._requests import MAX_FETCH_BYTES, MAX_PRODUCE_BODY_BYTES
-from purgatory.adapters.service._server import BackgroundServer
+from purgatory.adapters.service.app._requests import MAX_FETCH_BYTES, MAX_PRODUCE_BODY_BYTES
+from purgatory.adapters.service.server._server import BackgroundServer
 
 from purgatory import Outcome
 from purgatory.settings import JournalSettings, KafkaSettings, Settings
@@ -340,7 +340,7 @@ async def test_closing_the_gateway_answers_every_waiting_poll(
 ) -> None:
     """The lifespan shutdown: a drain finishes waiting operations (EXPIRED) instead of leaving them."""
     topic = kafka_topic_factory(1)
-    from purgatory.adapters.service._requests import FetchParams
+    from purgatory.adapters.service.app._requests import FetchParams
 
     gateway = Gateway(service.settings)
     gateway.start()
@@ -417,7 +417,7 @@ async def test_reading_records_already_there_never_blocks_the_event_loop(
     service: Service, kafka_topic_factory: TopicFactory
 ) -> None:
     """The read of a fetch completed at submission happens off the loop: other tasks keep running."""
-    from purgatory.adapters.service._requests import FetchParams
+    from purgatory.adapters.service.app._requests import FetchParams
 
     topic = kafka_topic_factory(1)
     async with service.client() as client:

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
-from purgatory.adapters.service._metrics import Answers, CountAnswers, ServiceCollector, error_code_of
+from purgatory.adapters.service.app._metrics import Answers, CountAnswers, ServiceCollector, error_code_of
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route

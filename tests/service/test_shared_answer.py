@@ -1,4 +1,4 @@
-"""A key event's equal long polls share one answer (adapters/service/_fetch.py, module docstring).
+"""A key event's equal long polls share one answer (adapters/kafka/ops/_off_loop_fetch.py, module docstring).
 
 No Kafka: the offset index tests' fake view, a record cache fed as the tail feeds it (reads never
 reach a broker), a purgatory on a MockTimer, the feed driven by ``poll_once``, and the service's
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from purgatory.adapters.kafka import ErrorCode, FetchedRecord
 from purgatory.adapters.kafka.facts._record_cache import SharedReadReader
-from purgatory.adapters.service import _fetch
-from purgatory.adapters.service._fetch import OffLoopFetch
+from purgatory.adapters.kafka.ops import _off_loop_fetch as _fetch
+from purgatory.adapters.kafka.ops._off_loop_fetch import OffLoopFetch
 
 from purgatory import Outcome
 from purgatory.settings import KafkaSettings

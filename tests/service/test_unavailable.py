@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from purgatory.adapters.service import create_app
-from purgatory.adapters.service._server import BackgroundServer
+from purgatory.adapters.service.server._server import BackgroundServer
 
 from purgatory.settings import KafkaSettings, Settings
 

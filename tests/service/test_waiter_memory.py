@@ -25,7 +25,7 @@ from purgatory.adapters.kafka import (
 )
 from purgatory.adapters.kafka.facts import _keys
 from purgatory.adapters.kafka.facts._keys import INTERNED_KEYS, partition_key
-from purgatory.adapters.service._fetch import OffLoopFetch
+from purgatory.adapters.kafka.ops._off_loop_fetch import OffLoopFetch
 
 from purgatory import DelayedOperationPurgatory, Outcome
 

@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse, Response
 from purgatory import DelayedOperationPurgatory
 from purgatory.settings import Settings
 
-from ..kafka import (
+from ...kafka import (
     DIGEST_BYTES,
     DelayedFetch,
     DelayedReplication,
@@ -53,11 +53,10 @@ from ..kafka import (
     TopicPartitionKey,
     WatchedKeys,
 )
-from ..kafka.ops._off_loop import OffLoopReplication
-from ._errors import RequestError
-from ._fetch import OffLoopFetch
+from ...kafka.ops._owned import OwnedFetch, OwnedReplication
+from ..answers._errors import RequestError
+from ..app._requests import MAX_OFFSET, MAX_PARTITION
 from ._redirect import Redirect, redirect_for
-from ._requests import MAX_OFFSET, MAX_PARTITION
 
 __all__ = ["FORWARDED_HEADER", "OwnedFetch", "OwnedReplication", "ScaleOut", "ScaleOutCollector"]
 
@@ -76,19 +75,6 @@ _RECORD_IDENTITY = re.compile(
 FORWARD_CONNECT_TIMEOUT_S = 2.0  # an owner that does not accept a connection in 2 s is not serving
 _RELAYED_HEADERS = ("content-type", "location", "retry-after")  # from the owner's answer
 _FORWARDED_REQUEST_HEADERS = ("content-type", "authorization")  # from the client's request
-
-
-class OwnedFetch(OwnedOperation, OffLoopFetch):
-    """A long poll that moves when its partition does (see :class:`OwnedOperation`)."""
-
-
-class OwnedReplication(OwnedOperation, OffLoopReplication):
-    """A replication wait (``/replicated``) that moves when its partition does."""
-
-
-# Journals and analytics group operations by class name: to them these are Kafka's operations.
-OwnedFetch.__name__ = OwnedFetch.__qualname__ = "DelayedFetch"
-OwnedReplication.__name__ = OwnedReplication.__qualname__ = "DelayedReplication"
 
 
 def _answer(redirect: Redirect) -> Response:

@@ -3,7 +3,7 @@
 ``HeaderLimits`` refuses a request whose header block has more than ``max_header_count`` fields
 or more than ``max_header_bytes`` bytes with a JSON 431, before any route runs. uvicorn's h11
 already refuses a head larger than its ``h11_max_incomplete_event_size`` (the server is given
-``max_header_bytes``, see :mod:`._server`), but with a plain-text 400 and only by size; httptools
+``max_header_bytes``, see :mod:`..server._server`), but with a plain-text 400 and only by size; httptools
 has no limit at all. This guard holds whichever parser runs, and counts fields as well.
 
 ``CatchAll`` turns an exception no route handled into a JSON 500 and keeps the connection
@@ -25,16 +25,11 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..answers._errors import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY
+
 __all__ = ["UNEXPECTED_ERROR_BODY", "CatchAll", "HeaderLimits", "UnexpectedErrors", "header_fields_problem"]
 
 _log = structlog.get_logger("purgatory.service")
-
-REQUEST_HEADER_FIELDS_TOO_LARGE = 431  # RFC 6585
-UNEXPECTED_ERROR_BODY = {
-    "error": "UNKNOWN_SERVER_ERROR",
-    "field": None,
-    "message": "unexpected error (logged)",
-}
 
 
 def header_fields_problem(

@@ -4,12 +4,17 @@ Why: over HTTP/1.1 every waiting long poll holds a socket on the service *and* o
 the open-file limit caps the waiters of one process (20,000 here, ~18,000 long polls). Real
 clients multiplex: one HTTP/2 connection carries thousands of waiting streams.
 
-How: the service's uvicorn protocol (:class:`._long_poll.LongPollH11Protocol` or
-:class:`._head_timeout.HeadTimeoutH11Protocol`) gets the :class:`H2PriorKnowledge` mixin. When a
+How: the service's uvicorn protocol (:class:`..h1._long_poll.LongPollH11Protocol` or
+:class:`..h1._head_timeout.HeadTimeoutH11Protocol`) gets the :class:`H2PriorKnowledge` mixin. When a
 connection's first bytes are the HTTP/2 connection preface (``PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n``)
 the connection is handed to an :class:`H2Session` (the ``h2`` library's state machine: framing,
 HPACK, flow control, stream states); anything else is HTTP/1.1 exactly as before. TLS with ALPN
 ``h2`` is not offered (the service's TLS stays HTTP/1.1): h2c is for clients that know.
+
+This module is the session (its waiters, their batched answers, its limits); the preface
+sniffing is :mod:`._prior_knowledge`, the patched ``h2`` connection :mod:`._connection`, the
+frame and header bounds before ``h2`` parses :mod:`._inbound`, the shared answer frames
+:mod:`._answers`, and the streams the ASGI app serves :mod:`._bridge`.
 
 A stream that is ``GET /topics/{t}/partitions/{p}/records`` without a body is checked with the
 same code as the HTTP/1.1 fast path (header limits, authentication, the route's own match, the
@@ -21,7 +26,7 @@ is the route's 200 (the body bytes shared by every waiter answered the same), wr
 not fit waits for the client's WINDOW_UPDATE). The common answer does not go through ``h2``'s
 per-stream calls: its two frames are built once and each stream writes them with its own id,
 ``h2``'s stream state and windows recorded as its own calls would leave them
-(:mod:`._h2_answers`: ~6 µs of the loop per answer where ``send_headers`` + ``send_data`` took
+(:mod:`._answers`: ~6 µs of the loop per answer where ``send_headers`` + ``send_data`` took
 ~28). Answers of one batch wake-up are written with one ``transport.write`` per connection. A
 stream the client resets (RST_STREAM), or a connection that goes away, finishes its operation
 CANCELLED at once.
@@ -33,7 +38,7 @@ bridged to the ASGI app (``http_version`` "2" in its scope) with its body read i
 answers are the same status, headers and bytes as over HTTP/1.1 (tests/service/test_h2.py).
 
 Header blocks: HPACK is per connection and stateful, so equal headers normally encode to
-different bytes on each stream. :class:`._h2_answers.SharedHeaderEncoder` encodes without the
+different bytes on each stream. :class:`._answers.SharedHeaderEncoder` encodes without the
 dynamic table (static table and literals only: always allowed, RFC 7541 §4.2), so equal header
 lists encode to equal bytes, encoded once per process and reused on every stream of every
 connection.
@@ -73,42 +78,29 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
-import h11
 import structlog
 from starlette.responses import JSONResponse, Response
 
 from purgatory import Outcome
-from purgatory.settings import Settings
 
-from ..kafka import DelayedFetch, ErrorCode
-from ._answer_budget import HeldBodies
-from ._app import (
-    LongPollRoute,
-    RenderedFetches,
-    error_response,
-    fetch_response,
-)
-from ._errors import RequestError
-from ._gateway import Gateway
-from ._guards import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY
-from ._h2_answers import (
+from ....kafka import DelayedFetch, ErrorCode
+from ...answers._budget import HeldBodies
+from ...answers._errors import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY, RequestError
+from ...answers._render import error_response, fetch_response
+from ...settings import ServiceSettings
+from .._endpoint import LongPollEndpoint, PollWaits, endpoint_in
+from ..h1._long_poll import ANSWER_CHUNK
+from ._answers import (
     SharedH2Answer,
     SharedHeaderEncoder,
     plain_answers_allowed,
     record_plain_stream,
 )
-from ._h2_inbound import BoundedHeaderDecoder, InboundFrames
-from ._long_poll import ANSWER_CHUNK, _app_state, _checked_poll, _long_poll_route, _plain_get_headers
-from .settings import ServiceSettings
+from ._bridge import _Bridged
+from ._connection import H2ServerConnection, HeaderListTooLarge
+from ._inbound import InboundFrames
 
-__all__ = [
-    "H2_PREFACE",
-    "H2PriorKnowledge",
-    "H2ServerConnection",
-    "H2Session",
-    "HeaderListTooLarge",
-    "http2_capable",
-]
+__all__ = ["H2_PREFACE", "H2Session"]
 
 _log = structlog.get_logger("purgatory.service")
 
@@ -168,101 +160,8 @@ H2_IDLE_TIMEOUT_S = 60.0
 # filled the budget can still open streams and hear 429 + Retry-After (and reach /healthz),
 # instead of queueing unseen in its own connection pool.
 STREAM_HEADROOM = 100
-# HTTP/1.1 connection-specific fields HTTP/2 forbids (RFC 9113 §8.2.2): dropped from ASGI answers.
-_CONNECTION_FIELDS = frozenset(
-    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
-)
-# Streams a connection may hold past twice those left after its last walk before walking again
-# (H2ServerConnection): closed ones wait at most that long to be dropped.
-STREAM_WALK_SLACK = 64
 _STATUS = {status: str(status).encode() for status in range(100, 600)}
 _SHARED_ANSWER = SharedH2Answer()  # the last 200's frames: one loop thread per process
-
-
-class H2ServerConnection(h2.connection.H2Connection):
-    """``h2``'s connection whose check of SETTINGS_MAX_CONCURRENT_STREAMS does not walk every stream.
-
-    ``h2`` counts the open streams for each new one by walking all it holds (dropping the closed
-    ones as it goes): 1,000 streams opened on a connection were 500,000 steps, a third of the
-    loop's time registering 10,000 long polls (cProfile) — adding a waiter cost O(its connection's
-    streams). The count only decides whether one more stream is over the limit, and the streams
-    held bound the open ones from above: below the limit, that bound is the answer (no stream is
-    refused that ``h2`` would accept, nor accepted that it would refuse); at the limit, ``h2``'s
-    exact walk decides. The walk also runs whenever the streams held have doubled since the last
-    one (plus :data:`STREAM_WALK_SLACK`), so closed streams are still dropped, at O(1) amortised.
-    """
-
-    _held_after_walk = 0  # streams held right after the last walk
-    _counted = False  # inside _receive_headers_frame: the stream limit was decided already
-    refused = 0  # streams refused past SETTINGS_MAX_CONCURRENT_STREAMS (the session counts them as a flood)
-
-    def __init__(self, config: h2.config.H2Configuration) -> None:
-        super().__init__(config)
-        # h2's decoder enforces its own 64 KiB default, not the list size advertised (the session
-        # sets that); this one refuses an oversized list as a stream's error (_h2_inbound).
-        self.decoder = BoundedHeaderDecoder(self.DEFAULT_MAX_HEADER_LIST_SIZE)
-
-    @property
-    def open_inbound_streams(self) -> int:
-        if self._counted:
-            return 0  # decided by _receive_headers_frame before it let h2 open the stream
-        held = len(self.streams)
-        if (
-            held < self.local_settings.max_concurrent_streams
-            and held < 2 * self._held_after_walk + STREAM_WALK_SLACK
-        ):
-            return held  # >= the open ones, and under the limit: the answer h2 needs (class docstring)
-        count = super().open_inbound_streams
-        self._held_after_walk = len(self.streams)
-        return count
-
-    def _receive_headers_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
-        """As ``h2``'s, but a stream past the limit and a header list past its size are stream errors.
-
-        ``h2`` raises TooManyStreamsError for a stream past SETTINGS_MAX_CONCURRENT_STREAMS: a
-        connection error, GOAWAY, and every waiting long poll of the connection dropped. RFC 9113
-        §5.1.2 wants that stream refused alone (RST_STREAM REFUSED_STREAM: the client may retry
-        it). Its header block is still decoded (the HPACK table is the connection's, §4.3), so
-        the stream is opened as ``h2`` would open it, then reset, and its events dropped.
-        A header list over SETTINGS_MAX_HEADER_LIST_SIZE (:class:`BoundedHeaderDecoder`) becomes a
-        :class:`HeaderListTooLarge` in place of its request's events: the session answers 431.
-        """
-        stream_id = frame.stream_id
-        new = stream_id not in self.streams
-        refuse = new and self.open_inbound_streams + 1 > self.local_settings.max_concurrent_streams
-        decoder = self.decoder
-        assert isinstance(decoder, BoundedHeaderDecoder), "set in __init__; test_h2_hostile_clients"
-        # A new stream's oversized list stands in as a minimal valid request (h2 validates it);
-        # trailers (the stream exists) as no fields at all.
-        decoder.stand_in = _STAND_IN_REQUEST if new else []
-        self._counted = True
-        try:
-            frames, events = super()._receive_headers_frame(frame)
-        finally:
-            self._counted = False
-            oversized, decoder.oversized = decoder.oversized, False
-        if refuse:
-            self.refused += 1
-            self.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-            return frames, []
-        if oversized:
-            return frames, [HeaderListTooLarge(stream_id, "END_STREAM" in frame.flags)]
-        return frames, events
-
-
-# What an oversized request's header list is replaced by inside h2 (never served: the session
-# answers HeaderListTooLarge instead): the fewest fields RFC 9113 §8.3.1 requires of a request,
-# and the :authority h2 insists on.
-_STAND_IN_REQUEST = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"-"), (b":path", b"/")]
-
-
-class HeaderListTooLarge(h2.events.Event):
-    """A request's (or its trailers') header list over SETTINGS_MAX_HEADER_LIST_SIZE, decoded and
-    dropped; in place of the RequestReceived / TrailersReceived (and StreamEnded) h2 would give."""
-
-    def __init__(self, stream_id: int, stream_ended: bool) -> None:
-        self.stream_id = stream_id
-        self.stream_ended = stream_ended  # the client sent its whole request: no RST_STREAM needed
 
 
 class _H2Waiter:
@@ -274,7 +173,7 @@ class _H2Waiter:
         self,
         session: H2Session,
         stream_id: int,
-        gateway: Gateway,
+        gateway: PollWaits,
         topic: str,
         partition: int,
         offset: int | None,
@@ -314,54 +213,6 @@ class _H2Request:
         self.started = started  # the loop's time its HEADERS arrived (it has body_read_timeout_ms to end)
 
 
-class _Bridged:
-    """One stream served by the ASGI app: its ``receive`` and ``send``, the answer sent when complete."""
-
-    def __init__(self, session: H2Session, stream_id: int, body: bytes) -> None:
-        self.session = session
-        self.stream_id = stream_id
-        self.body: bytes | None = body  # None once handed to the app
-        self.left = asyncio.Event()  # the client reset the stream or the connection went away
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.response: bytes | bytearray = b""
-        self.complete = False
-
-    async def receive(self) -> dict[str, Any]:
-        body, self.body = self.body, None
-        if body is not None:
-            return {"type": "http.request", "body": body, "more_body": False}
-        await self.left.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if self.left.is_set() or self.complete:
-            return
-        if message["type"] == "http.response.start":
-            self.status = int(message["status"])
-            self.headers = [
-                (bytes(name).lower(), bytes(value))
-                for name, value in message.get("headers", ())
-                if bytes(name).lower() not in _CONNECTION_FIELDS
-            ]
-        elif message["type"] == "http.response.body":
-            body = message.get("body", b"")
-            if not self.response and type(body) is bytes:
-                # The common answer, one message: the app's bytes themselves. A long poll's body is
-                # shared by every stream answered alike (RenderedFetches); a copy per stream was
-                # two per stream (here, then bytes() of it): +530 MB for 100 streams of a cold
-                # service's 4 MB answers (the back-pressure report's h2c replay).
-                self.response = body
-            else:
-                if not isinstance(self.response, bytearray):
-                    self.response = bytearray(self.response)
-                self.response += body
-            if not message.get("more_body", False):
-                self.complete = True
-                self.left.set()  # a receive still awaited (a disconnect watcher) returns
-                self.session.bridged_done(self)
-
-
 class H2Session:
     """One HTTP/2 connection: ``h2``'s state machine, its waiting streams and its bridged ones.
 
@@ -374,14 +225,15 @@ class H2Session:
         self.protocol = protocol  # the uvicorn protocol the transport calls (app, state, transport)
         self.transport: asyncio.Transport = protocol.transport
         self.loop: asyncio.AbstractEventLoop = protocol.loop
-        self.route: LongPollRoute | None = _long_poll_route(protocol.app)
+        # The app's endpoint, handed to the protocol class by the server (else looked up in the app
+        # it serves); its long-poll route only while the fast path is on.
+        endpoint: LongPollEndpoint | None = getattr(protocol, "endpoint", None) or endpoint_in(protocol.app)
+        self.route = endpoint if endpoint is not None and endpoint.serves_long_polls else None
         # The app's shared answers, looked up once: Starlette's ``app.state`` answers each
         # attribute through a Python-level __getattr__ (once per answer of a burst, before).
-        self.rendered: RenderedFetches | None = (
-            None if self.route is None else self.route.app.state.rendered_fetches
-        )
+        self.rendered = None if self.route is None else self.route.rendered
         # The app's settings, the very object its gateway admits by (None: not our app).
-        settings = _app_state(protocol.app, "settings", Settings)
+        settings = None if endpoint is None else endpoint.settings
         config = h2.config.H2Configuration(
             client_side=False,
             header_encoding=None,
@@ -410,8 +262,7 @@ class H2Session:
         self.requests: dict[int, _H2Request] = {}
         self.bridged: dict[int, _Bridged] = {}
         # Counted in the gateway's answer budget while held (._answer_budget).
-        gateway = _app_state(protocol.app, "gateway", Gateway)
-        self.blocked = HeldBodies(None if gateway is None else gateway.answer_budget)
+        self.blocked = HeldBodies(None if endpoint is None else endpoint.answer_budget())
         # True when a body waits in ``blocked`` for the transport to drain, not for a window.
         self.backlogged = False
         self.closing = False  # graceful shutdown: new streams refused, GOAWAY once the last is answered
@@ -677,12 +528,12 @@ class H2Session:
         """Park the stream if it is a long poll the fast path serves (as ``LongPollH11Protocol._take``)."""
         route = self.route
         assert route is not None
-        if not _plain_get_headers(route, headers):
+        if not route.plain_get_headers(headers):
             return False
         scope = self._scope(pseudo, headers)
         if scope is None:
             return False
-        poll = _checked_poll(route, scope)
+        poll = route.checked_poll(scope)
         if poll is None:
             return False
         gateway, topic, partition, params = poll
@@ -750,7 +601,7 @@ class H2Session:
                     self._respond_with(stream_id, self._unexpected())
         _SHARED_ANSWER.answers += answered
         if answered and self.route is not None:
-            self.route.app.state.answers.count(200, None, answered)
+            self.route.count_answers(200, None, answered)
         self.flush()
         self._close_if_done()
 
@@ -803,23 +654,22 @@ class H2Session:
 
     def _fetch_response(self, waiter: _H2Waiter, op: DelayedFetch) -> Response:
         assert self.route is not None
-        rendered: RenderedFetches = self.route.app.state.rendered_fetches
-        response = fetch_response(rendered, waiter.topic, waiter.partition, op)
+        response = fetch_response(self.route.rendered, waiter.topic, waiter.partition, op)
         body = response.body
         if len(body) > ANSWER_CHUNK:  # may wait in ``blocked`` for the client: within the answer budget
             waiter.gateway.check_answer_fits(bytes(body))
         return response
 
     def _unexpected(self) -> Response:
-        """As :class:`._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
+        """As the app's catch-all (``CatchAll``): a bug answered as a JSON 500, counted, logged."""
         assert self.route is not None
-        self.route.app.state.unexpected_errors.count += 1
+        self.route.count_unexpected_error()
         _log.exception("request_failed_unexpectedly", method="GET", fast_path=True, http_version="2")
         return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
 
     def _respond_with(self, stream_id: int, response: Response) -> None:
         if self.route is not None:  # answered below the app: counted here, not by CountAnswers
-            self.route.app.state.answers.count(response.status_code, response.body)
+            self.route.count_answers(response.status_code, response.body)
         self._respond(stream_id, response.status_code, response.raw_headers, bytes(response.body))
 
     def _respond(
@@ -1056,79 +906,3 @@ class H2Session:
             self.conn.close_connection()
         self.flush()
         self.transport.close()
-
-
-class H2PriorKnowledge:
-    """Mixin for the service's uvicorn protocols: a connection opening with the HTTP/2 preface
-    is served by an :class:`H2Session`; any other stays HTTP/1.1, untouched (module docstring).
-
-    Set on the instance only for HTTP/2 connections (class defaults otherwise): an HTTP/1.1
-    connection carries no attribute more (see ``LongPollH11Protocol`` on instance dictionaries).
-    """
-
-    _h2: H2Session | None = None
-    _preface: bytes = b""  # the start of a preface split across reads
-
-    def data_received(self, data: bytes) -> None:
-        session = self._h2
-        if session is not None:
-            session.data_received(data)
-            return
-        if self._preface or (data[:1] == b"P" and self._before_first_request()):
-            data = self._preface + data
-            if len(data) < len(H2_PREFACE) and H2_PREFACE.startswith(data):
-                self._preface = data  # wait for the rest of it
-                return
-            if self._preface:
-                self._preface = b""
-            if data.startswith(H2_PREFACE):
-                self._start_h2(data)
-                return
-        super().data_received(data)  # type: ignore[misc]
-
-    def _before_first_request(self) -> bool:
-        """Nothing arrived on this connection yet: prior knowledge means the preface comes first."""
-        conn = getattr(self, "conn", None)
-        return (
-            conn is not None
-            and getattr(self, "cycle", None) is None
-            and conn.their_state is h11.IDLE
-            and conn.our_state is h11.IDLE
-            and not conn.trailing_data[0]
-            and not getattr(self, "_head_bytes", 0)
-        )
-
-    def _start_h2(self, data: bytes) -> None:
-        disarm = getattr(self, "_disarm_head_timer", None)
-        if disarm is not None:
-            disarm()  # h2 has no request head to trickle: the head timer is HTTP/1.1's
-        keep_alive = getattr(self, "timeout_keep_alive_task", None)
-        if keep_alive is not None:
-            keep_alive.cancel()
-        self._h2 = H2Session(self)
-        self._h2.data_received(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._h2 is not None:
-            self._h2.connection_lost()
-            # The session and this protocol refer to each other: without this edge a closed
-            # connection waited for a full collection (H2Session._free_buffers). Nothing calls
-            # data_received, resume_writing or shutdown on a protocol whose connection is lost.
-            self._h2 = None
-        super().connection_lost(exc)  # type: ignore[misc]
-
-    def shutdown(self) -> None:
-        if self._h2 is not None:
-            self._h2.shutdown()
-            return
-        super().shutdown()  # type: ignore[misc]
-
-    def resume_writing(self) -> None:
-        super().resume_writing()  # type: ignore[misc]
-        if self._h2 is not None:
-            self._h2.writing_resumed()
-
-
-def http2_capable(protocol: type[Any]) -> type[Any]:
-    """``protocol`` (a uvicorn h11 protocol class) accepting HTTP/2 with prior knowledge too."""
-    return type(protocol.__name__, (H2PriorKnowledge, protocol), {})

@@ -1,7 +1,7 @@
 """HTTP/2 answers of the long-poll route as shared frames: the stream id is all that differs.
 
 Why: a record appended to a partition answers every long poll waiting there with the same 200 —
-same headers, same body bytes (:class:`._app.RenderedFetches`). Through the ``h2`` library each
+same headers, same body bytes (:class:`...answers._render.RenderedFetches`). Through the ``h2`` library each
 stream's answer was a ``send_headers`` and a ``send_data``: its stream and connection state
 machines, its frame objects and their serialisation, ~20 µs of the loop's time per answer
 (cProfile, 10,000 streams). Here the HEADERS and DATA frames of that answer are built once,
@@ -23,7 +23,7 @@ Why it is still HTTP/2 as ``h2`` would write it:
   closed itself, and ``h2`` drops it from its table as it drops its own closed streams.
 
 Anything else (an error answer, an answer larger than a window or a frame, a connection the
-client said GOAWAY on) goes through ``h2`` as before (:class:`._h2_long_poll.H2Session`).
+client said GOAWAY on) goes through ``h2`` as before (:class:`._long_poll.H2Session`).
 
 Concurrency contract: the event loop's thread only, as the sessions that call it.
 """
@@ -39,11 +39,11 @@ import hpack
 from h2.connection import ConnectionState
 from h2.stream import StreamClosedBy, StreamState
 
-from ._app import fetch_body_response
+from ...answers._render import fetch_body_response
 
 if TYPE_CHECKING:
-    from ..kafka import DelayedFetch
-    from ._app import RenderedFetches
+    from ....kafka import DelayedFetch
+    from ...answers._render import RenderedFetches
 
 __all__ = [
     "SharedH2Answer",
@@ -145,7 +145,7 @@ class SharedAnswerFrames:
 class SharedH2Answer:
     """The last 200's frames, rebuilt when its body or uvicorn's default headers change.
 
-    Keyed on identity, as :class:`._long_poll._SharedAnswer`: every waiter of a burst gets the
+    Keyed on identity, as :class:`..h1._long_poll._SharedAnswer`: every waiter of a burst gets the
     same body object, and uvicorn replaces its default headers (a new list) when the date changes.
     """
 

@@ -24,10 +24,11 @@ from typing import Any, Self
 import structlog
 import uvicorn
 
-from ._h2_long_poll import http2_capable
-from ._head_timeout import head_timeout_protocol
-from ._long_poll import long_poll_protocol
-from .settings import ServiceSettings
+from ..http._endpoint import LongPollEndpoint, endpoint_in
+from ..http.h1._head_timeout import head_timeout_protocol
+from ..http.h1._long_poll import long_poll_protocol
+from ..http.h2._prior_knowledge import http2_capable
+from ..settings import ServiceSettings
 
 __all__ = ["BackgroundServer", "ReleasingServer", "ServerStartError", "uvicorn_options"]
 
@@ -39,7 +40,7 @@ _log = structlog.get_logger("purgatory.service")
 STARTED_POLL_S = 0.02  # uvicorn exposes startup as a flag, not an event: poll it, bounded
 
 
-def uvicorn_options(service: ServiceSettings) -> dict[str, Any]:
+def uvicorn_options(service: ServiceSettings, endpoint: LongPollEndpoint | None = None) -> dict[str, Any]:
     """``uvicorn.Config`` keyword arguments from the ``service.*`` settings.
 
     The same options exist on uvicorn's command line (``--ssl-certfile``, ``--ssl-keyfile``,
@@ -56,12 +57,14 @@ def uvicorn_options(service: ServiceSettings) -> dict[str, Any]:
         # installed: the size bound above is h11's.
         # With service.fast_long_poll, the same protocol also serves idle long polls itself
         # (._long_poll: a waiting poll holds no task; anything else goes through the app).
-        "http": (long_poll_protocol if service.fast_long_poll else head_timeout_protocol)(
-            service.head_read_timeout_ms / 1000.0
+        "http": (
+            long_poll_protocol(service.head_read_timeout_ms / 1000.0, endpoint)
+            if service.fast_long_poll
+            else head_timeout_protocol(service.head_read_timeout_ms / 1000.0)
         ),
     }
-    if service.http2:  # h2c with prior knowledge on the same port (._h2_long_poll)
-        options["http"] = http2_capable(options["http"])
+    if service.http2:  # h2c with prior knowledge on the same port (..http.h2)
+        options["http"] = http2_capable(options["http"], endpoint)
     if service.tls_certfile is not None:
         options |= {
             "ssl_certfile": service.tls_certfile,
@@ -121,7 +124,7 @@ class BackgroundServer:
             log_level=log_level,
             lifespan="on",
             timeout_graceful_shutdown=graceful_shutdown_s,
-            **uvicorn_options(service),
+            **uvicorn_options(service, endpoint_in(app)),  # the protocols get the app's endpoint
         )
         self.server: uvicorn.Server = ReleasingServer(config)
         self.scheme = "https" if service.tls_certfile is not None else "http"

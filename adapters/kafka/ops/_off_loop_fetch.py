@@ -49,7 +49,8 @@ import structlog
 
 from purgatory import Outcome
 
-from ..kafka import DelayedFetch, ErrorCode
+from ._fetch import DelayedFetch
+from ._results import ErrorCode
 
 __all__ = ["OffLoopFetch"]
 

@@ -33,14 +33,14 @@ from rich.table import Table
 
 from purgatory.settings import ConfigError, Settings, load_settings
 
-from ..kafka import (
+from ...kafka import (
     KafkaAdapterError,
     KafkaClusterHandle,
     client_config,
     configured_bootstrap,
     provide_cluster,
 )
-from ._app import create_app
+from ..app._app import create_app
 from ._server import BackgroundServer
 
 __all__ = ["Expectation", "main"]

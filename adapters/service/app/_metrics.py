@@ -26,8 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..kafka import TopicPartitionKey
-from ..kafka._metrics import feed_health
+from ...kafka import TopicPartitionKey
+from ...kafka._metrics import feed_health
 from ._gateway import Gateway
 
 __all__ = ["Answers", "CountAnswers", "ServiceCollector", "error_code_of"]

@@ -6,15 +6,15 @@ the middlewares' send wrappers and h11's state machine, and makes two writes: ~2
 per waiter (``purgatory bench fanout``, docs/performance.md). Here, once h11 has parsed a request
 head, a ``GET /topics/{t}/partitions/{p}/records`` is taken by the protocol itself:
 
-* checked with the ASGI path's own code — the header limits (:func:`._guards.header_fields_problem`),
-  the :class:`Authenticator` its middleware asks, the very Starlette :class:`Route` it matches,
-  :func:`._app.checked_topic` (topic policy), :func:`._app.checked_partition`,
-  :func:`._app.fetch_params`, and :meth:`Gateway.fetch_then_call` (admission and its 429, the
-  ``max_wait_ms`` clamp, the same operation);
+* checked with the ASGI path's own code, through the app's endpoint the server handed to this
+  class (:class:`..._endpoint.LongPollEndpoint`: this module imports nothing of the app) — the
+  header limits, the :class:`Authenticator` its middleware asks, the very Starlette route it
+  matches, the topic policy, the partition, the query, and ``gateway.fetch_then_call``
+  (admission and its 429, the ``max_wait_ms`` clamp, the same operation);
 * parked: the connection's protocol holds the operation; nothing else waits (no task, no future);
 * answered from the batch wake-up (:class:`LoopHandoff`): the callback renders the answer through
-  the route's :func:`._app.fetch_response` (the body shared by every waiter answered the same,
-  and the whole response's bytes shared too) and writes it in one call.
+  the route's :class:`...answers._render.RenderedFetches` (the body shared by every waiter
+  answered the same, and the whole response's bytes shared too) and writes it in one call.
 
 Anything else — another route, a refusal (4xx), a request this path does not take (a body,
 ``Connection: close``, HTTP/1.0, ``Expect``, an upgrade, proxy headers, metadata or the high
@@ -44,56 +44,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, cast
 from urllib.parse import unquote
 
 import h11
 import structlog
-from pydantic import ValidationError
-from starlette.datastructures import QueryParams
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Match
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import STATUS_PHRASES
 from uvicorn.protocols.utils import get_path_with_query_string
 
-from ..kafka import DelayedFetch
-from ._app import (
-    LongPollRoute,
-    RenderedFetches,
-    checked_partition,
-    checked_topic,
-    error_response,
-    fetch_body_response,
-    fetch_params,
-)
+from ....kafka import DelayedFetch
+from ...answers._errors import UNEXPECTED_ERROR_BODY, RequestError
+from ...answers._render import error_response, fetch_body_response
+from .._endpoint import LongPollEndpoint, PollWaits, app_state
 from ._coalesced_timers import coalesced_timers
-from ._errors import RequestError
-from ._gateway import Gateway
-from ._guards import UNEXPECTED_ERROR_BODY, header_fields_problem
-from ._h1_framing import StrictH11Connection
+from ._framing import StrictH11Connection
 from ._head_timeout import HeadTimeoutH11Protocol
-from ._requests import FetchParams
 
 __all__ = ["LongPollH11Protocol", "http11_response", "long_poll_protocol"]
 
 _log = structlog.get_logger("purgatory.service")
 
-# Request headers that make a long poll the ASGI path's: a body or its framing, a wish to close
-# or upgrade, 100-continue, and the proxy headers uvicorn's ProxyHeadersMiddleware reads (they may
-# change the scheme authentication looks at).
-_NOT_OURS = frozenset(
-    {b"transfer-encoding", b"expect", b"upgrade", b"forwarded", b"x-forwarded-for", b"x-forwarded-proto"}
-)
-# How deep the app may sit inside uvicorn's wrappers (proxy headers, message logger).
-_MAX_WRAPPERS = 8
 # An answer is handed to the transport at most this much at a time, and the next piece only once
 # the transport's buffer is empty again. asyncio (3.11) *copies* what the socket does not take at
 # once into a per-connection buffer: a whole 21 MB answer shared by 1,000 slow or idle clients
 # was 21 GB of copies (tools/bench/service/min_bytes_flood.py, the memory-runaway report). Piece by
 # piece, a connection's own bytes stay under one chunk; the shared answer is held once.
 ANSWER_CHUNK = 64 * 1024
-_T = TypeVar("_T")
 
 
 def http11_response(response: Response, default_headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -135,7 +113,7 @@ class _Parked:
 
     __slots__ = ("answer", "gateway", "offset", "op", "pipelined", "sent", "target")
 
-    def __init__(self, gateway: Gateway, op: DelayedFetch, offset: int | None, target: str | None) -> None:
+    def __init__(self, gateway: PollWaits, op: DelayedFetch, offset: int | None, target: str | None) -> None:
         self.gateway = gateway  # its lifespan drops it from the app's state before draining
         self.op = op
         self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
@@ -235,7 +213,10 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
     # The (app, route) looked up last, set on the connection's class: long_poll_protocol() makes a
     # class per server, so two servers of two apps in one process neither share nor evict each
     # other's entry, and the app is held as long as its server's class, not by the module for ever.
-    _route_cache: tuple[Any, LongPollRoute | None] = (None, None)
+    _route_cache: tuple[Any, LongPollEndpoint | None] = (None, None)
+    # The app's endpoint, handed over by the server that made this class (long_poll_protocol):
+    # None only for a class made without one, which looks it up in its app (_route_cache).
+    endpoint: LongPollEndpoint | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -244,7 +225,10 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             self.flow = cast(FlowControl, _LazyFlowControl(transport))
 
     @property
-    def _route(self) -> LongPollRoute | None:
+    def _route(self) -> LongPollEndpoint | None:
+        endpoint = self.endpoint
+        if endpoint is not None:
+            return endpoint if endpoint.serves_long_polls else None
         # Looked up once per app, not per answer (walking uvicorn's wrappers was ~2 µs of each).
         app, route = self._route_cache
         if app is not self.app:
@@ -314,7 +298,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         if event.method != b"GET" or event.http_version != b"1.1":
             return False
         headers = [(name.lower(), value) for name, value in event.headers]
-        if not _plain_get_headers(route, headers):
+        if not route.plain_get_headers(headers):
             return False
         raw_path, _, query_string = event.target.partition(b"?")
         try:
@@ -330,7 +314,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             "headers": headers,
             "scheme": self.scheme,
         }
-        poll = _checked_poll(route, scope)
+        poll = route.checked_poll(scope)
         if poll is None:
             return False
         gateway, topic, partition, params = poll
@@ -392,12 +376,11 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             self._respond(parked, data)
 
     def _fetch_answer(self, parked: _Parked) -> bytes:
-        """The 200's bytes, as the route's :func:`._app.fetch_response` renders them (see _SharedAnswer)."""
+        """The 200's bytes, as the route renders them (fetch_response; _SharedAnswer)."""
         route = self._route
         assert route is not None
-        rendered: RenderedFetches = route.app.state.rendered_fetches
         key = parked.op.parts[0].key
-        body = rendered.body(key.topic, key.partition, parked.op)
+        body = route.rendered.body(key.topic, key.partition, parked.op)
         data = _SHARED_ANSWER.bytes_for(body, self.server_state.default_headers)
         if len(data) > ANSWER_CHUNK:  # held while written piece by piece: within the answer budget
             parked.gateway.check_answer_fits(data)
@@ -407,17 +390,17 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         return http11_response(response, self.server_state.default_headers)
 
     def _unexpected(self, parked: _Parked) -> Response:
-        """As :class:`._guards.CatchAll`: a bug answered as a JSON 500, counted, logged."""
+        """As the app's catch-all (``CatchAll``): a bug answered as a JSON 500, counted, logged."""
         route = self._route
         assert route is not None
-        route.app.state.unexpected_errors.count += 1
+        route.count_unexpected_error()
         _log.exception("request_failed_unexpectedly", method="GET", path=parked.target, fast_path=True)
         return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
 
     def _respond(self, parked: _Parked, data: bytes) -> None:
         route = self._route
         if route is not None:
-            route.app.state.answers.count_http11(data)
+            route.count_http11(data)
         if len(data) <= ANSWER_CHUNK:
             self.transport.write(data)
             self._answered(parked, data)
@@ -567,76 +550,15 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
 _SHARED_ANSWER = _SharedAnswer()
 
 
-def _app_state(app: Any, name: str, kind: type[_T]) -> _T | None:
-    """The app's ``state.<name>`` if it is a ``kind``, looked up through uvicorn's wrappers."""
-    for _ in range(_MAX_WRAPPERS):
-        value = getattr(getattr(app, "state", None), name, None)
-        if isinstance(value, kind):
-            return value
-        app = getattr(app, "app", None)
-        if app is None:
-            return None
-    return None
+def _long_poll_route(app: Any) -> LongPollEndpoint | None:
+    """The app's long-poll endpoint, looked up through uvicorn's wrappers (None: serve all by ASGI)."""
+    return app_state(app, "long_poll", LongPollEndpoint)  # type: ignore[type-abstract]
 
 
-def _long_poll_route(app: Any) -> LongPollRoute | None:
-    """The app's :class:`LongPollRoute`, looked up through uvicorn's wrappers (None: serve all by ASGI)."""
-    return _app_state(app, "long_poll", LongPollRoute)
-
-
-def _plain_get_headers(route: LongPollRoute, headers: list[tuple[bytes, bytes]]) -> bool:
-    """The request's (lowercased) header fields leave it to the fast path: no body or its framing,
-    no wish to close or upgrade, no 100-continue or proxy header (``_NOT_OURS``), and within the
-    header limits the ASGI path's guard checks. HTTP/1.1's and HTTP/2's fast paths both ask this
-    (an HTTP/2 request never has ``connection``: RFC 9113 §8.2.2, h2 rejects it as a protocol error).
-    """
-    for name, value in headers:
-        if name in _NOT_OURS:
-            return False
-        if name == b"connection" and b"close" in value.lower():
-            return False
-        if name == b"content-length" and value.strip() != b"0":
-            return False
-    service = route.settings.service
-    return header_fields_problem(headers, service.max_header_count, service.max_header_bytes) is None
-
-
-class _CheckedPoll(NamedTuple):
-    """A long poll that passed the route's checks, ready for :meth:`Gateway.fetch_then_call`."""
-
-    gateway: Gateway
-    topic: str
-    partition: int
-    params: FetchParams
-
-
-def _checked_poll(route: LongPollRoute, scope: dict[str, Any]) -> _CheckedPoll | None:
-    """``scope``'s long poll checked as the ASGI path checks it, before admission; None: the ASGI
-    path's (it gives a refusal its answer).
-
-    The checks: authentication, the very route's match, the gateway serving, the topic policy,
-    the partition, the query. Shared by the HTTP/1.1 and HTTP/2 fast paths; each
-    then submits with its own callback (admission's 429 is :meth:`Gateway.fetch_then_call`'s).
-    """
-    if not route.authenticator.admits(scope):
-        return None
-    match, child = route.route.matches(scope)
-    if match is not Match.FULL:
-        return None
-    state = route.app.state
-    gateway: Gateway | None = getattr(state, "gateway", None)
-    if gateway is None or not gateway.serving:
-        return None
-    try:
-        path_params = child["path_params"]
-        topic = checked_topic(str(path_params["topic"]), state.topic_policy)
-        partition = checked_partition(str(path_params["partition"]))
-        params = fetch_params(QueryParams(scope["query_string"]))
-    except (RequestError, ValidationError):
-        return None  # the ASGI path answers it, with the same checks
-    return _CheckedPoll(gateway, topic, partition, params)
-
-
-def long_poll_protocol(head_timeout_s: float) -> type[LongPollH11Protocol]:
-    """The protocol class for uvicorn's ``http`` option: head time bound plus the long-poll path."""
-    return type("LongPollH11Protocol", (LongPollH11Protocol,), {"head_timeout_s": float(head_timeout_s)})
+def long_poll_protocol(
+    head_timeout_s: float, endpoint: LongPollEndpoint | None = None
+) -> type[LongPollH11Protocol]:
+    """The protocol class for uvicorn's ``http`` option: head time bound plus the long-poll path,
+    serving the long polls of ``endpoint`` (the app's; None: looked up in the app it serves)."""
+    attributes = {"head_timeout_s": float(head_timeout_s), "endpoint": endpoint}
+    return type("LongPollH11Protocol", (LongPollH11Protocol,), attributes)

@@ -7,8 +7,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-__all__ = ["RequestError", "from_validation_error", "json_safe_text"]
+__all__ = [
+    "REQUEST_HEADER_FIELDS_TOO_LARGE",
+    "UNEXPECTED_ERROR_BODY",
+    "RequestError",
+    "from_validation_error",
+    "json_safe_text",
+]
 
+REQUEST_HEADER_FIELDS_TOO_LARGE = 431  # RFC 6585
+# What a bug is answered with (a JSON 500), by the app's catch-all and by the protocols' fast paths.
+UNEXPECTED_ERROR_BODY = {
+    "error": "UNKNOWN_SERVER_ERROR",
+    "field": None,
+    "message": "unexpected error (logged)",
+}
 MAX_ECHOED_VALUE_CHARS = 80  # echo short values only: a client's 4 MiB body is not worth repeating
 
 

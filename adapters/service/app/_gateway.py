@@ -59,7 +59,7 @@ from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError, 
 from purgatory.journal import Journal
 from purgatory.settings import BOOTSTRAP_ENV, ConfigError, Settings
 
-from ..kafka import (
+from ...kafka import (
     PURGATORY_NAMES,
     Appended,
     ChangeFeed,
@@ -83,13 +83,14 @@ from ..kafka import (
     UnknownTopicError,
     configured_bootstrap,
 )
-from ..kafka.facts._keys import partition_key
-from ..kafka.ops._off_loop import OffLoopReplication
-from ._answer_budget import AnswerBudget, memory_budget_exceeded
-from ._errors import RequestError
-from ._fetch import OffLoopFetch
+from ...kafka.facts._keys import partition_key
+from ...kafka.ops._off_loop import OffLoopReplication
+from ...kafka.ops._off_loop_fetch import OffLoopFetch
+from ...kafka.ops._owned import OwnedFetch, OwnedReplication
+from ..answers._budget import AnswerBudget, memory_budget_exceeded
+from ..answers._errors import RequestError
+from ..scaleout._scaleout import ScaleOut
 from ._requests import FetchParams, ProduceRequest
-from ._scaleout import OwnedFetch, OwnedReplication, ScaleOut
 
 __all__ = ["FETCH_PURGATORY", "PRODUCE_PURGATORY", "Gateway", "resolve_bootstrap"]
 
@@ -400,7 +401,7 @@ class Gateway:
     ) -> DelayedFetch | None:
         """:meth:`fetch` without awaiting: ``callback(op)`` runs on the loop once the fetch finished.
 
-        For a waiter that is not a task (the protocol-level long poll, :mod:`._long_poll`): the
+        For a waiter that is not a task (the protocol-level long poll, :mod:`..http.h1._long_poll`): the
         same checks, the same operation, the same admission. Returns None, having submitted
         nothing, when :meth:`fetch` has to be awaited instead — metadata or the high watermark
         not cached, an unknown partition (its 404 is :meth:`fetch`'s), scale-out on. Raises the

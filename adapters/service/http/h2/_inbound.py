@@ -25,7 +25,7 @@ service advertises (item 12). Here, pure and without sockets:
   stream is refused on its own (431).
 
 Concurrency contract: one instance per connection, used on the event loop's thread only, as the
-:class:`._h2_long_poll.H2Session` that owns them.
+:class:`._long_poll.H2Session` that owns them.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ import hmac
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ._errors import RequestError
-from .settings import ServiceSettings
+from ..answers._errors import RequestError
+from ..settings import ServiceSettings
 
 __all__ = ["PUBLIC_PATHS", "Authenticator", "RequireAuth", "TopicPolicy", "is_authenticated"]
 

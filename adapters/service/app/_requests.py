@@ -17,9 +17,15 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictInt,
+    ValidationError,
     ValidationInfo,
     field_validator,
 )
+from starlette.datastructures import QueryParams
+
+from ...kafka import LEGAL_TOPIC_RULE, is_legal_topic
+from ..answers._errors import RequestError, from_validation_error
+from ._auth import TopicPolicy
 
 __all__ = [
     "MAX_FETCH_BYTES",
@@ -32,6 +38,9 @@ __all__ = [
     "FetchParams",
     "ProduceRecordIn",
     "ProduceRequest",
+    "checked_partition",
+    "checked_topic",
+    "fetch_params",
 ]
 
 # A long poll is held open this long at most: under the 60 s idle timeout of common HTTP proxies
@@ -147,3 +156,58 @@ class ProduceRequest(_Strict):
         le=MAX_PRODUCE_TIMEOUT_MS,
         description="Replication wait (default: kafka.produce_timeout_ms).",
     )
+
+
+# A partition in the path: ASCII digits only. str.isdigit() also accepts superscript two (U+00B2),
+# Arabic-Indic three (U+0663) and fullwidth three (U+FF13); int() fails on the first (a 500 once)
+# and reads the others as 3: a request would silently name another partition.
+# Without leading zeros: "/partitions/00/" is refused, not read as partition 0 (one spelling per
+# partition, as _scaleout's offsets).
+_PARTITION = re.compile(r"0|[1-9][0-9]{0,9}")
+
+
+def _single_known_parameters(query: QueryParams, known: frozenset[str] | None) -> None:
+    """A 400 naming a query parameter given twice (``?offset=0&offset=9``: which one was meant?)
+    or, when ``known`` is given, one not in it."""
+    seen: set[str] = set()
+    for name, _ in query.multi_items():
+        if known is not None and name not in known:
+            raise RequestError(
+                400, "INVALID_REQUEST", name, f"unknown query parameter {name!r}; expected {sorted(known)}"
+            )
+        if name in seen:
+            raise RequestError(400, "INVALID_REQUEST", name, f"query parameter {name!r} is given twice")
+        seen.add(name)
+
+
+def checked_topic(topic: str, policy: TopicPolicy) -> str:
+    """``topic`` from a request path if it is a legal Kafka name the policy allows, else a 400/403."""
+    # The keys' rule ("%2e%2e" in a path arrives here as "..", "%0A" as a newline).
+    if not is_legal_topic(topic):
+        raise RequestError(
+            400, "INVALID_TOPIC_EXCEPTION", "topic",
+            f"topic {topic!r} is not a legal Kafka topic name ({LEGAL_TOPIC_RULE})",
+        )  # fmt: skip
+    policy.check(topic)
+    return topic
+
+
+def checked_partition(raw: str) -> int:
+    """A partition from a request path (ASCII digits, an int32), else a 400 naming it."""
+    if not _PARTITION.fullmatch(raw) or int(raw) > MAX_PARTITION:
+        raise RequestError(
+            400, "INVALID_REQUEST", "partition",
+            f"partition must be an int in [0, {MAX_PARTITION}] written in ASCII digits without "
+            f"leading zeros, got {raw!r}",
+        )  # fmt: skip
+    return int(raw)
+
+
+def fetch_params(query: QueryParams) -> FetchParams:
+    """The long poll's query as :class:`FetchParams`, else a 400 naming the first bad field."""
+    if len(query) != len(query.multi_items()):
+        _single_known_parameters(query, None)
+    try:
+        return FetchParams.model_validate(dict(query))
+    except ValidationError as exc:
+        raise from_validation_error(exc, where="query") from None

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..kafka import Moved, Owner, OwnerStatus
+from ...kafka import Moved, Owner, OwnerStatus
 
 __all__ = ["Redirect", "moved_answer", "redirect_for"]
 

@@ -27,7 +27,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ._coalesced_timers import CoalescedTimeout, coalesced_timers
-from ._h1_framing import StrictH11Connection, refusal_response
+from ._framing import StrictH11Connection, refusal_response
 
 __all__ = ["LINGER_S", "HeadTimeoutH11Protocol", "head_timeout_protocol"]
 
