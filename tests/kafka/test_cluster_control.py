@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from purgatory.adapters.kafka import KafkaPurgatory, ProducerRecord, TopicPartitionKey
-from purgatory.adapters.kafka.local import STATE_FILE, cache_dir, voter_ids
+from purgatory.adapters.kafka.local import STATE_FILE, cache_dir, free_ports, voter_ids
 
 from purgatory.settings import KafkaSettings
 
@@ -33,6 +33,14 @@ CLI_TIMEOUT_S = 150  # `kafka up` of 3 JVMs on 2 busy cores, with room
 # broker.session.timeout.ms (3 s) after the controller quorum re-elects (fetch timeout 2 s and an
 # election): node 1's partitions move on within ~10 s here; the bound leaves room for a slow CI.
 LEADER_CHANGE_S = 45.0
+
+
+def test_one_clusters_ports_are_distinct() -> None:
+    # free_port() twice can hand the same port out again (CI once formatted a node whose broker
+    # and controller listeners shared one port, and Kafka refused it).
+    for _ in range(20):
+        ports = free_ports(6)
+        assert len(set(ports)) == 6, ports
 
 
 def test_voters_by_cluster_size() -> None:

@@ -11,6 +11,7 @@ from ._cluster import (
     NodeSpec,
     NodeState,
     free_port,
+    free_ports,
     voter_ids,
 )
 from ._maven import DEFAULT_KAFKA_VERSION, cache_dir, resolve_kafka
@@ -27,6 +28,7 @@ __all__ = [
     "NodeState",
     "cache_dir",
     "free_port",
+    "free_ports",
     "resolve_kafka",
     "voter_ids",
 ]

@@ -104,9 +104,27 @@ STEADY_STATE_JVM_OPTIONS: tuple[str, ...] = ("-XX:+UseSerialGC",)
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (the kernel picks it; a race is possible but rare)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 right now.
+
+    Every socket stays bound until all are chosen: calling :func:`free_port` twice may return
+    the same port (the first socket is closed before the second bind, and the kernel hands the
+    freed port out again), and a node whose broker and controller listeners got one port
+    refuses to format (CI saw it once).
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def voter_ids(brokers: int, controllers: int | None = None) -> tuple[int, ...]:
@@ -540,8 +558,9 @@ class LocalKafkaCluster:
             base = cache_dir() / "clusters"
             base.mkdir(parents=True, exist_ok=True)
             self.work_dir = Path(tempfile.mkdtemp(prefix=f"kafka-{self.brokers}b-", dir=base))
+        ports = iter(free_ports(self.brokers + len(self.voters)))  # distinct within the cluster
         specs = [
-            NodeSpec(i, free_port(), free_port() if i in self.voters else None)
+            NodeSpec(i, next(ports), next(ports) if i in self.voters else None)
             for i in range(1, self.brokers + 1)
         ]
         voters = [spec for spec in specs if spec.controller_port is not None]
