@@ -268,16 +268,9 @@ class KafkaPurgatory(_Lifecycle, _RequestReply, _Submission):
         if self._shared is not None:
             return self._shared
         with self._lock:
-            purgatory = self._purgatories.get(name)
-            if purgatory is None:
-                if self._closed:
-                    raise PurgatoryClosedError(f"KafkaPurgatory is closed: no purgatory {name!r}")
-                if self._full_settings is not None:
-                    purgatory = DelayedOperationPurgatory.from_settings(name, self._full_settings)
-                else:
-                    purgatory = DelayedOperationPurgatory(name)
-                self._adopt(purgatory)
-            return purgatory
+            if self._closed and name not in self._purgatories:
+                raise PurgatoryClosedError(f"KafkaPurgatory is closed: no purgatory {name!r}")
+            return self._named_unlocked(name)
 
     def _named_unlocked(self, name: str) -> DelayedOperationPurgatory[Any]:
         # _named() for a caller already holding self._lock (a threading.Lock: not re-entrant).
