@@ -62,6 +62,7 @@ from purgatory.adapters.kafka.local import free_port
 from purgatory.settings import load_settings
 
 from ..measure import ChildServer, cpu_seconds, percentile, rss_bytes
+from .burst_probe import BurstProbe
 from .h1_client import AnswerReader, H1LongPoll, open_long_polls
 from .h2_client import H2LongPoll, open_h2_long_polls
 
@@ -107,6 +108,9 @@ class FanoutResult:
     # the other threads' (the feed's tail completing the operations, Kafka clients).
     answer_loop_cpu_us: float = 0.0
     answer_first_ms: float = 0.0  # produce -> the first answer: Kafka's and the feed's part of every answer
+    # A /healthz and a produce sent as the burst of answers begins (BurstProbe): send -> answered.
+    burst_healthz_ms: float = float("nan")
+    burst_produce_ms: float = float("nan")
 
 
 def _raise_fd_limit(needed: int) -> int:
@@ -307,6 +311,10 @@ async def _measure_case(
     await asyncio.sleep(idle_s)
     idle_cpu_pct = 100.0 * (cpu_seconds(service.pid) - cpu0) / (time.monotonic() - t0)
     produced_ns: dict[int, int] = {}
+    # Sends a /healthz and a produce as the first answers arrive (issue 30: answered within 100 ms).
+    port = int(service.url.rsplit(":", 1)[1])
+    probe = BurstProbe(port, topic, polls, max(1.0, deadline - time.monotonic()))
+    probe.start()
     cpu_before_produce = cpu_seconds(service.pid)
     loop_cpu_before_produce = cpu_seconds(service.pid, service.pid)
     client_cpu_before = time.process_time()
@@ -325,6 +333,7 @@ async def _measure_case(
     answer_loop_cpu_s = cpu_seconds(service.pid, service.pid) - loop_cpu_before_produce
     # ... and the client's: reading 50,000 answers shares the same two cores.
     client_cpu_s = time.process_time() - client_cpu_before
+    await asyncio.to_thread(probe.join)
     lags: list[float] = []
     completed = expired = errors = 0
     for poll in polls:
@@ -359,6 +368,8 @@ async def _measure_case(
         client_cpu_us=1e6 * client_cpu_s / max(completed, 1),
         answer_loop_cpu_us=1e6 * answer_loop_cpu_s / max(completed, 1),
         answer_first_ms=lags[0] if lags else float("nan"),
+        burst_healthz_ms=probe.healthz_ms,
+        burst_produce_ms=probe.produce_ms,
     )
 
 
@@ -418,6 +429,8 @@ def _median(runs: list[FanoutResult]) -> FanoutResult:
         client_cpu_us=statistics.median(r.client_cpu_us for r in runs),
         answer_loop_cpu_us=statistics.median(r.answer_loop_cpu_us for r in runs),
         answer_first_ms=statistics.median(r.answer_first_ms for r in runs),
+        burst_healthz_ms=statistics.median(r.burst_healthz_ms for r in runs),
+        burst_produce_ms=statistics.median(r.burst_produce_ms for r in runs),
     )
 
 
@@ -428,7 +441,9 @@ def _row(result: FanoutResult) -> str:
         f"{result.answer_first_ms:>6.1f}ms {result.answer_p50_ms:>6.1f}ms {result.answer_p99_ms:>6.1f}ms "
         f"{result.answer_max_ms:>6.1f}ms {result.answer_cpu_us:>6.0f}µs {result.answer_loop_cpu_us:>6.1f}µs "
         f"{result.completed:>7} {result.expired:>7} {result.errors:>6} {result.task_free:>7} "
-        f"{result.client_cpu_us:>6.0f}µs  " + " ".join(f"{x:.2f}" for x in result.load_average)
+        f"{result.client_cpu_us:>6.0f}µs "
+        f"{result.burst_healthz_ms:>6.1f}ms {result.burst_produce_ms:>6.1f}ms  "
+        + " ".join(f"{x:.2f}" for x in result.load_average)
     )
 
 
@@ -522,7 +537,7 @@ def fanout(
             f"{'':9}{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} "
             f"{'first':>8} {'p50':>8} {'p99':>8} {'max':>8} {'CPU/ans':>8} {'loop/ans':>8} "
             f"{'done':>7} {'expired':>7} {'errors':>6} "
-            f"{'no-task':>7} {'cli/ans':>8}  load"
+            f"{'no-task':>7} {'cli/ans':>8} {'healthz':>8} {'produce':>8}  load"
         )
         for count in counts:
             for parts in partition_counts:
