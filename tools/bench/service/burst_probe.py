@@ -47,9 +47,9 @@ class BurstProbe(threading.Thread):
         self._produce = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
         self._body = json.dumps({"records": [{"value": "burst-probe"}]}).encode()
         self._get_health()  # warmed: connected, the routes' first call made
-        # ... the produce route by a request it refuses (no records: 422): appending one now
+        # ... the produce route by a request it refuses (no records: 400): appending one now
         # would answer the long polls before the case's produce.
-        self._post_produce(b'{"records": []}', 422)
+        self._post_produce(b'{"records": []}', 400)
 
     def _get_health(self) -> None:
         self._health.request("GET", "/healthz")
