@@ -71,7 +71,7 @@ class CountingProduce(DelayedReplication):
 def feed_on_mock_timer(kind: str, name: str) -> Iterator[tuple[FakeView, ChangeFeed, Any, MockTimer]]:
     """A change feed over a :class:`FakeView`, attached to a ``kind`` purgatory on a MockTimer
     (no reaper: only the test moves time); detached and shut down on exit. Shared by the feed's
-    rigs here, in test_bulk_completion and in tests/service/test_shared_answer."""
+    rigs here, in test_bulk_completion and in tests/service/test_poll_groups."""
     view = FakeView()
     feed = ChangeFeed(view, settings=KafkaSettings(), name=name)  # type: ignore[arg-type]
     timer = MockTimer()

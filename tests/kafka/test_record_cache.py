@@ -74,7 +74,7 @@ def test_polls_at_the_same_offset_share_one_kafka_read(fake_log: list[FetchedRec
 
 def test_the_waiters_of_one_key_event_get_the_very_same_list(fake_log: list[FetchedRecord]) -> None:
     """A burst of equal reads (10,000 long polls woken by one record) shares one answer object:
-    the service renders one body per list (RenderedFetches, SharedH2Answer)."""
+    the service renders one body per list (before equal long polls shared one operation)."""
     fake_log += _log(list(range(5)))
     reader = SharedReadReader(KafkaSettings(bootstrap_servers="unused:9092"))
     reader.read(KEY, 0, 5, max_bytes=1 << 20)  # fills the span from "Kafka"

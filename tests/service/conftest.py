@@ -65,8 +65,8 @@ class Served:
 
     @property
     def pending(self) -> int:
-        """Long polls waiting in the fetch purgatory."""
-        return int(self.app.state.gateway.fetch_purgatory.num_delayed())
+        """Long polls waiting (requests: equal ones share one operation of the fetch purgatory)."""
+        return int(self.app.state.gateway.long_poll_waiters)
 
     @property
     def taken(self) -> int:

@@ -48,7 +48,7 @@ async def test_a_full_key_answers_429_with_retry_after_and_other_keys_still_admi
     gateway = small_service.gateway
     async with small_service.client() as client:
         waiting = [_poll(client, topic, 0, CLAMP_MS) for _ in range(MAX_PER_KEY)]
-        await until(lambda: gateway.fetch_purgatory.num_delayed() == MAX_PER_KEY, "two polls waiting on p0")
+        await until(lambda: gateway.long_poll_waiters == MAX_PER_KEY, "two polls waiting on p0")
         refused = await client.get(f"/topics/{topic}/partitions/0/records", params={"offset": 0})
         assert refused.status_code == 429, refused.text
         assert refused.headers["retry-after"] == "2"
@@ -69,7 +69,7 @@ async def test_the_process_limit_answers_429_and_admits_again_once_a_waiter_left
     gateway = small_service.gateway
     async with small_service.client() as client:
         waiting = [_poll(client, topic, p, CLAMP_MS) for p in range(MAX_WAITERS)]
-        await until(lambda: gateway.fetch_purgatory.num_delayed() == MAX_WAITERS, "three polls waiting")
+        await until(lambda: gateway.long_poll_waiters == MAX_WAITERS, "three polls waiting")
         refused = await client.get(f"/topics/{topic}/partitions/0/records", params={"offset": 0})
         assert refused.status_code == 429, refused.text
         assert (
@@ -115,7 +115,7 @@ async def test_adding_a_waiter_does_not_recheck_the_other_waiters_on_its_key(
     gateway = service.gateway
     async with service.client() as client:
         waiting = [_poll(client, topic, 0, 15_000) for _ in range(polls)]
-        await until(lambda: gateway.fetch_purgatory.num_delayed() >= polls, f"{polls} polls waiting")
+        await until(lambda: gateway.long_poll_waiters >= polls, f"{polls} polls waiting")
         registering = attempts
         produced = await client.post(
             f"/topics/{topic}/records", json={"records": [{"value": "v", "partition": 0}]}

@@ -22,7 +22,7 @@ import hpack
 import httpx
 import pytest
 from purgatory.adapters.service.http.h2 import _long_poll as _h2_long_poll
-from purgatory.adapters.service.http.h2._answers import SharedH2Answer, SharedHeaderEncoder
+from purgatory.adapters.service.http.h2._answers import SharedFrames, SharedHeaderEncoder
 from purgatory.adapters.service.http.h2._prior_knowledge import H2PriorKnowledge
 from purgatory.adapters.service.server._server import uvicorn_options
 from purgatory.tools.bench.service.h2_client import open_h2_long_polls
@@ -137,17 +137,17 @@ async def test_a_bug_answering_one_stream_is_its_500_and_the_rest_of_the_batch_i
 ) -> None:
     # The streams a key event finished are answered in one loop callback (answer_finished): a
     # failure on one must not leave the others, already taken off the list, unanswered forever.
-    real = SharedH2Answer.frames_of
+    real = SharedFrames.frames_for
     calls = 0
 
-    def first_call_fails(self: SharedH2Answer, *args: Any) -> Any:
+    def first_call_fails(self: SharedFrames, *args: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("a bug rendering the shared frames")
         return real(self, *args)
 
-    monkeypatch.setattr(SharedH2Answer, "frames_of", first_call_fails)
+    monkeypatch.setattr(SharedFrames, "frames_for", first_call_fails)
     unexpected_before = served.app.state.unexpected_errors.count
     async with _h2_client(served) as client:
         polls = [
@@ -394,7 +394,7 @@ async def test_the_bench_client_holds_its_long_polls_on_few_connections(
     connections = served.server.server.server_state.connections
     polls = await open_h2_long_polls(served.server.port, topic, 300, 1, 30_000, 100)
     reference = await RawH2.open(served.url)
-    shared_before = _h2_long_poll._SHARED_ANSWER.answers
+    shared_before = _h2_long_poll._SHARED_FRAMES.answers
     try:
         streams = [reference.get(f"{_records(topic)}?offset=0&max_wait_ms=30000") for _ in range(10)]
         await until(lambda: served.pending == 310, "300 bench long polls and 10 of h2's waiting")
@@ -404,7 +404,7 @@ async def test_the_bench_client_holds_its_long_polls_on_few_connections(
         expected = {await reference.answer(stream_id) for stream_id in streams}
         # All but each connection's first answer (it carries HPACK's table-size update) and those
         # the h2 client's 64 KiB windows hold back: the shared frames, not h2's per-stream calls.
-        assert _h2_long_poll._SHARED_ANSWER.answers - shared_before >= 300 - 3
+        assert _h2_long_poll._SHARED_FRAMES.answers - shared_before >= 300 - 3
         # A refusal, bridged to the app (a topic that does not exist): read alike by both clients.
         missing = f"{topic}-missing"
         (refused,) = await open_h2_long_polls(served.server.port, missing, 1, 1, 30_000, 100)

@@ -17,17 +17,13 @@ import h2.exceptions
 import h2.settings
 import pytest
 from h2.stream import StreamClosedBy, StreamState
-from purgatory.adapters.kafka import FetchedRecord, TopicPartitionKey
-from purgatory.adapters.service.answers._render import RenderedFetches
+from purgatory.adapters.service.answers._shared import SharedAnswer
 from purgatory.adapters.service.http.h2._answers import (
-    SharedH2Answer,
+    SharedFrames,
     SharedHeaderEncoder,
     plain_answers_allowed,
     record_plain_stream,
 )
-
-from purgatory import Outcome
-from tests.service.test_rendered_fetches import AnsweredFetch
 
 BODY = b'{"topic":"t","partition":0,"outcome":"COMPLETED","records":[]}'
 DEFAULT_HEADERS = [(b"date", b"Tue, 24 Nov 2026 22:00:00 GMT"), (b"server", b"uvicorn")]
@@ -87,7 +83,7 @@ def _through_h2(pair: _Pair, stream_id: int, body: bytes) -> None:
     pair.to_client(b"")
 
 
-def _shared(pair: _Pair, shared: SharedH2Answer, stream_id: int, body: bytes) -> bool:
+def _shared(pair: _Pair, shared: SharedFrames, stream_id: int, body: bytes) -> bool:
     frames = shared.frames_for(body, DEFAULT_HEADERS)
     server = pair.server
     stream = server.streams.get(stream_id)
@@ -102,7 +98,7 @@ def _shared(pair: _Pair, shared: SharedH2Answer, stream_id: int, body: bytes) ->
 @pytest.mark.parametrize("body", [BODY, b""], ids=["with-body", "headers-only"])
 def test_shared_frames_read_and_leave_h2_as_send_headers_and_send_data_do(body: bytes) -> None:
     shared, via_h2 = _Pair(3), _Pair(3)
-    answer = SharedH2Answer()
+    answer = SharedFrames()
     first, *rest = shared.stream_ids
     assert not _shared(shared, answer, first, body), "the connection's first block goes through h2"
     _through_h2(shared, first, body)  # ... carrying HPACK's table-size update
@@ -123,7 +119,7 @@ def test_shared_frames_read_and_leave_h2_as_send_headers_and_send_data_do(body: 
 
 def test_an_answer_past_a_send_window_goes_through_h2() -> None:
     pair = _Pair(2)
-    answer = SharedH2Answer()
+    answer = SharedFrames()
     first, second = pair.stream_ids
     _through_h2(pair, first, BODY)
     pair.server.outbound_flow_control_window = len(BODY) - 1  # as after other answers, no WINDOW_UPDATE yet
@@ -136,7 +132,7 @@ def test_an_answer_past_a_send_window_goes_through_h2() -> None:
 
 def test_a_stream_no_longer_waiting_is_not_answered() -> None:
     pair = _Pair(2)
-    answer = SharedH2Answer()
+    answer = SharedFrames()
     first, second = pair.stream_ids
     _through_h2(pair, first, BODY)
     pair.client.reset_stream(second, h2.errors.ErrorCodes.CANCEL)
@@ -151,7 +147,7 @@ def test_frames_the_client_sends_on_an_answered_stream_are_handled_as_h2_handles
     outcomes = []
     for through_h2 in (False, True):
         pair = _Pair(3)
-        answer = SharedH2Answer()
+        answer = SharedFrames()
         first, second, third = pair.stream_ids
         _through_h2(pair, first, BODY)
         if through_h2:
@@ -172,37 +168,13 @@ def test_frames_the_client_sends_on_an_answered_stream_are_handled_as_h2_handles
 
 
 def test_the_shared_frames_change_with_the_body_and_the_date() -> None:
-    answer = SharedH2Answer()
-    one = answer.frames_for(BODY, DEFAULT_HEADERS)
-    assert answer.frames_for(BODY, DEFAULT_HEADERS) is one, "built once for the burst"
-    other_body = answer.frames_for(BODY + b" ", DEFAULT_HEADERS)
+    """Built once per operation's answer and Date (SharedAnswer.http2), each body its own frames."""
+    frames = SharedFrames()
+    answer = SharedAnswer(BODY)
+    one = answer.http2(DEFAULT_HEADERS, frames.frames_for)
+    assert answer.http2(DEFAULT_HEADERS, frames.frames_for) is one, "built once for the burst"
+    other_body = SharedAnswer(BODY + b" ").http2(DEFAULT_HEADERS, frames.frames_for)
     assert other_body is not one and other_body.body_size == len(BODY) + 1
     next_second = [(b"date", b"Tue, 24 Nov 2026 22:00:01 GMT"), (b"server", b"uvicorn")]
-    assert answer.frames_for(BODY + b" ", next_second) is not other_body
-
-
-def test_the_long_polls_of_one_key_event_share_frames_found_by_their_records_list() -> None:
-    """SharedH2Answer.frames_of: equal answers over the very same records list reuse the frames
-    (no render lookup); another list, outcome, offset or Date gives the frames of that answer."""
-    key = TopicPartitionKey("orders", 0)
-    shared_records = [FetchedRecord(0, None, b"v", 1_700_000_000_000)]
-    rendered = RenderedFetches()
-    answer = SharedH2Answer()
-
-    def poll(records: list[FetchedRecord], **fields: object) -> object:
-        op = AnsweredFetch({key: records}, **fields)  # type: ignore[arg-type]
-        part = op.parts[0]
-        part.records = records  # every waiter of the key event holds this one list
-        return type("Op", (), {"parts": (part,), "outcome": op.outcome, "error": None})()
-
-    first = answer.frames_of(rendered, poll(shared_records), DEFAULT_HEADERS)  # type: ignore[arg-type]
-    hits = rendered.hits
-    again = [answer.frames_of(rendered, poll(shared_records), DEFAULT_HEADERS) for _ in range(5)]  # type: ignore[arg-type]
-    assert all(frames is first for frames in again)
-    assert rendered.hits == hits, "found by the list's identity, not looked up in the rendered answers"
-    expired = answer.frames_of(rendered, poll(shared_records, outcome=Outcome.EXPIRED), DEFAULT_HEADERS)  # type: ignore[arg-type]
-    assert expired is not first and b"EXPIRED" in expired.tail
-    other_list = answer.frames_of(rendered, poll([FetchedRecord(0, None, b"w", 0)]), DEFAULT_HEADERS)  # type: ignore[arg-type]
-    assert other_list is not first and other_list.tail != first.tail, "another list: its own answer"
-    later = [(b"date", b"Tue, 24 Nov 2026 22:00:01 GMT"), (b"server", b"uvicorn")]
-    assert answer.frames_of(rendered, poll(shared_records), later) is not first, "a new Date: new frames"  # type: ignore[arg-type]
+    later = answer.http2(next_second, frames.frames_for)
+    assert later is not one and later.tail == one.tail

@@ -35,7 +35,7 @@ async def _produce(client: httpx.AsyncClient, topic: str, *values: str, partitio
 
 
 def _fetch_pending(gateway: Gateway) -> int:
-    return gateway.fetch_purgatory.num_delayed()
+    return gateway.long_poll_waiters
 
 
 # -- long poll ------------------------------------------------------------------------------------
@@ -349,7 +349,7 @@ async def test_closing_the_gateway_answers_every_waiting_poll(
             asyncio.create_task(gateway.fetch(topic, 0, FetchParams(offset=0, max_wait_ms=30_000)))
             for _ in range(5)
         ]
-        await until(lambda: gateway.fetch_purgatory.num_delayed() == 5, "5 polls to wait")
+        await until(lambda: gateway.long_poll_waiters == 5, "5 polls to wait")
     finally:
         started = time.monotonic()
         gateway.close()

@@ -20,18 +20,11 @@ Anywhere else (the change feed's thread, the executor, the timer's executor on e
 behaves exactly as :class:`DelayedFetch`. A fetch cancelled because its client left reads
 nothing: nobody is waiting for the records.
 
-**A key event's equal long polls share one answer.** One record appended to a partition
-completes every long poll waiting there at that offset: thousands of operations whose checks,
-read and answer are the same. The first one completed in full leaves its answer in
-:data:`_last_answer` — the partition's facts object it was decided on, its parameters, the
-records read (the shared record cache's list), their size and where the read ended. An attempt
-that finds the very same facts object (identity: no fact of the partition changed since) and equal
-parameters takes that answer and completes at once: no facts checks, no read, no ``_respond``
-(in-process probe: about half of the feed thread's time per completed long poll). Only
-one-partition fetches counted by ``min_records`` (``min_bytes`` None) take part: their answer is
-one read of ``[fetch offset, high watermark)`` within ``max_bytes``, which equal facts and
-parameters make equal — offsets below the high watermark never change — so the answer is the one
-the full path would read. Expiry, moves and cancellations take the full path.
+**A key event's equal long polls share one operation**, not one answer per operation: the
+service groups equal long polls on one OffLoopFetch (``adapters/service/app/_poll_groups.py``),
+and keeps that operation's rendered answer in its ``shared_answer`` slot (the service's
+``answers/_shared.py``: this room does not know what is put there; the operation's lifetime
+bounds it).
 
 Concurrency contract: as :class:`DelayedFetch`. ``loop_thread`` is the ident of the thread
 running the event loop that awaits the operation. The hand-off may run before the submission
@@ -50,31 +43,24 @@ import structlog
 from purgatory import Outcome
 
 from ._fetch import DelayedFetch
-from ._results import ErrorCode
 
 __all__ = ["OffLoopFetch"]
 
 _log = structlog.get_logger("purgatory.service")
 
 
-# The last answer completed in full, for the equal long polls after it (module docstring): (facts
-# object, key, fetch offset, max_bytes, min_records, high watermark, records, bytes read, read to).
-# One tuple, stored and read in one step (the feed's threads, the timer's executor, the attempts).
-_last_answer: tuple[Any, ...] | None = None
-
-
 class OffLoopFetch(DelayedFetch):
     """:class:`DelayedFetch` deferring every attempt made on ``loop_thread`` (see the module docstring)."""
 
     # held by the thousands: no instance dict
-    __slots__ = ("answered", "attempts", "handed_off", "loop_thread")
+    __slots__ = ("attempts", "handed_off", "loop_thread", "shared_answer")
 
     def __init__(self, *args: Any, loop_thread: int, attempts: Executor, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.loop_thread = loop_thread
         self.attempts = attempts
         self.handed_off = False  # at most one hand-off: later attempts come from fact changes
-        self.answered = False  # completed with the last answer: its parts hold it already
+        self.shared_answer: object = None  # what its user keeps of its answer (module docstring)
 
     def try_complete(self) -> bool:
         if threading.get_ident() == self.loop_thread:
@@ -82,27 +68,6 @@ class OffLoopFetch(DelayedFetch):
                 self.handed_off = True
                 self.attempts.submit(self._attempt)
             return False
-        last = _last_answer
-        if last is not None and self.min_bytes is None and len(self.parts) == 1:
-            part = self.parts[0]
-            if (
-                last[2] == part.fetch_offset
-                and last[3] == self.max_bytes
-                and last[4] == self.min_records
-                and part.bytes_read == 0
-                and part.read_from == part.fetch_offset
-                and self.error is None
-                and (last[1] is part.key or last[1] == part.key)
-                and self.facts.partition(part.key) is last[0]
-            ):
-                # Under op.lock (safe_try_complete): set before the claim, so whichever finish
-                # wins — this one, or an expiry that took the claim first — answers these records.
-                part.high_watermark = last[5]
-                part.records = last[6]
-                part.bytes_read = last[7]
-                part.read_from = last[8]
-                self.answered = True
-                return self.force_complete()
         return super().try_complete()
 
     def worth_an_attempt(self) -> bool:
@@ -140,40 +105,7 @@ class OffLoopFetch(DelayedFetch):
     def _respond(self) -> None:
         if self.outcome is Outcome.CANCELLED:
             return  # the client left: reading records for nobody would only cost a round trip
-        if self.answered:
-            return  # the last answer, taken in try_complete: nothing left to read
         super()._respond()
-        if self.outcome is Outcome.COMPLETED:
-            self._leave_answer()
-
-    def _leave_answer(self) -> None:
-        """Leave this completed fetch's answer for the equal long polls after it (module docstring)."""
-        global _last_answer
-        if self.min_bytes is not None or len(self.parts) != 1 or self.error is not None:
-            return
-        part = self.parts[0]
-        high = part.high_watermark
-        if part.status is not ErrorCode.NONE or high is None or self.moved is not None or not part.records:
-            return  # nothing read (a stalled partition's read answers [] for a while): no answer to share
-        facts = self.facts.partition(part.key)
-        # The answer is the read of [fetch offset, high); facts still at that high watermark
-        # decide any equal poll the same way (and a later change is a new facts object).
-        if facts is None or facts.error is not None or facts.high_watermark != high:
-            return
-        start = facts.log_start_offset
-        if start is not None and part.fetch_offset < start:
-            return  # records deleted below it since (DeleteRecords): an equal poll is out of range now
-        _last_answer = (
-            facts,
-            part.key,
-            part.fetch_offset,
-            self.max_bytes,
-            self.min_records,
-            high,
-            part.records,
-            part.bytes_read,
-            part.read_from,
-        )
 
 
 # Journals, metrics and the Spark analytics group operations by class name; where an attempt

@@ -79,7 +79,7 @@ from ...kafka import (
     check_client_config,
 )
 from ..answers._errors import RequestError
-from ..answers._render import RenderedFetches
+from ..answers._shared import SharedAnswers
 from ..scaleout._scaleout import (
     ScaleOutCollector,
     release_on_shutdown,
@@ -179,7 +179,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     app.state.topic_policy = TopicPolicy(service)
     app.state.unexpected_errors = unexpected
     app.state.answers = answers
-    app.state.rendered_fetches = RenderedFetches()
+    app.state.rendered_fetches = SharedAnswers()
     # The long-poll route served below the ASGI app (._long_poll), with the checks above.
     # What the server hands its protocols (..http._endpoint): always, for HTTP/2's limits and budget.
     endpoint = LongPollRoute(app, fetch_route, authenticator, settings, service.fast_long_poll)

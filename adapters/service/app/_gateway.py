@@ -90,6 +90,7 @@ from ...kafka.ops._owned import OwnedFetch, OwnedReplication
 from ..answers._budget import AnswerBudget, memory_budget_exceeded
 from ..answers._errors import RequestError
 from ..scaleout._scaleout import ScaleOut
+from ._poll_groups import GROUP_WAIT_FACTOR, PollGroups, PollWaiter, equal_polls
 from ._requests import FetchParams, ProduceRequest
 
 __all__ = ["FETCH_PURGATORY", "PRODUCE_PURGATORY", "Gateway", "resolve_bootstrap"]
@@ -211,6 +212,8 @@ class Gateway:
         self.task_free_fetches = 0  # long polls submitted by fetch_then_call (no task waits for them)
         # Bytes of answers held by connections slow to read them: past it, long polls get a 429.
         self.answer_budget = AnswerBudget(settings.service.answer_budget_bytes)
+        # Equal long polls share one operation (issue 30): admission counts their waiters.
+        self.polls = PollGroups(self._watch_then_call, self.fetch_purgatory.abandon, FETCH_PURGATORY)
         # Scale-out (docs/design.md §7): this instance serves only the partitions its group assigns it.
         self.scaleout: ScaleOut | None = (
             ScaleOut(settings, self.bootstrap_servers, self.purgatories, self.feed)
@@ -377,28 +380,75 @@ class Gateway:
         self._check_answer_budget()
         started = time.monotonic()
         await self._check_partition(topic, partition, "partition")
-        key = TopicPartitionKey(topic, partition)
+        key = partition_key(topic, partition)  # one key object per partition, shared by its waiters
         offset = params.offset
         if offset is None:  # "new records only": start at the high watermark
             offset = await self._high_watermark(key)
         metadata_s = time.monotonic() - started
-        op = self._fetch_op(key, offset, params)
         if self.scaleout is not None:
+            op = self._fetch_op(key, offset, params)
             self.scaleout.place(op)
-        # O(1) per waiter: submitted on the loop, no task, no executor hop, no re-check of the
-        # other waiters on the key (OffLoopFetch hands its own attempt off only when the facts
-        # say it could complete now). Cancelling this await (the client left) finishes the op
-        # as CANCELLED inside purgatory.watch.
-        await self._watch(op)
+            # Cancelling this await (the client left) finishes the op as CANCELLED inside
+            # purgatory.watch.
+            await self._watch(op)
+        else:
+            op = await self._wait_in_group(key, offset, params)
         if self.fetch_finished(op, params.offset):
             # One metadata budget per long poll, before and after its wait together: the answer
             # bound (request_timeout_ms + max_wait_ms + one read) holds however slow each call was.
             await self.check_fetch_offset(op, budget_s=max(0.0, self._metadata_timeout_s - metadata_s))
         return op
 
+    async def _wait_in_group(self, key: TopicPartitionKey, offset: int, params: FetchParams) -> DelayedFetch:
+        """Wait as one of the equal long polls' group (:mod:`._poll_groups`): its answer's operation.
+
+        O(1) per waiter: joined on the loop, no re-check of the other waiters on the key (a new
+        group's OffLoopFetch hands its own attempt off only when the facts say it could complete
+        now). Cancelling this await (the client left) takes the waiter out of its group.
+        """
+        answered: asyncio.Future[DelayedFetch] = asyncio.get_running_loop().create_future()
+
+        def answer(op: DelayedFetch) -> None:
+            if not answered.done():
+                answered.set_result(op)
+
+        with self._admitted():
+            waiter = self._join(key, offset, params, answer)
+        try:
+            return await answered
+        except asyncio.CancelledError:
+            self.polls.leave(waiter)
+            raise
+
+    def _join(
+        self,
+        key: TopicPartitionKey,
+        offset: int,
+        params: FetchParams,
+        callback: Callable[[DelayedFetch], None],
+    ) -> PollWaiter:
+        """Join (or start) the group of the long polls equal to this one; its operations are made here."""
+
+        def make_op(wait_ms: int) -> DelayedFetch:
+            return self._fetch_op(key, offset, params, wait_ms)
+
+        equal = equal_polls(key, offset, params.min_records, params.min_bytes, params.max_bytes)
+        wait_ms = self._clamped_wait_ms(params.max_wait_ms)
+        group_wait_ms = GROUP_WAIT_FACTOR * int(self.settings.admission.max_wait_ms)
+        per_key = self.fetch_purgatory.max_pending_per_key
+        return self.polls.join(equal, key, wait_ms, group_wait_ms, make_op, callback, per_key)
+
+    def _watch_then_call(self, op: DelayedFetch, callback: Callable[[DelayedFetch], None]) -> None:
+        self.kafka.watch_then_call(op, callback)
+
+    @property
+    def long_poll_waiters(self) -> int:
+        """Long polls waiting (each a request; the fetch purgatory holds one operation per group)."""
+        return self.polls.waiters if self.scaleout is None else self.fetch_purgatory.num_delayed()
+
     def fetch_then_call(
         self, topic: str, partition: int, params: FetchParams, callback: Callable[[DelayedFetch], None]
-    ) -> DelayedFetch | None:
+    ) -> PollWaiter | None:
         """:meth:`fetch` without awaiting: ``callback(op)`` runs on the loop once the fetch finished.
 
         For a waiter that is not a task (the protocol-level long poll, :mod:`..http.h1._long_poll`): the
@@ -425,11 +475,10 @@ class Gateway:
         if offset is None:
             return None
         self._check_answer_budget()
-        op = self._fetch_op(key, offset, params)
         with self._admitted():
-            self.kafka.watch_then_call(op, callback)
+            waiter = self._join(key, offset, params, callback)
         self.task_free_fetches += 1
-        return op
+        return waiter
 
     def _check_answer_budget(self) -> None:
         """429 MEMORY_BUDGET_EXCEEDED while answers held for slow readers spent it (._answer_budget)."""
@@ -441,11 +490,14 @@ class Gateway:
         if not self.answer_budget.fits(answer):
             raise memory_budget_exceeded(self.answer_budget, self.settings.admission.retry_after_s)
 
-    def abandon_fetch(self, op: DelayedFetch) -> None:
-        """The waiter of ``op`` (from :meth:`fetch_then_call`) left: finish it CANCELLED, out of the timer."""
-        self.fetch_purgatory.abandon(op)
+    def abandon_fetch(self, waiter: PollWaiter) -> None:
+        """``waiter`` (from :meth:`fetch_then_call`) left: out of its group, never answered; the
+        group's operation is finished CANCELLED (out of the timer) once its last waiter left."""
+        self.polls.leave(waiter)
 
-    def _fetch_op(self, key: TopicPartitionKey, offset: int, params: FetchParams) -> DelayedFetch:
+    def _fetch_op(
+        self, key: TopicPartitionKey, offset: int, params: FetchParams, wait_ms: int | None = None
+    ) -> DelayedFetch:
         return (OffLoopFetch if self.scaleout is None else OwnedFetch)(
             self.feed,
             self.reader,
@@ -453,7 +505,7 @@ class Gateway:
             min_records=params.min_records,
             min_bytes=params.min_bytes,
             max_bytes=params.max_bytes,
-            max_wait_ms=self._clamped_wait_ms(params.max_wait_ms),
+            max_wait_ms=self._clamped_wait_ms(params.max_wait_ms) if wait_ms is None else wait_ms,
             loop_thread=self._loop_thread(),
             attempts=self._attempts,
         )
@@ -651,7 +703,13 @@ class Gateway:
         if not self.serving:
             raise RequestError(503, "SHUTTING_DOWN", None, "the service is shutting down")
         admission = self.settings.admission
-        pending = sum(p.num_delayed() for p in self.purgatories)  # O(1) each: the timers' counts
+        # Requests waiting: long polls by waiter (a group's operation answers many), the rest by
+        # operation. O(1) each: counters and the timers' counts.
+        pending = (
+            self.long_poll_waiters
+            + self.produce_purgatory.num_delayed()
+            + self.replication_purgatory.num_delayed()
+        )
         try:
             if pending >= admission.max_waiters:
                 # The whole process's budget (memory is bounded by it): refused before anything

@@ -22,7 +22,7 @@ from purgatory.settings import Settings
 
 from ..answers._budget import AnswerBudget
 from ..answers._errors import RequestError
-from ..answers._render import RenderedFetches
+from ..answers._shared import SharedAnswers
 from ..http._endpoint import CheckedPoll, LongPollEndpoint
 from ._auth import Authenticator
 from ._gateway import Gateway
@@ -93,8 +93,8 @@ class LongPollRoute(LongPollEndpoint):
         return CheckedPoll(gateway, topic, partition, params)
 
     @property
-    def rendered(self) -> RenderedFetches:
-        rendered: RenderedFetches = self.app.state.rendered_fetches
+    def rendered(self) -> SharedAnswers:
+        rendered: SharedAnswers = self.app.state.rendered_fetches
         return rendered
 
     def answer_budget(self) -> AnswerBudget | None:

@@ -163,4 +163,10 @@ class ServiceCollector(Collector):
             "Long polls served below the ASGI app (service.fast_long_poll): no task waited for them.",
         )
         task_free.add_metric([], gateway.task_free_fetches)
-        yield from (reads, polls, failures, unavailable, age, requests, watched, task_free)
+        waiters = GaugeMetricFamily(
+            "purgatory_service_long_poll_waiters",
+            "Long polls waiting: requests, where the fetch purgatory's PurgatorySize and "
+            "NumDelayedOperations count operations (one per group of equal long polls).",
+        )
+        waiters.add_metric([], gateway.long_poll_waiters)
+        yield from (reads, polls, failures, unavailable, age, requests, watched, task_free, waiters)

@@ -441,6 +441,8 @@ async def healthz(request: Request) -> Response:
             p.name: {"PurgatorySize": p.watched(), "NumDelayedOperations": p.num_delayed()}
             for p in gateway.purgatories
         },
+        # Requests waiting in the fetch purgatory's groups (it counts one operation per group).
+        "long_poll_waiters": gateway.long_poll_waiters,
     }
     if is_authenticated(request.scope):
         # Where the cluster is and what failed reaching it: for authenticated clients only.

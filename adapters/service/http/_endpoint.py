@@ -10,8 +10,8 @@ made without one looks it up once in the app it serves, through uvicorn's wrappe
 
 The endpoint answers four questions — may this request's header fields take the fast path; is
 this scope a long poll the route would serve (and with which admitted waits); how is a finished
-poll rendered (:class:`RenderedFetches`, shared by every protocol); what is counted — and gives
-the service's settings and its answer budget.
+poll rendered (:class:`SharedAnswers`: one answer per operation, shared by every protocol);
+what is counted — and gives the service's settings and its answer budget.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from purgatory.settings import Settings
 
 from ...kafka import DelayedFetch
 from ..answers._budget import AnswerBudget
-from ..answers._render import RenderedFetches
+from ..answers._shared import SharedAnswers
 
 __all__ = ["CheckedPoll", "LongPollEndpoint", "PollWaits", "app_state", "endpoint_in"]
 
@@ -41,7 +41,11 @@ class PollWaits(Protocol):
 
     def fetch_then_call(
         self, topic: str, partition: int, params: Any, callback: Callable[[DelayedFetch], None]
-    ) -> DelayedFetch | None: ...
+    ) -> object | None:
+        """The waiter (opaque to the protocols: for :meth:`abandon_fetch`), or None: not submitted.
+
+        ``callback(op)`` runs once, on the loop, with the finished operation whose answer is the
+        waiter's (equal long polls share one: its group's, or its own expiry's)."""
 
     def fetch_finished(self, op: DelayedFetch, requested_offset: int | None) -> bool: ...
 
@@ -49,7 +53,7 @@ class PollWaits(Protocol):
 
     def check_answer_fits(self, answer: bytes) -> None: ...
 
-    def abandon_fetch(self, op: DelayedFetch) -> None: ...
+    def abandon_fetch(self, waiter: Any) -> None: ...
 
 
 class CheckedPoll(NamedTuple):
@@ -79,7 +83,7 @@ class LongPollEndpoint(ABC):
 
     @property
     @abstractmethod
-    def rendered(self) -> RenderedFetches:
+    def rendered(self) -> SharedAnswers:
         """The app's rendered answers, shared by the route and every protocol."""
 
     @abstractmethod

@@ -170,6 +170,9 @@ class ServiceProcess(ChildServer):
 
     def pending_fetches(self, timeout_s: float = 30.0) -> int:
         health = _http_json(f"{self.url}/healthz", timeout_s)
+        waiters = health.get("long_poll_waiters")  # equal long polls share one operation (issue 30)
+        if isinstance(waiters, int):
+            return waiters
         purgatories = health["purgatories"]
         assert isinstance(purgatories, dict)
         return int(purgatories["fetch"]["NumDelayedOperations"])

@@ -12,9 +12,10 @@ head, a ``GET /topics/{t}/partitions/{p}/records`` is taken by the protocol itse
   matches, the topic policy, the partition, the query, and ``gateway.fetch_then_call``
   (admission and its 429, the ``max_wait_ms`` clamp, the same operation);
 * parked: the connection's protocol holds the operation; nothing else waits (no task, no future);
-* answered from the batch wake-up (:class:`LoopHandoff`): the callback renders the answer through
-  the route's :class:`...answers._render.RenderedFetches` (the body shared by every waiter
-  answered the same, and the whole response's bytes shared too) and writes it in one call.
+* answered from the batch wake-up (:class:`LoopHandoff`): the callback takes the answer of the
+  finished operation from the route's :class:`...answers._shared.SharedAnswers` (rendered once
+  per operation — equal long polls share one — with the whole response's bytes) and writes it
+  in one call.
 
 Anything else — another route, a refusal (4xx), a request this path does not take (a body,
 ``Connection: close``, HTTP/1.0, ``Expect``, an upgrade, proxy headers, metadata or the high
@@ -87,6 +88,11 @@ def http11_response(response: Response, default_headers: list[tuple[bytes, bytes
     return b"".join(head) + bytes(response.body)
 
 
+def _http11_ok(body: bytes, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A long poll's 200 as HTTP/1.1 bytes (a :class:`...answers._shared.SharedAnswer` keeps them)."""
+    return http11_response(fetch_body_response(body), default_headers)
+
+
 class _PushbackConnection(StrictH11Connection):
     """h11's connection with one event pushed back: the protocol looks at a request head first,
     and what it does not take, uvicorn's own loop reads again as if untouched."""
@@ -102,7 +108,8 @@ class _PushbackConnection(StrictH11Connection):
 
 
 class _Parked:
-    """One waiting long poll: its operation and what its answer needs.
+    """One waiting long poll: its waiter (the gateway's), then its finished operation, and what its
+    answer needs.
 
     The topic and partition are the operation's key's (the gateway shares one key per partition
     between its waiters): not the request's own copies, held by every waiter.
@@ -111,40 +118,17 @@ class _Parked:
     see :meth:`LongPollH11Protocol._send`); the connection stays parked until its last byte left.
     """
 
-    __slots__ = ("answer", "gateway", "offset", "op", "pipelined", "sent", "target")
+    __slots__ = ("answer", "gateway", "offset", "op", "pipelined", "sent", "target", "waiter")
 
-    def __init__(self, gateway: PollWaits, op: DelayedFetch, offset: int | None, target: str | None) -> None:
+    def __init__(self, gateway: PollWaits, waiter: object, offset: int | None, target: str | None) -> None:
         self.gateway = gateway  # its lifespan drops it from the app's state before draining
-        self.op = op
+        self.waiter = waiter  # the gateway's, for abandon_fetch
+        self.op: DelayedFetch | None = None  # the finished operation whose answer is this poll's
         self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
         self.pipelined = b""  # bytes the client sent after the request, for h11 after the answer
         self.target = target  # path and query, for the access log only (None when it is off)
         self.answer: memoryview | None = None  # the answer's bytes while they are being written
         self.sent = 0  # of them, how many the transport took
-
-
-class _SharedAnswer:
-    """The last 200 rendered to bytes: every waiter of a burst answered the same shares them.
-
-    Keyed on the body's identity, so a waiter answered alike costs no :class:`Response` either
-    (building one, its headers included, was a few µs of each of 10,000 answers).
-    """
-
-    __slots__ = ("body", "data", "headers")
-
-    def __init__(self) -> None:
-        self.body: bytes | None = None
-        self.headers: list[tuple[bytes, bytes]] | None = None
-        self.data = b""
-
-    def bytes_for(self, body: bytes, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-        # Identity, not equality: RenderedFetches hands every waiter of a burst the same body
-        # object, and uvicorn replaces its default headers (a new list) when the date changes.
-        if body is not self.body or default_headers is not self.headers:
-            self.data = http11_response(fetch_body_response(body), default_headers)
-            self.body = body
-            self.headers = default_headers
-        return self.data
 
 
 class _LazyFlowControl:
@@ -319,14 +303,14 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             return False
         gateway, topic, partition, params = poll
         try:
-            op = gateway.fetch_then_call(topic, partition, params, self._finished)
+            waiter = gateway.fetch_then_call(topic, partition, params, self._finished)
         except RequestError:
             return False  # admission's 429 or a 503: the ASGI path answers it, with the same checks
-        if op is None:
+        if waiter is None:
             return False  # nothing was submitted: fetch() awaits what is not cached
         logged = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
         target = get_path_with_query_string(scope) if logged else None  # type: ignore[arg-type]
-        self._parked = _Parked(gateway, op, params.offset, target)
+        self._parked = _Parked(gateway, waiter, params.offset, target)
         return True
 
     # -- the answer ----------------------------------------------------------------------------
@@ -334,22 +318,25 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
     def _finished(self, op: DelayedFetch) -> None:
         """The operation finished (on the loop: at once, or from the handoff's batch)."""
         parked = self._parked
-        if parked is None or parked.op is not op:
+        if parked is None or parked.op is not None:
             if parked is None and not self._parked_conn_gone() and self.conn.our_state is h11.SEND_RESPONSE:
                 # Finished inside fetch_then_call, before _take parked it: answered once parked.
                 self.loop.call_soon(self._answer_early, op)
             return
+        parked.op = op
         self._answer(parked)
 
     def _answer_early(self, op: DelayedFetch) -> None:
         parked = self._parked
-        if parked is not None and parked.op is op:
+        if parked is not None and parked.op is None:
+            parked.op = op
             self._answer(parked)
 
     def _answer(self, parked: _Parked) -> None:
         if self.transport.is_closing():
             return  # the client left: connection_lost lets go of it
         try:
+            assert parked.op is not None, "answered once its operation finished"
             if parked.gateway.fetch_finished(parked.op, parked.offset):
                 # An expired, empty poll whose offset the feed cannot vouch for: one ListOffsets
                 # (rare: as the ASGI path, which awaits it). A task only for this one answer.
@@ -366,6 +353,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
 
     async def _answer_after_offset_check(self, parked: _Parked) -> None:
         try:
+            assert parked.op is not None, "answered once its operation finished"
             await parked.gateway.check_fetch_offset(parked.op)
             data = self._fetch_answer(parked)
         except RequestError as exc:
@@ -376,12 +364,13 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             self._respond(parked, data)
 
     def _fetch_answer(self, parked: _Parked) -> bytes:
-        """The 200's bytes, as the route renders them (fetch_response; _SharedAnswer)."""
+        """The 200's bytes, as the route renders them: the operation's shared answer, encoded once."""
         route = self._route
-        assert route is not None
-        key = parked.op.parts[0].key
-        body = route.rendered.body(key.topic, key.partition, parked.op)
-        data = _SHARED_ANSWER.bytes_for(body, self.server_state.default_headers)
+        op = parked.op
+        assert route is not None and op is not None
+        key = op.parts[0].key
+        answer = route.rendered.of(key.topic, key.partition, op)
+        data = answer.http11(self.server_state.default_headers, _http11_ok)
         if len(data) > ANSWER_CHUNK:  # held while written piece by piece: within the answer budget
             parked.gateway.check_answer_fits(data)
         return data
@@ -529,7 +518,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         if parked is not None and self._route is not None:
             # The ASGI path's disconnect watcher does the same: the op leaves the timer and the
             # watch lists now, not at its max_wait_ms.
-            parked.gateway.abandon_fetch(parked.op)  # no-op if it finished meanwhile
+            parked.gateway.abandon_fetch(parked.waiter)  # no-op if it was answered meanwhile
         if self._parked_conn_gone():
             self.conn = self._fresh_connection()  # uvicorn tells h11 the connection closed
         super().connection_lost(exc)
@@ -545,9 +534,6 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             return
         self._ensure_conn()
         super().shutdown()
-
-
-_SHARED_ANSWER = _SharedAnswer()
 
 
 def _long_poll_route(app: Any) -> LongPollEndpoint | None:

@@ -1,11 +1,12 @@
 """HTTP/2 answers of the long-poll route as shared frames: the stream id is all that differs.
 
 Why: a record appended to a partition answers every long poll waiting there with the same 200 —
-same headers, same body bytes (:class:`...answers._render.RenderedFetches`). Through the ``h2`` library each
-stream's answer was a ``send_headers`` and a ``send_data``: its stream and connection state
-machines, its frame objects and their serialisation, ~20 µs of the loop's time per answer
-(cProfile, 10,000 streams). Here the HEADERS and DATA frames of that answer are built once,
-without their stream ids, and each stream's answer is those bytes with its id written in twice.
+same headers, same body bytes (:class:`...answers._shared.SharedAnswer`, one per operation).
+Through the ``h2`` library each stream's answer was a ``send_headers`` and a ``send_data``: its
+stream and connection state machines, its frame objects and their serialisation, ~20 µs of the
+loop's time per answer (cProfile, 10,000 streams). Here the HEADERS and DATA frames of that
+answer are built once, without their stream ids, and each stream's answer is those bytes with its
+id written in twice.
 
 Why it is still HTTP/2 as ``h2`` would write it:
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import h2.connection
 import hpack
@@ -41,12 +42,9 @@ from h2.stream import StreamClosedBy, StreamState
 
 from ...answers._render import fetch_body_response
 
-if TYPE_CHECKING:
-    from ....kafka import DelayedFetch
-    from ...answers._render import RenderedFetches
-
 __all__ = [
-    "SharedH2Answer",
+    "SharedAnswerFrames",
+    "SharedFrames",
     "SharedHeaderEncoder",
     "plain_answers_allowed",
     "record_plain_stream",
@@ -142,67 +140,20 @@ class SharedAnswerFrames:
         out += self.tail
 
 
-class SharedH2Answer:
-    """The last 200's frames, rebuilt when its body or uvicorn's default headers change.
+class SharedFrames:
+    """Builds a 200's shared frames for :meth:`...answers._shared.SharedAnswer.http2` (which keeps
+    them per operation) with one process-wide encoder, and counts the streams answered with them."""
 
-    Keyed on identity, as :class:`..h1._long_poll._SharedAnswer`: every waiter of a burst gets the
-    same body object, and uvicorn replaces its default headers (a new list) when the date changes.
-    """
-
-    __slots__ = ("answers", "body", "default_headers", "encoder", "frames", "last_answer")
+    __slots__ = ("answers", "encoder")
 
     def __init__(self) -> None:
-        self.answers = 0  # streams answered with these shared frames (tests read it)
-        self.body: bytes | None = None
-        self.default_headers: list[tuple[bytes, bytes]] | None = None
-        self.frames: SharedAnswerFrames | None = None
+        self.answers = 0  # streams answered with shared frames (tests read it)
         self.encoder = SharedHeaderEncoder()
         self.encoder.encode([])  # its table-size update spent: from now on the shared blocks
-        # What the last frames answered: (records list, outcome, status, fetch offset, key,
-        # default headers, frames). The long polls of one key event hold the very same records
-        # list (SharedReadReader's last answer, shared), so their frames are found by identity
-        # checks, without rendering's lookup: ~10,000 of a burst's answers.
-        self.last_answer: tuple[Any, ...] | None = None
-
-    def frames_of(
-        self, rendered: RenderedFetches, op: DelayedFetch, default_headers: list[tuple[bytes, bytes]]
-    ) -> SharedAnswerFrames | None:
-        """The frames of ``op``'s 200 (a one-partition fetch), as ``rendered`` renders it; None for
-        a body larger than MAX_SHARED_BODY (sent through h2, a frame at a time: a frame's length
-        has 24 bits, and a body past 16 MiB made every such answer a 500)."""
-        part = op.parts[0]
-        records = part.records
-        key = part.key
-        last = self.last_answer
-        error = op.error
-        if (
-            last is not None
-            and error is None
-            and last[0] is records
-            and last[5] is default_headers
-            and last[1] is op.outcome
-            and last[2] is part.status
-            and last[3] == part.fetch_offset
-            and (last[4] is key or last[4] == key)
-        ):
-            return cast("SharedAnswerFrames | None", last[6])
-        body = rendered.body(key.topic, key.partition, op)
-        if len(body) > MAX_SHARED_BODY:
-            return None
-        frames = self.frames_for(body, default_headers)
-        if error is None:  # an error's text is in the body: such answers are not looked up here
-            answered = (records, op.outcome, part.status, part.fetch_offset, key, default_headers, frames)
-            self.last_answer = answered
-        return frames
 
     def frames_for(self, body: bytes, default_headers: list[tuple[bytes, bytes]]) -> SharedAnswerFrames:
-        frames = self.frames
-        if frames is None or body is not self.body or default_headers is not self.default_headers:
-            headers = [(b":status", b"200"), *default_headers, *fetch_body_response(body).raw_headers]
-            block = self.encoder.encode(headers)
-            frames = SharedAnswerFrames(block, body)
-            self.frames, self.body, self.default_headers = frames, body, default_headers
-        return frames
+        headers = [(b":status", b"200"), *default_headers, *fetch_body_response(body).raw_headers]
+        return SharedAnswerFrames(self.encoder.encode(headers), body)
 
 
 def plain_answers_allowed(conn: h2.connection.H2Connection) -> bool:

@@ -91,7 +91,8 @@ from ...settings import ServiceSettings
 from .._endpoint import LongPollEndpoint, PollWaits, endpoint_in
 from ..h1._long_poll import ANSWER_CHUNK
 from ._answers import (
-    SharedH2Answer,
+    MAX_SHARED_BODY,
+    SharedFrames,
     SharedHeaderEncoder,
     plain_answers_allowed,
     record_plain_stream,
@@ -161,13 +162,13 @@ H2_IDLE_TIMEOUT_S = 60.0
 # instead of queueing unseen in its own connection pool.
 STREAM_HEADROOM = 100
 _STATUS = {status: str(status).encode() for status in range(100, 600)}
-_SHARED_ANSWER = SharedH2Answer()  # the last 200's frames: one loop thread per process
+_SHARED_FRAMES = SharedFrames()  # builds the operations' shared frames: one loop thread per process
 
 
 class _H2Waiter:
     """One waiting long poll on a stream; the operation's callback (no closure, no task)."""
 
-    __slots__ = ("gateway", "offset", "op", "partition", "session", "stream_id", "topic")
+    __slots__ = ("gateway", "handle", "offset", "op", "partition", "session", "stream_id", "topic")
 
     def __init__(
         self,
@@ -184,20 +185,21 @@ class _H2Waiter:
         self.topic = topic
         self.partition = partition
         self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
-        self.op: DelayedFetch | None = None  # set once fetch_then_call returned it
+        self.handle: object = None  # the gateway's waiter, once fetch_then_call returned it
+        self.op: DelayedFetch | None = None  # the finished operation whose answer is this stream's
 
     def __call__(self, op: DelayedFetch) -> None:
         """The operation finished (on the loop: at once, or from the handoff's batch)."""
         session = self.session
+        self.op = op
         if session.waiters.get(self.stream_id) is self:
             # Answered with the others the same drain finished on this connection (H2Session.answer_finished).
             session.finished.append(self)
             if not session._answer_scheduled:
                 session._answer_scheduled = True
                 session.loop.call_soon(session.answer_finished)
-        elif self.op is None:
+        elif self.handle is None:
             # Finished inside fetch_then_call, before the session recorded the waiter.
-            self.op = op
             session.loop.call_soon(session.answer_if_waiting, self)
 
 
@@ -539,12 +541,12 @@ class H2Session:
         gateway, topic, partition, params = poll
         waiter = _H2Waiter(self, stream_id, gateway, topic, partition, params.offset)
         try:
-            op = gateway.fetch_then_call(topic, partition, params, waiter)
+            handle = gateway.fetch_then_call(topic, partition, params, waiter)
         except RequestError:
             return False  # admission's 429 or a 503: the ASGI path answers it, with the same checks
-        if op is None:
+        if handle is None:
             return False  # nothing was submitted: fetch() awaits what is not cached
-        waiter.op = op
+        waiter.handle = handle
         self.waiters[stream_id] = waiter
         return True
 
@@ -582,7 +584,15 @@ class H2Session:
                 completed = op.outcome is Outcome.COMPLETED and op.error is None
                 if plain and completed and part.status is ErrorCode.NONE and len(self.out) < room:
                     assert self.rendered is not None
-                    frames = _SHARED_ANSWER.frames_of(self.rendered, op, default_headers)  # identity-cached
+                    key = part.key
+                    answer = self.rendered.of(key.topic, key.partition, op)  # one per operation
+                    # A larger body goes through h2, a frame at a time (a frame's length has 24
+                    # bits, and a body past 16 MiB made every such answer a 500).
+                    frames = (
+                        answer.http2(default_headers, _SHARED_FRAMES.frames_for)
+                        if len(answer.body) <= MAX_SHARED_BODY
+                        else None
+                    )
                     if frames is not None and record_plain_stream(conn, streams.get(stream_id), frames):
                         del waiters[stream_id]
                         # h2's own bytes first (a SETTINGS ack, an answer sent through it): in order.
@@ -599,7 +609,7 @@ class H2Session:
                 # taken off the list already, must still be answered.
                 if waiters.pop(stream_id, None) is waiter:
                     self._respond_with(stream_id, self._unexpected())
-        _SHARED_ANSWER.answers += answered
+        _SHARED_FRAMES.answers += answered
         if answered and self.route is not None:
             self.route.count_answers(200, None, answered)
         self.flush()
@@ -818,8 +828,8 @@ class H2Session:
         True if the stream was still being served (what a rapid reset is counted by).
         """
         waiter = self.waiters.pop(stream_id, None)
-        if waiter is not None and waiter.op is not None:
-            waiter.gateway.abandon_fetch(waiter.op)  # no-op if it finished meanwhile
+        if waiter is not None and waiter.handle is not None:
+            waiter.gateway.abandon_fetch(waiter.handle)  # no-op if it was answered meanwhile
         request = self.requests.pop(stream_id, None)
         if request is not None:
             self._forget_body(request)

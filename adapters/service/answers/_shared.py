@@ -1,0 +1,121 @@
+"""SharedAnswers: a finished long poll's answer rendered once, for every protocol that writes it.
+
+Why one module: the waiters of one key event get the same 200. Equal long polls share one
+operation (:mod:`..app._poll_groups`), so *the operation is the shared thing*: its answer — the
+JSON body, the whole HTTP/1.1 response's bytes, the HTTP/2 frames — is rendered once per
+operation and kept on it (:class:`SharedAnswer`, in the operation's ``shared_answer`` slot). The
+route (ASGI) and both fast paths ask here; nothing else caches answers.
+
+Lifetime (simple on purpose): an answer lives while its operation does — held by its group until
+every waiter was answered, and by the connections still writing it — and no longer: no cache of
+bodies outlives them. An operation without the slot (scale-out's, a test's) renders each time.
+
+The protocols' encodings are built lazily, each by the protocol (``encode(body, default_headers)``:
+this module imports no HTTP/2 code), and kept for uvicorn's current default headers (their
+``date`` changes once a second, and uvicorn then makes a new list: compared by identity).
+
+Concurrency contract: the event loop's thread only (answers are rendered and written there).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ...kafka import DelayedFetch, FetchedRecord
+
+__all__ = ["SharedAnswer", "SharedAnswers", "fetch_body"]
+
+_T = TypeVar("_T")
+Headers = list[tuple[bytes, bytes]]
+
+
+def _json_bytes(content: Any) -> bytes:
+    """``content`` as Starlette's :class:`JSONResponse` renders it (compact, UTF-8, no NaN)."""
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def _record_json(record: FetchedRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {"offset": record.offset, "timestamp_ms": record.timestamp_ms}
+    for name, data in (("key", record.key), ("value", record.value)):
+        if data is None:
+            out[name] = None
+            continue
+        try:
+            out[name] = data.decode("utf-8")
+        except UnicodeDecodeError:  # binary payloads survive the trip as base64
+            out[f"{name}_b64"] = base64.b64encode(data).decode("ascii")
+    return out
+
+
+def fetch_body(topic: str, partition: int, op: DelayedFetch) -> bytes:
+    """The JSON body of a finished one-partition long poll (rendered, not looked up)."""
+    (part,) = op.parts
+    records = part.records
+    return _json_bytes(
+        {
+            "topic": topic,
+            "partition": partition,
+            "outcome": op.outcome.name if op.outcome is not None else None,
+            "error_code": part.status.value,
+            "fetch_offset": part.fetch_offset,
+            "next_offset": records[-1].offset + 1 if records else part.fetch_offset,
+            "records": [_record_json(r) for r in records],
+            "error": str(op.error) if op.error is not None else None,
+        }
+    )
+
+
+class SharedAnswer:
+    """One finished operation's answer: its body, and each protocol's encoding of it (lazily)."""
+
+    __slots__ = ("body", "h2", "h2_headers", "h11", "h11_headers")
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.h11: Any = None  # HTTP/1.1: the whole response's bytes
+        self.h11_headers: Headers | None = None
+        self.h2: Any = None  # HTTP/2: the HEADERS + DATA frames without their stream ids
+        self.h2_headers: Headers | None = None
+
+    def http11(self, default_headers: Headers, encode: Callable[[bytes, Headers], _T]) -> _T:
+        """The HTTP/1.1 bytes ``encode`` makes of the body, for ``default_headers`` (kept)."""
+        if self.h11 is None or default_headers is not self.h11_headers:
+            self.h11 = encode(self.body, default_headers)
+            self.h11_headers = default_headers
+        return self.h11  # type: ignore[no-any-return]
+
+    def http2(self, default_headers: Headers, encode: Callable[[bytes, Headers], _T]) -> _T:
+        """The HTTP/2 frames ``encode`` makes of the body, for ``default_headers`` (kept)."""
+        if self.h2 is None or default_headers is not self.h2_headers:
+            self.h2 = encode(self.body, default_headers)
+            self.h2_headers = default_headers
+        return self.h2  # type: ignore[no-any-return]
+
+
+class SharedAnswers:
+    """Every protocol's way to a finished operation's :class:`SharedAnswer` (module docstring)."""
+
+    def __init__(self) -> None:
+        self.rendered = 0  # bodies rendered (tests, and the bench's probes, read them)
+        self.hits = 0  # answers found already rendered
+
+    def of(self, topic: str, partition: int, op: DelayedFetch) -> SharedAnswer:
+        """``op``'s answer, rendered on its first call and kept on ``op`` (when it has the slot)."""
+        answer = getattr(op, "shared_answer", None)
+        if answer is not None:
+            self.hits += 1
+            return answer  # type: ignore[no-any-return]
+        answer = SharedAnswer(fetch_body(topic, partition, op))
+        self.rendered += 1
+        # An operation without the slot (AttributeError): rendered per answer.
+        with contextlib.suppress(AttributeError):
+            op.shared_answer = answer  # type: ignore[attr-defined]  # OffLoopFetch's slot
+        return answer
+
+    def body(self, topic: str, partition: int, op: DelayedFetch) -> bytes:
+        """``op``'s JSON body (the ASGI route's answer)."""
+        return self.of(topic, partition, op).body

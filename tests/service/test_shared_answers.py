@@ -1,0 +1,96 @@
+"""SharedAnswers: a finished long poll's answer rendered once per operation, for every protocol."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from purgatory.adapters.kafka import DelayedFetch, ErrorCode, FetchedRecord, PartitionRead, TopicPartitionKey
+from purgatory.adapters.service.answers._shared import SharedAnswers, fetch_body
+
+from purgatory import Outcome
+
+KEY = TopicPartitionKey("orders", 0)
+
+
+@dataclass(slots=True)
+class AnsweredFetch:
+    """The fields of a finished DelayedFetch that its answer is rendered from (no slot for its
+    shared answer: rendered per call, as an operation of another kind is)."""
+
+    records: dict[TopicPartitionKey, list[FetchedRecord]]
+    fetch_offsets: dict[TopicPartitionKey, int] = field(default_factory=lambda: {KEY: 0})
+    statuses: dict[TopicPartitionKey, ErrorCode] = field(default_factory=lambda: {KEY: ErrorCode.NONE})
+    outcome: Outcome | None = Outcome.COMPLETED
+    error: Exception | None = None
+
+    @property
+    def parts(self) -> tuple[PartitionRead, ...]:
+        parts = []
+        for key, offset in self.fetch_offsets.items():
+            part = PartitionRead(key, offset)
+            part.records, part.status = self.records[key], self.statuses[key]
+            parts.append(part)
+        return tuple(parts)
+
+
+@dataclass(slots=True)
+class SlottedFetch(AnsweredFetch):
+    """As the service's OffLoopFetch: a slot for the answer its waiters share."""
+
+    shared_answer: object = None
+
+
+def _record(offset: int, value: bytes = b"v") -> FetchedRecord:
+    return FetchedRecord(offset, None, value, 1_700_000_000_000)
+
+
+def _op(records: list[FetchedRecord], **fields: Any) -> DelayedFetch:
+    return cast(DelayedFetch, SlottedFetch({KEY: records}, **fields))
+
+
+def test_every_waiter_of_one_operation_shares_its_body() -> None:
+    shared = SharedAnswers()
+    op = _op([_record(0), _record(1, b"\xff")])
+    first = shared.body("orders", 0, op)
+    assert all(shared.body("orders", 0, op) is first for _ in range(5))
+    assert shared.rendered == 1 and shared.hits == 5
+    body: Any = json.loads(first)
+    assert body["outcome"] == "COMPLETED" and body["next_offset"] == 2 and body["fetch_offset"] == 0
+    assert body["records"][0]["value"] == "v" and body["records"][1]["value_b64"] == "/w=="
+    assert first == fetch_body("orders", 0, op), "the shared body is the waiter's own answer"
+
+
+def test_other_operations_render_their_own_answers() -> None:
+    shared = SharedAnswers()
+    records = [_record(5)]
+    completed, expired = _op(records), _op(records, outcome=Outcome.EXPIRED, fetch_offsets={KEY: 5})
+    bodies = [json.loads(shared.body("orders", 0, op)) for op in (completed, expired)]
+    assert [b["outcome"] for b in bodies] == ["COMPLETED", "EXPIRED"]
+    assert [b["fetch_offset"] for b in bodies] == [0, 5]
+    assert shared.rendered == 2 and shared.hits == 0
+
+
+def test_an_operation_without_the_slot_is_rendered_each_time_and_nothing_is_kept() -> None:
+    shared = SharedAnswers()
+    op = cast(DelayedFetch, AnsweredFetch({KEY: [_record(0)]}))
+    first, second = shared.body("orders", 0, op), shared.body("orders", 0, op)
+    assert first == second and first is not second and shared.rendered == 2
+    assert not hasattr(shared, "_entries") and not hasattr(shared, "_last"), "no cache outlives operations"
+
+
+def test_each_protocols_encoding_is_made_once_per_default_headers() -> None:
+    shared = SharedAnswers()
+    answer = shared.of("orders", 0, _op([_record(0)]))
+    today, tomorrow = [(b"date", b"today")], [(b"date", b"tomorrow")]
+    made: list[bytes] = []
+
+    def encode(body: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+        made.append(body)
+        return headers[0][1] + body
+
+    h11 = [answer.http11(today, encode) for _ in range(3)]
+    assert h11[0] is h11[1] is h11[2] and len(made) == 1
+    assert answer.http11(tomorrow, encode).startswith(b"tomorrow") and len(made) == 2
+    assert answer.http2(today, encode) is answer.http2(today, encode) and len(made) == 3
