@@ -23,6 +23,7 @@ from purgatory.adapters.service.app._poll_groups import PollGroups, equal_polls
 
 from purgatory import Outcome, PurgatoryFullError
 from purgatory._operation_core import extras_of
+from purgatory.journal import Journal
 from tests.kafka.test_offset_index import KEY, _facts, feed_on_mock_timer
 
 AT = 5
@@ -278,3 +279,36 @@ def test_one_answer_is_rendered_per_group_operation(rig: Rig) -> None:
         encoded.append(answer.http11(headers, lambda body, h: b"HTTP/1.1 200 OK\r\n\r\n" + body))
     assert encoded[0] is encoded[1] is encoded[2], "encoded once per default headers"
     assert answer.http11([(b"date", b"tomorrow")], lambda body, h: b"x" + body) is not encoded[0]
+
+
+class _ListSink:
+    """A journal sink keeping the events in memory (JournalSink's three calls)."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def write(self, events: Any) -> None:
+        self.events.extend(events)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_journal_records_one_answered_fetch_per_waiter(rig: Rig) -> None:
+    sink = _ListSink()
+    journal = Journal([sink], flush_interval_s=0.01).attach(rig.purgatory)
+    try:
+        rig.groups.journal = journal
+        for name in ("first", "second", "third"):
+            rig.join(name)
+        rig.append(b"one")
+        assert journal.flush(), "the journal's writer took every event"
+    finally:
+        journal.close()
+    finished = [e for e in sink.events if e.event_type.value == "completed"]
+    assert len(finished) == 3, [e.event_type for e in sink.events]
+    assert {e.op_type for e in finished} == {"DelayedFetch"}
+    assert all(e.latency_ms is not None and e.latency_ms >= 0 for e in finished)

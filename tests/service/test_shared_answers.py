@@ -72,12 +72,27 @@ def test_other_operations_render_their_own_answers() -> None:
     assert shared.rendered == 2 and shared.hits == 0
 
 
-def test_an_operation_without_the_slot_is_rendered_each_time_and_nothing_is_kept() -> None:
+def test_operations_of_different_groups_answering_the_same_records_list_share_the_last_body() -> None:
+    """A catching-up consumer's polls complete in groups of their own (the records are there), each
+    answering the record cache's one list: the last body is theirs too, not a render each."""
     shared = SharedAnswers()
-    op = cast(DelayedFetch, AnsweredFetch({KEY: [_record(0)]}))
-    first, second = shared.body("orders", 0, op), shared.body("orders", 0, op)
-    assert first == second and first is not second and shared.rendered == 2
-    assert not hasattr(shared, "_entries") and not hasattr(shared, "_last"), "no cache outlives operations"
+    records = [_record(0), _record(1)]
+    first = shared.body("orders", 0, _op(records))
+    assert shared.body("orders", 0, _op(records)) is first and shared.rendered == 1
+    equal_not_same = shared.body("orders", 0, _op(list(records)))
+    assert equal_not_same == first and equal_not_same is not first and shared.rendered == 2
+
+
+def test_only_the_last_body_outlives_its_operation() -> None:
+    shared = SharedAnswers()
+    records = [_record(0)]
+    op = cast(DelayedFetch, AnsweredFetch({KEY: records}))  # no slot: nothing kept on it
+    first = shared.body("orders", 0, op)
+    assert shared.body("orders", 0, op) is first, "the last body"
+    shared.body("orders", 0, _op([_record(7)]))  # another answer is the last one now
+    again = shared.body("orders", 0, op)
+    assert again == first and again is not first and shared.rendered == 3
+    assert shared.last is not None and shared.last[0] is records, "one body kept: the last rendered"
 
 
 def test_each_protocols_encoding_is_made_once_per_default_headers() -> None:

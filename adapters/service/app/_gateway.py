@@ -213,7 +213,9 @@ class Gateway:
         # Bytes of answers held by connections slow to read them: past it, long polls get a 429.
         self.answer_budget = AnswerBudget(settings.service.answer_budget_bytes)
         # Equal long polls share one operation (issue 30): admission counts their waiters.
-        self.polls = PollGroups(self._watch_then_call, self.fetch_purgatory.abandon, FETCH_PURGATORY)
+        self.polls = PollGroups(
+            self._watch_then_call, self.fetch_purgatory.abandon, FETCH_PURGATORY, journal=self.journal
+        )
         # Scale-out (docs/design.md §7): this instance serves only the partitions its group assigns it.
         self.scaleout: ScaleOut | None = (
             ScaleOut(settings, self.bootstrap_servers, self.purgatories, self.feed)

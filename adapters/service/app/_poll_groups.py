@@ -32,7 +32,10 @@ Counting: the fetch purgatory holds one operation per group, so Kafka's ``Purgat
 ``NumDelayedOperations`` count groups (as the broker counts one DelayedFetch per request it
 holds); :attr:`PollGroups.waiters` counts the waiting requests (admission, the drain's answers, the
 ``purgatory_service_long_poll_waiters`` gauge), and :attr:`PollGroups.per_key` them per partition
-(the per-key limit).
+(the per-key limit). The journal records the purgatory's operations as it always did — a
+group's operation stands for the waiter that started it — and, given one, this records each
+waiter that *joined* a group when it is answered (a ``DelayedFetch`` answered with its group's
+outcome, its latency from its own arrival), so a group of N waiters is N requests there too.
 
 Concurrency contract: the event loop's thread only. Operations finish on any thread; their
 callbacks (``submit``'s) reach the loop through the purgatory's loop handoff.
@@ -42,12 +45,17 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import time
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from purgatory import Outcome, PurgatoryFullError
+from purgatory.journal import Journal
 
 from ...kafka import DelayedFetch
+
+if TYPE_CHECKING:
+    from purgatory import DelayedOperation
 
 __all__ = ["GROUP_WAIT_FACTOR", "PollGroup", "PollGroups", "PollWaiter", "equal_polls"]
 
@@ -73,9 +81,10 @@ def equal_polls(
 class PollWaiter:
     """One waiting long poll: its callback, its deadline (loop time), its group or lone operation."""
 
-    __slots__ = ("callback", "deadline", "group", "key", "op")
+    __slots__ = ("callback", "deadline", "group", "joined_ns", "key", "op")
 
     def __init__(self, callback: Answered, deadline: float, key: Hashable) -> None:
+        self.joined_ns = 0  # when it joined a group it did not start (the journal's latency), else 0
         self.callback: Answered | None = callback  # None once answered or gone: exactly once
         self.deadline = deadline
         self.key = key  # the partition's key (the per-key count)
@@ -206,6 +215,7 @@ class PollGroups:
         abandon: Callable[[DelayedFetch], object],
         purgatory: str,
         loop: asyncio.AbstractEventLoop | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.submit = submit
         self._abandon = abandon
@@ -217,6 +227,7 @@ class PollGroups:
         self.joined = 0
         self.expired_alone = 0  # expiries answered by a lone operation (records may have arrived)
         self._loop = loop  # None: the running loop of the first join
+        self.journal = journal
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -256,6 +267,8 @@ class PollGroups:
             if group is not None and group.joinable(waiter.deadline):
                 group.add(waiter)
                 self.joined += 1
+                if self.journal is not None:
+                    waiter.joined_ns = time.monotonic_ns()
                 return waiter
             op = make_op(group_wait_ms)
             group = PollGroup(self, equal, op, loop.time() + group_wait_ms / 1000, make_op)
@@ -297,6 +310,11 @@ class PollGroups:
             return  # left (or answered): exactly once
         waiter.callback = None
         self._count(waiter.key, self.per_key.get(waiter.key, 1) - 1)
+        if waiter.joined_ns and self.journal is not None and op.outcome is not None:
+            joined = cast(
+                "DelayedOperation", _JoinedWaiter(op, waiter.joined_ns)
+            )  # what the journal reads of one
+            self.journal.record_unsubmitted(self.purgatory, joined, op.watch_keys())
         callback(op)
 
     def expire(self, group: PollGroup, waiter: PollWaiter) -> None:
@@ -305,6 +323,7 @@ class PollGroups:
             self.answer(waiter, group.expired_twin())
             return
         self.expired_alone += 1
+        waiter.joined_ns = 0  # the journal records its lone operation
         try:
             self._wait_alone(waiter, group.make_op(0))
         except Exception:
@@ -324,3 +343,23 @@ class PollGroups:
             self.per_key[key] = count
         else:
             self.per_key.pop(key, None)
+
+
+class _JoinedWaiter:
+    """A waiter that joined a group, as the journal records it: a DelayedFetch answered with its
+    group's outcome, its latency from its own arrival (``requested_ns``)."""
+
+    __slots__ = ("delay_ms", "op", "outcome", "requested_ns")
+
+    def __init__(self, op: DelayedFetch, joined_ns: int) -> None:
+        self.op = op
+        self.outcome = op.outcome
+        self.delay_ms = op.delay_ms
+        self.requested_ns = joined_ns
+
+    def answer_code(self) -> object:
+        return self.op.answer_code()
+
+
+# The journal and the analytics group events by class name: to them a waiter is a DelayedFetch.
+_JoinedWaiter.__name__ = _JoinedWaiter.__qualname__ = DelayedFetch.__name__
