@@ -79,7 +79,9 @@ def test_operations_of_different_groups_answering_the_same_records_list_share_th
     records = [_record(0), _record(1)]
     first = shared.body("orders", 0, _op(records))
     assert shared.body("orders", 0, _op(records)) is first and shared.rendered == 1
-    equal_not_same = shared.body("orders", 0, _op(list(records)))
+    assert shared.body("orders", 0, _op(list(records))) is first, "another list of the same records"
+    assert shared.of("orders", 0, _op(records)) is shared.of("orders", 0, _op(records)), "encodings too"
+    equal_not_same = shared.body("orders", 0, _op([_record(0), _record(1)]))
     assert equal_not_same == first and equal_not_same is not first and shared.rendered == 2
 
 
@@ -92,7 +94,7 @@ def test_only_the_last_body_outlives_its_operation() -> None:
     shared.body("orders", 0, _op([_record(7)]))  # another answer is the last one now
     again = shared.body("orders", 0, op)
     assert again == first and again is not first and shared.rendered == 3
-    assert shared.last is not None and shared.last[0] is records, "one body kept: the last rendered"
+    assert shared.last is not None and shared.last[0] is records, "one answer kept: the last rendered"
 
 
 def test_each_protocols_encoding_is_made_once_per_default_headers() -> None:

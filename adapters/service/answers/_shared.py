@@ -8,14 +8,15 @@ route (ASGI) and both fast paths ask here; nothing else caches answers.
 
 Lifetime (simple on purpose): an answer lives while its operation does — held by its group until
 every waiter was answered, and by the connections still writing it — and no longer: no cache of
-bodies outlives them, but for one: the last body rendered (:attr:`SharedAnswers.last`). Equal
+bodies outlives them, but for one: the last answer rendered (:attr:`SharedAnswers.last`). Equal
 polls that arrive in different groups — a consumer catching up, whose poll completes at once
 because the records are there, so no later poll can join its group; HTTP/1.1 polls pipelined on
-one connection — answer the very same records list (the shared record cache hands every read of
-a range the same one): their operation takes the last body when the list (identity) and every
-other field of the answer are the same, instead of rendering it again (up to ~22 MB of JSON for a
-16 MiB answer). One body, replaced by the next distinct render. An operation without the slot
-(scale-out's, a test's) renders each time, past the last body.
+one connection — answer the very same records (the shared record cache hands every read of a
+range the same objects): their operation takes the last body when the records (identities, in
+order) and every other field of the answer are the same — the very :class:`SharedAnswer`, with
+its encodings — instead of rendering it again (up to ~22 MB of JSON for a 16 MiB answer, and
+as much again per encoding). One answer, replaced by the next distinct render. An operation
+without the slot (scale-out's, a test's) renders each time, past the last answer.
 
 The protocols' encodings are built lazily, each by the protocol (``encode(body, default_headers)``:
 this module imports no HTTP/2 code), and kept for uvicorn's current default headers (their
@@ -29,7 +30,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ...kafka import DelayedFetch, FetchedRecord
@@ -76,6 +77,15 @@ def fetch_body(topic: str, partition: int, op: DelayedFetch) -> bytes:
     )
 
 
+def _same_records(held: Sequence[FetchedRecord], records: Sequence[FetchedRecord]) -> bool:
+    """Whether two lists hold the very same record objects, in order.
+
+    Reads that reached the record cache's span end (SharedReadReader) make a list of their own of
+    the same objects: a walk of identities is far cheaper than rendering their ~18 MB again.
+    """
+    return len(held) == len(records) and all(a is b for a, b in zip(held, records, strict=True))
+
+
 class SharedAnswer:
     """One finished operation's answer: its body, and each protocol's encoding of it (lazily)."""
 
@@ -109,8 +119,8 @@ class SharedAnswers:
     def __init__(self) -> None:
         self.rendered = 0  # bodies rendered (tests, and the bench's probes, read them)
         self.hits = 0  # answers found already rendered
-        # The last body rendered and what it answered: (records list, topic, partition, outcome,
-        # status, fetch offset, body). Its records stay referenced here, so the list's identity
+        # The last answer rendered and what it answered: (records list, topic, partition, outcome,
+        # status, fetch offset, SharedAnswer). Its records stay referenced here, so the list's identity
         # cannot be another list's later.
         self.last: tuple[Any, ...] | None = None
 
@@ -120,19 +130,19 @@ class SharedAnswers:
         if answer is not None:
             self.hits += 1
             return answer  # type: ignore[no-any-return]
-        answer = SharedAnswer(self._body(topic, partition, op))
+        answer = self._answer(topic, partition, op)
         # An operation without the slot (AttributeError): rendered per answer.
         with contextlib.suppress(AttributeError):
             op.shared_answer = answer  # type: ignore[attr-defined]  # OffLoopFetch's slot
         return answer
 
-    def _body(self, topic: str, partition: int, op: DelayedFetch) -> bytes:
+    def _answer(self, topic: str, partition: int, op: DelayedFetch) -> SharedAnswer:
         (part,) = op.parts
         records = part.records
         last = self.last
         if (
             last is not None
-            and last[0] is records
+            and (last[0] is records or _same_records(last[0], records))
             and op.error is None
             and last[5] == part.fetch_offset
             and last[3] is op.outcome
@@ -142,11 +152,11 @@ class SharedAnswers:
         ):
             self.hits += 1
             return last[6]  # type: ignore[no-any-return]
-        body = fetch_body(topic, partition, op)
+        answer = SharedAnswer(fetch_body(topic, partition, op))
         self.rendered += 1
         if op.error is None and records:  # an error's text is in its body; nothing to share in ()
-            self.last = (records, topic, partition, op.outcome, part.status, part.fetch_offset, body)
-        return body
+            self.last = (records, topic, partition, op.outcome, part.status, part.fetch_offset, answer)
+        return answer
 
     def body(self, topic: str, partition: int, op: DelayedFetch) -> bytes:
         """``op``'s JSON body (the ASGI route's answer)."""

@@ -66,7 +66,7 @@ from .burst_probe import BurstProbe
 from .h1_client import AnswerReader, H1LongPoll, open_long_polls
 from .h2_client import H2LongPoll, open_h2_long_polls
 
-__all__ = ["FanoutResult", "fanout", "run_case"]
+__all__ = ["FanoutResult", "fanout", "long_polls_waiting", "run_case"]
 
 MAX_WAIT_MS = 60_000  # the service's limit: nothing may expire while a case runs
 WAIT_AT = 1  # the long polls' offset: the end of each partition, one record written before
@@ -130,6 +130,17 @@ def _http_json(url: str, timeout_s: float = 30.0) -> dict[str, object]:
         return dict(json.loads(response.read()))
 
 
+def long_polls_waiting(health: Mapping[str, object]) -> int:
+    """The long polls waiting, from a ``/healthz`` answer: its ``long_poll_waiters`` (equal long polls
+    share one operation, issue 30), else (an older service) the fetch purgatory's operations."""
+    waiters = health.get("long_poll_waiters")
+    if isinstance(waiters, int):
+        return waiters
+    purgatories = health["purgatories"]
+    assert isinstance(purgatories, dict)
+    return int(purgatories["fetch"]["NumDelayedOperations"])
+
+
 class ServiceProcess(ChildServer):
     """The example service under uvicorn in a child process; stopped by its PID."""
 
@@ -169,13 +180,7 @@ class ServiceProcess(ChildServer):
         super().wait_ready(timeout_s, poll_s)
 
     def pending_fetches(self, timeout_s: float = 30.0) -> int:
-        health = _http_json(f"{self.url}/healthz", timeout_s)
-        waiters = health.get("long_poll_waiters")  # equal long polls share one operation (issue 30)
-        if isinstance(waiters, int):
-            return waiters
-        purgatories = health["purgatories"]
-        assert isinstance(purgatories, dict)
-        return int(purgatories["fetch"]["NumDelayedOperations"])
+        return long_polls_waiting(_http_json(f"{self.url}/healthz", timeout_s))
 
     def task_free_long_polls(self) -> int:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:  # loopback only

@@ -40,7 +40,7 @@ from purgatory.adapters.kafka.local import free_port
 from purgatory.settings import load_settings
 
 from ..measure import rss_bytes
-from .fanout import ServiceProcess
+from .fanout import ServiceProcess, long_polls_waiting
 from .h2_client import open_h2_long_polls
 
 __all__ = ["FloodResult", "flood", "main"]
@@ -154,8 +154,7 @@ async def _sample(
 
 
 async def _pending_fetches(client: httpx.AsyncClient, url: str) -> int:
-    health = (await client.get(f"{url}/healthz")).json()
-    return int(health["purgatories"]["fetch"]["NumDelayedOperations"])
+    return long_polls_waiting((await client.get(f"{url}/healthz")).json())
 
 
 async def _flood(
