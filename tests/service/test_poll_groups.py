@@ -19,7 +19,7 @@ from purgatory.adapters.kafka.facts._record_cache import SharedReadReader
 from purgatory.adapters.kafka.ops._off_loop_fetch import OffLoopFetch
 from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service.answers._shared import SharedAnswers
-from purgatory.adapters.service.app._poll_groups import PollGroups, equal_polls
+from purgatory.adapters.service.app._poll_groups import ANSWER_SLICE, PollGroups, equal_polls
 
 from purgatory import Outcome, PurgatoryFullError
 from purgatory._operation_core import extras_of
@@ -45,6 +45,17 @@ class FakeLoop:
     def __init__(self) -> None:
         self.now = 0.0
         self.handles: list[_Handle] = []
+        self.ready: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+
+    def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        self.ready.append((fn, args))
+
+    def run_ready(self) -> int:
+        """One loop iteration's callbacks; how many ran."""
+        ready, self.ready = self.ready, []
+        for fn, args in ready:
+            fn(*args)
+        return len(ready)
 
     def time(self) -> float:
         return self.now
@@ -312,3 +323,17 @@ def test_the_journal_records_one_answered_fetch_per_waiter(rig: Rig) -> None:
     assert len(finished) == 3, [e.event_type for e in sink.events]
     assert {e.op_type for e in finished} == {"DelayedFetch"}
     assert all(e.latency_ms is not None and e.latency_ms >= 0 for e in finished)
+
+
+def test_a_large_group_is_answered_a_slice_per_loop_iteration_and_a_leaver_is_skipped(rig: Rig) -> None:
+    waiters = [rig.join(f"w{i}") for i in range(ANSWER_SLICE * 2 + 10)]
+    rig.append(b"one")
+    answered = sum(1 for calls in rig.answers.calls.values() if calls)
+    assert answered == ANSWER_SLICE, "one slice at once: the loop reads other requests in between"
+    rig.groups.leave(waiters[-1])  # leaves before its slice
+    iterations = 0
+    while rig.loop.run_ready():
+        iterations += 1
+    assert iterations == 2
+    assert all(len(rig.answers.calls[f"w{i}"]) == 1 for i in range(len(waiters) - 1))
+    assert rig.answers.calls[f"w{len(waiters) - 1}"] == [] and rig.groups.waiters == 0

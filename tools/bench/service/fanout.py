@@ -260,6 +260,7 @@ async def _run_case_async(
     idle_s: float,
     timeout_s: float,
     http2_streams: int = 0,
+    probe_topic: str | None = None,
 ) -> FanoutResult:
     port = int(service.url.rsplit(":", 1)[1])
     deadline = time.monotonic() + timeout_s
@@ -278,7 +279,7 @@ async def _run_case_async(
     try:
         return await _measure_case(
             service, producer, topic, waiters, partitions, idle_s, deadline, started, rss0, polls, reader,
-            http2_streams,
+            http2_streams, probe_topic or topic,
         )  # fmt: skip
     finally:
         if reader is not None:
@@ -301,6 +302,7 @@ async def _measure_case(
     polls: list[H1LongPoll] | list[H2LongPoll],
     reader: AnswerReader | None,
     http2_streams: int,
+    probe_topic: str,
 ) -> FanoutResult:
     registered = 0
     while time.monotonic() < deadline:
@@ -321,7 +323,7 @@ async def _measure_case(
     produced_ns: dict[int, int] = {}
     # Sends a /healthz and a produce as the first answers arrive (issue 30: answered within 100 ms).
     port = int(service.url.rsplit(":", 1)[1])
-    probe = BurstProbe(port, topic, polls, max(1.0, deadline - time.monotonic()))
+    probe = BurstProbe(port, probe_topic, polls, max(1.0, deadline - time.monotonic()))
     probe.start()
     cpu_before_produce = cpu_seconds(service.pid)
     loop_cpu_before_produce = cpu_seconds(service.pid, service.pid)
@@ -395,6 +397,7 @@ def run_case(
 ) -> FanoutResult:
     """One case on a fresh topic and a fresh service process (see the module docstring)."""
     topic = _create_topic(bootstrap, partitions)
+    probe_topic = _create_topic(bootstrap, 1)  # the burst probe's produces: never the waiters' topic
     producer = _written_with(bootstrap, topic, partitions)
     thresholds = gc.get_threshold()
     # The client holds N connections too: its own collector must not be what limits registration.
@@ -403,15 +406,15 @@ def run_case(
     try:
         with _service(bootstrap, server_args, service_python, server) as service:
             _warm_up(service, topic, partitions)
-            return asyncio.run(
-                _run_case_async(
-                    service, producer, topic, waiters, partitions, idle_s, timeout_s, http2_streams
-                )
+            case = _run_case_async(
+                service, producer, topic, waiters, partitions, idle_s, timeout_s, http2_streams, probe_topic
             )
+            return asyncio.run(case)
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
         _delete_topic(bootstrap, topic)
+        _delete_topic(bootstrap, probe_topic)
 
 
 def _median(runs: list[FanoutResult]) -> FanoutResult:
