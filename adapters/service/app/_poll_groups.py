@@ -239,15 +239,14 @@ class PollGroups:
         self.groups_made = 0  # counters (tests, metrics): groups started, waiters that joined one
         self.joined = 0
         self.expired_alone = 0  # expiries answered by a lone operation (records may have arrived)
-        self._loop = loop  # None: the running loop of the first join
+        self._loop = loop  # None: the running loop (a gateway may outlive a test's loop)
         self.journal = journal
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop given (tests), else the running one: every call is made on the loop's thread."""
         loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        return loop
+        return asyncio.get_running_loop() if loop is None else loop
 
     def join(
         self,
