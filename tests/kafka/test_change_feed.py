@@ -15,9 +15,9 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
 )
 from purgatory.adapters.kafka.facts._feed import METADATA_EVERY, WAKE_LIMIT
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import DelayedOperationPurgatory, PurgatoryFullError
-from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
 from .kafka_fixtures import RecordAppender, TopicFactory

@@ -27,10 +27,10 @@ from purgatory.adapters.kafka import (
     ResponderError,
     TopicPartitionKey,
 )
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import DelayedOperationPurgatory, Outcome
 from purgatory.journal import Journal, JournalEvent
-from purgatory.settings import KafkaSettings
 from purgatory.testing import MockTimer
 
 REPLIES = "replies"

@@ -17,11 +17,13 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service.http.h1._head_timeout import HeadTimeoutH11Protocol
 from purgatory.adapters.service.http.h1._long_poll import LongPollH11Protocol
 from purgatory.adapters.service.server._server import uvicorn_options
+from purgatory.adapters.service.settings import ServiceSettings
 
-from purgatory.settings import KafkaSettings, ServiceSettings, Settings
+from purgatory.settings import Settings
 
 from .conftest import WAIT_S, Served, serving, until
 from .test_auth import Pki, pki  # noqa: F401  (the mutual TLS material, made per module)

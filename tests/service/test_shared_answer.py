@@ -15,9 +15,9 @@ from purgatory.adapters.kafka import ErrorCode, FetchedRecord
 from purgatory.adapters.kafka.facts._record_cache import SharedReadReader
 from purgatory.adapters.kafka.ops import _off_loop_fetch as _fetch
 from purgatory.adapters.kafka.ops._off_loop_fetch import OffLoopFetch
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import Outcome
-from purgatory.settings import KafkaSettings
 from tests.kafka.test_offset_index import KEY, _facts, feed_on_mock_timer
 
 AT = 5
