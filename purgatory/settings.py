@@ -580,10 +580,11 @@ class _Origins:
         env = _environ()
         self.variables: dict[SettingPath, str] = {}
         for name in env:
+            # Every variable, also one naming no setting: a misspelt nested one
+            # (PURGATORY_SERVICE__MAX_HEADR_COUNT) is refused by its section, and the error
+            # must name the variable it came from, not "default".
             if name.startswith(ENV_PREFIX) and name not in OTHER_ENV_VARIABLES:
-                path = _env_path(name)
-                if _names_a_setting(path):
-                    self.variables[path] = name
+                self.variables[_env_path(name)] = name
         for section, variable, field in _section_aliases():
             if env.get(variable):
                 self.variables.setdefault((section, field), variable)
