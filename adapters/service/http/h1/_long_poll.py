@@ -494,6 +494,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             line = '%s - "%s %s HTTP/%s" %d'
             self.access_logger.info(line, client, "GET", parked.target, parked.version, status)
         if self._closing or parked.close:
+            self.server_state.total_requests += 1  # as uvicorn counts a response it closes after
             self.transport.close()  # after the answer: asyncio flushes what it buffered first
             return
         trailing = parked.pipelined
