@@ -53,6 +53,8 @@ timer): abandoned long polls do not fill the purgatory.
 With ``service.fast_long_poll`` (the default) the service's uvicorn protocol serves the long-poll
 route itself, below this app, with this module's checks (:class:`LongPollRoute`,
 :mod:`..http.h1._long_poll`): a waiting poll then holds no task; what it does not take comes here.
+The app puts its endpoint into the lifespan state for the server's protocols, and warns once at
+start when the server runs none of them (:mod:`._fast_paths`).
 
 Lifespan: startup builds the :class:`Gateway` (its :class:`KafkaPurgatory`: change feed, clients,
 purgatories); shutdown drains the purgatories (every waiting request is answered) and closes the
@@ -85,6 +87,7 @@ from ..scaleout._scaleout import (
     release_on_shutdown,
 )
 from ._auth import Authenticator, RequireAuth, TopicPolicy
+from ._fast_paths import ServerFastPaths
 from ._gateway import Gateway, resolve_bootstrap
 from ._guards import CatchAll, HeaderLimits, UnexpectedErrors
 from ._long_poll_route import LongPollRoute
@@ -184,6 +187,9 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     # What the server hands its protocols (..http._endpoint): always, for HTTP/2's limits and budget.
     endpoint = LongPollRoute(app, fetch_route, authenticator, settings, service.fast_long_poll)
     app.state.endpoint = endpoint
+    # Outermost, lifespan only: the endpoint into the lifespan state for the server's protocols
+    # (LongPollHttp), and the slow-path warning at start (._fast_paths).
+    app.add_middleware(ServerFastPaths, endpoint=endpoint)
     app.state.long_poll = endpoint if service.fast_long_poll else None
     # One registry per app: the collectors read every live purgatory and the gateway at scrape time.
     app.state.registry = CollectorRegistry()

@@ -31,8 +31,8 @@ from ._requests import checked_partition, checked_topic, fetch_params
 
 __all__ = ["LongPollRoute"]
 
-# Request headers that make a long poll the ASGI path's: a body or its framing, a wish to close
-# or upgrade, 100-continue, and the proxy headers uvicorn's ProxyHeadersMiddleware reads (they may
+# Request headers that make a long poll the ASGI path's: a body or its framing, a wish to upgrade,
+# 100-continue, and the proxy headers uvicorn's ProxyHeadersMiddleware reads (they may
 # change the scheme authentication looks at).
 _NOT_OURS = frozenset(
     {b"transfer-encoding", b"expect", b"upgrade", b"forwarded", b"x-forwarded-for", b"x-forwarded-proto"}
@@ -52,14 +52,13 @@ class LongPollRoute(LongPollEndpoint):
 
     def plain_get_headers(self, headers: list[tuple[bytes, bytes]]) -> bool:
         """The request's (lowercased) header fields leave it to the fast path: no body or its framing,
-        no wish to close or upgrade, no 100-continue or proxy header (``_NOT_OURS``), and within the
-        header limits the ASGI path's guard checks. HTTP/1.1's and HTTP/2's fast paths both ask this
-        (an HTTP/2 request never has ``connection``: RFC 9113 §8.2.2, h2 rejects it as a protocol error).
+        no wish to upgrade, no 100-continue or proxy header (``_NOT_OURS``), and within the header
+        limits the ASGI path's guard checks. HTTP/1.1's and HTTP/2's fast paths both ask this. A
+        ``Connection: close`` is the HTTP/1.1 path's to honour (it closes after the answer); an
+        HTTP/2 request never has ``connection`` (RFC 9113 §8.2.2, h2 rejects it as a protocol error).
         """
         for name, value in headers:
             if name in _NOT_OURS:
-                return False
-            if name == b"connection" and b"close" in value.lower():
                 return False
             if name == b"content-length" and value.strip() != b"0":
                 return False

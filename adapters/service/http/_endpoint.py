@@ -4,9 +4,11 @@ Why: the HTTP/1.1 and HTTP/2 protocols (:mod:`.h1`, :mod:`.h2`) serve the long-p
 the ASGI app, with the app's own checks, admission and rendering; every other request, and every
 long poll they do not take, goes to the app. They import nothing of the app: the app builds its
 endpoint (``app.state.endpoint``, a :class:`LongPollEndpoint`), and the server that builds the
-protocol classes for it hands it to them (``uvicorn_options(..., endpoint=)``). A protocol class
-made without one looks it up once in the app it serves, through uvicorn's wrappers
-(:func:`endpoint_in`); none there: every request goes through the app.
+protocol classes for it hands it to them (``uvicorn_options(..., endpoint=)``). Under uvicorn's
+own command line (``--http purgatory.adapters.service:LongPollHttp``) the app's lifespan puts it
+into the lifespan state under :data:`ENDPOINT_STATE_KEY`, which uvicorn hands every protocol it
+makes (``app_state``): the class reads it there at construction, never through the app or
+uvicorn's wrappers around it. A protocol without an endpoint serves every request through the app.
 
 The endpoint answers four questions — may this request's header fields take the fast path; is
 this scope a long poll the route would serve (and with which admitted waits); how is a finished
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol
 
 from purgatory.settings import Settings
 
@@ -26,11 +28,11 @@ from ...kafka import DelayedFetch
 from ..answers._budget import AnswerBudget
 from ..answers._render import RenderedFetches
 
-__all__ = ["CheckedPoll", "LongPollEndpoint", "PollWaits", "app_state", "endpoint_in"]
+__all__ = ["ENDPOINT_STATE_KEY", "CheckedPoll", "LongPollEndpoint", "PollWaits", "endpoint_in_state"]
 
-# How deep the app may sit inside uvicorn's wrappers (proxy headers, message logger).
-_MAX_WRAPPERS = 8
-_T = TypeVar("_T")
+# The lifespan state's key for the app's endpoint (ASGI lifespan state: the server hands the same
+# dict to every connection it serves; a namespaced key, as the spec asks of extensions).
+ENDPOINT_STATE_KEY = "purgatory.long_poll_endpoint"
 
 
 class PollWaits(Protocol):
@@ -99,18 +101,7 @@ class LongPollEndpoint(ABC):
         """Count a bug answered as a JSON 500 (as the app's catch-all does)."""
 
 
-def app_state(app: Any, name: str, kind: type[_T]) -> _T | None:
-    """The app's ``state.<name>`` if it is a ``kind``, looked up through uvicorn's wrappers."""
-    for _ in range(_MAX_WRAPPERS):
-        value = getattr(getattr(app, "state", None), name, None)
-        if isinstance(value, kind):
-            return value
-        app = getattr(app, "app", None)
-        if app is None:
-            return None
-    return None
-
-
-def endpoint_in(app: Any) -> LongPollEndpoint | None:
-    """The endpoint an app built (``app.state.endpoint``), through uvicorn's wrappers."""
-    return app_state(app, "endpoint", LongPollEndpoint)  # type: ignore[type-abstract]  # isinstance only
+def endpoint_in_state(app_state: dict[str, Any]) -> LongPollEndpoint | None:
+    """The endpoint the app's lifespan put into the server's lifespan state (None: there is none)."""
+    endpoint = app_state.get(ENDPOINT_STATE_KEY)
+    return endpoint if isinstance(endpoint, LongPollEndpoint) else None

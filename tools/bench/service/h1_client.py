@@ -85,10 +85,17 @@ class H1LongPoll:
 
 
 async def open_long_polls(
-    port: int, topic: str, waiters: int, partitions: int, max_wait_ms: int, offset: int = 0
+    port: int,
+    topic: str,
+    waiters: int,
+    partitions: int,
+    max_wait_ms: int,
+    offset: int = 0,
+    *,
+    connection_close: bool = False,
 ) -> list[H1LongPoll]:
     """Connect ``waiters`` sockets and send their long polls at ``offset`` (waiter i: partition
-    i % partitions)."""
+    i % partitions); with ``connection_close``, each asks the service to close after its answer."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
     polls: list[H1LongPoll] = []
@@ -97,7 +104,7 @@ async def open_long_polls(
         partition = i % partitions
         request = (
             f"GET /topics/{topic}/partitions/{partition}/records?offset={offset}&max_wait_ms={max_wait_ms} "
-            "HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            "HTTP/1.1\r\nHost: 127.0.0.1\r\n" + ("Connection: close\r\n" if connection_close else "") + "\r\n"
         ).encode()
         source = f"127.0.0.{2 + i // CONNECTIONS_PER_SOURCE_IP}"
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -17,10 +17,15 @@ head, a ``GET /topics/{t}/partitions/{p}/records`` is taken by the protocol itse
   answered the same, and the whole response's bytes shared too) and writes it in one call.
 
 Anything else — another route, a refusal (4xx), a request this path does not take (a body,
-``Connection: close``, HTTP/1.0, ``Expect``, an upgrade, proxy headers, metadata or the high
-watermark not cached yet, scale-out) — is handed back to h11 untouched and goes through the ASGI
-app as before, which gives the refusal its answer. So the answers are the same bytes either way
-(tests/service/test_long_poll.py compares them).
+``Expect``, an upgrade, proxy headers, metadata or the high watermark not cached yet, scale-out)
+— is handed back to h11 untouched and goes through the ASGI app as before, which gives the
+refusal its answer. So the answers are the same bytes either way (tests/service/test_long_poll.py
+compares them).
+
+A long poll that closes its connection — ``Connection: close``, or HTTP/1.0 (which h11 never
+keeps alive, ``Connection: keep-alive`` or not) — is taken too: answered as h11 answers it (the
+same bytes plus ``Connection: close``), then the connection is closed. What the client sent
+after such a request is not served (RFC 9112 §9.6: the server closes after that response).
 
 Kept from the hardened server: the head's size (h11) and time bounds (this is a
 :class:`HeadTimeoutH11Protocol`), TLS (in the transport, below any protocol), keep-alive (the
@@ -57,7 +62,7 @@ from uvicorn.protocols.utils import get_path_with_query_string
 from ....kafka import DelayedFetch
 from ...answers._errors import UNEXPECTED_ERROR_BODY, RequestError
 from ...answers._render import error_response, fetch_body_response
-from .._endpoint import LongPollEndpoint, PollWaits, app_state
+from .._endpoint import LongPollEndpoint, PollWaits
 from ._coalesced_timers import coalesced_timers
 from ._framing import StrictH11Connection
 from ._head_timeout import HeadTimeoutH11Protocol
@@ -74,15 +79,24 @@ _log = structlog.get_logger("purgatory.service")
 ANSWER_CHUNK = 64 * 1024
 
 
-def http11_response(response: Response, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-    """The bytes uvicorn and h11 write for ``response`` on a kept-alive HTTP/1.1 connection.
+# What h11 adds last to a response on a connection that closes after it (its own spelling).
+_CLOSE_HEADER = (b"Connection", b"close")
+
+
+def http11_response(
+    response: Response, default_headers: list[tuple[bytes, bytes]], *, close: bool = False
+) -> bytes:
+    """The bytes uvicorn and h11 write for ``response`` on an HTTP/1.1 connection.
 
     Status line with uvicorn's reason phrase, uvicorn's default headers (``date``, ``server``),
-    the response's headers in order, a blank line, the body (framed by its Content-Length).
+    the response's headers in order, ``Connection: close`` when the connection closes after it
+    (``close``: the request asked to, or was HTTP/1.0), a blank line, the body (framed by its
+    Content-Length).
     """
     status = response.status_code
     head = [b"HTTP/1.1 %d %s\r\n" % (status, STATUS_PHRASES[status])]
-    head += [b"%s: %s\r\n" % header for header in (*default_headers, *response.raw_headers)]
+    closing = (_CLOSE_HEADER,) if close else ()
+    head += [b"%s: %s\r\n" % header for header in (*default_headers, *response.raw_headers, *closing)]
     head.append(b"\r\n")
     return b"".join(head) + bytes(response.body)
 
@@ -111,12 +125,23 @@ class _Parked:
     see :meth:`LongPollH11Protocol._send`); the connection stays parked until its last byte left.
     """
 
-    __slots__ = ("answer", "gateway", "offset", "op", "pipelined", "sent", "target")
+    __slots__ = ("answer", "close", "gateway", "offset", "op", "pipelined", "sent", "target", "version")
 
-    def __init__(self, gateway: PollWaits, op: DelayedFetch, offset: int | None, target: str | None) -> None:
+    def __init__(
+        self,
+        gateway: PollWaits,
+        op: DelayedFetch,
+        offset: int | None,
+        target: str | None,
+        version: str = "1.1",
+        *,
+        close: bool = False,
+    ) -> None:
         self.gateway = gateway  # its lifespan drops it from the app's state before draining
         self.op = op
         self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
+        self.close = close  # the connection closes after the answer (Connection: close, HTTP/1.0)
+        self.version = version  # the request's HTTP version, for the access log
         self.pipelined = b""  # bytes the client sent after the request, for h11 after the answer
         self.target = target  # path and query, for the access log only (None when it is off)
         self.answer: memoryview | None = None  # the answer's bytes while they are being written
@@ -130,9 +155,10 @@ class _SharedAnswer:
     (building one, its headers included, was a few µs of each of 10,000 answers).
     """
 
-    __slots__ = ("body", "data", "headers")
+    __slots__ = ("body", "close", "data", "headers")
 
-    def __init__(self) -> None:
+    def __init__(self, *, close: bool = False) -> None:
+        self.close = close  # the answers of connections that close after them (http11_response)
         self.body: bytes | None = None
         self.headers: list[tuple[bytes, bytes]] | None = None
         self.data = b""
@@ -141,7 +167,7 @@ class _SharedAnswer:
         # Identity, not equality: RenderedFetches hands every waiter of a burst the same body
         # object, and uvicorn replaces its default headers (a new list) when the date changes.
         if body is not self.body or default_headers is not self.headers:
-            self.data = http11_response(fetch_body_response(body), default_headers)
+            self.data = http11_response(fetch_body_response(body), default_headers, close=self.close)
             self.body = body
             self.headers = default_headers
         return self.data
@@ -210,13 +236,11 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
 
     _parked: _Parked | None = None
     _closing = False  # shutdown asked while parked: close after the answer (set on the instance)
-    # The (app, route) looked up last, set on the connection's class: long_poll_protocol() makes a
-    # class per server, so two servers of two apps in one process neither share nor evict each
-    # other's entry, and the app is held as long as its server's class, not by the module for ever.
-    _route_cache: tuple[Any, LongPollEndpoint | None] = (None, None)
-    # The app's endpoint, handed over by the server that made this class (long_poll_protocol):
-    # None only for a class made without one, which looks it up in its app (_route_cache).
+    # The app's endpoint, handed over by the server that made this class (long_poll_protocol, or
+    # LongPollHttp from the lifespan state): None, every request goes through the app.
     endpoint: LongPollEndpoint | None = None
+    # The service's protocols say so to the app, whose lifespan warns when it runs without them.
+    serves_fast_paths = True
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -227,14 +251,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
     @property
     def _route(self) -> LongPollEndpoint | None:
         endpoint = self.endpoint
-        if endpoint is not None:
-            return endpoint if endpoint.serves_long_polls else None
-        # Looked up once per app, not per answer (walking uvicorn's wrappers was ~2 µs of each).
-        app, route = self._route_cache
-        if app is not self.app:
-            route = _long_poll_route(self.app)
-            type(self)._route_cache = (self.app, route)
-        return route
+        return endpoint if endpoint is not None and endpoint.serves_long_polls else None
 
     # -- h11 events ----------------------------------------------------------------------------
 
@@ -242,8 +259,10 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         parked = self._parked
         if parked is not None:
             # The next request, pipelined before this answer: h11 would buffer it and uvicorn
-            # pause reading; kept here until the answer hands it to a fresh h11 state.
-            parked.pipelined += data
+            # pause reading; kept here until the answer hands it to a fresh h11 state (dropped
+            # if the connection closes after the answer: not served).
+            if not parked.close:
+                parked.pipelined += data
             self.flow.pause_reading()
             return
         self._ensure_conn()  # the next request after an answer (see _respond)
@@ -272,6 +291,13 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         assert parked is not None
         self._unset_keepalive_if_required()
         self._disarm_head_timer()  # the whole head arrived
+        if parked.close:
+            # EndOfMessage of the GET. h11 now expects the connection's end: what the client sent
+            # after this request is not served (RFC 9112 §9.6), so it is not read at all.
+            self.conn.next_event()
+            self.flow.pause_reading()
+            self.conn = None  # type: ignore[assignment]
+            return
         while True:
             # EndOfMessage of the GET (no body: _take refused any framing of one), then NEED_DATA,
             # or PAUSED if more bytes came with it: a pipelined request, read after the answer.
@@ -295,11 +321,16 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         """Park ``event`` if it is a long poll this path serves (module docstring); else False."""
         route = self._route
         assert route is not None
-        if event.method != b"GET" or event.http_version != b"1.1":
+        version = event.http_version
+        if event.method != b"GET" or version not in (b"1.1", b"1.0"):
             return False
         headers = [(name.lower(), value) for name, value in event.headers]
         if not route.plain_get_headers(headers):
             return False
+        # h11's rule for keeping a connection alive: HTTP/1.1 without "close" in Connection.
+        close = version == b"1.0" or any(
+            name == b"connection" and b"close" in _tokens(value) for name, value in headers
+        )
         raw_path, _, query_string = event.target.partition(b"?")
         try:
             path = unquote(raw_path.decode("ascii"))
@@ -326,7 +357,8 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             return False  # nothing was submitted: fetch() awaits what is not cached
         logged = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
         target = get_path_with_query_string(scope) if logged else None  # type: ignore[arg-type]
-        self._parked = _Parked(gateway, op, params.offset, target)
+        http_version = "1.0" if version == b"1.0" else "1.1"  # interned: no string per waiter
+        self._parked = _Parked(gateway, op, params.offset, target, http_version, close=close)
         return True
 
     # -- the answer ----------------------------------------------------------------------------
@@ -359,9 +391,9 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
                 return
             data = self._fetch_answer(parked)
         except RequestError as exc:
-            data = self._error_answer(error_response(exc))
+            data = self._error_answer(error_response(exc), parked)
         except Exception:
-            data = self._error_answer(self._unexpected(parked))
+            data = self._error_answer(self._unexpected(parked), parked)
         self._respond(parked, data)
 
     async def _answer_after_offset_check(self, parked: _Parked) -> None:
@@ -369,9 +401,9 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             await parked.gateway.check_fetch_offset(parked.op)
             data = self._fetch_answer(parked)
         except RequestError as exc:
-            data = self._error_answer(error_response(exc))
+            data = self._error_answer(error_response(exc), parked)
         except Exception:
-            data = self._error_answer(self._unexpected(parked))
+            data = self._error_answer(self._unexpected(parked), parked)
         if self._parked is parked and not self.transport.is_closing():
             self._respond(parked, data)
 
@@ -381,13 +413,14 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         assert route is not None
         key = parked.op.parts[0].key
         body = route.rendered.body(key.topic, key.partition, parked.op)
-        data = _SHARED_ANSWER.bytes_for(body, self.server_state.default_headers)
+        shared = _SHARED_CLOSING_ANSWER if parked.close else _SHARED_ANSWER
+        data = shared.bytes_for(body, self.server_state.default_headers)
         if len(data) > ANSWER_CHUNK:  # held while written piece by piece: within the answer budget
             parked.gateway.check_answer_fits(data)
         return data
 
-    def _error_answer(self, response: Response) -> bytes:
-        return http11_response(response, self.server_state.default_headers)
+    def _error_answer(self, response: Response, parked: _Parked) -> bytes:
+        return http11_response(response, self.server_state.default_headers, close=parked.close)
 
     def _unexpected(self, parked: _Parked) -> Response:
         """As the app's catch-all (``CatchAll``): a bug answered as a JSON 500, counted, logged."""
@@ -458,9 +491,11 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         if parked.target is not None:  # as uvicorn's access log line
             client = f"{self.client[0]}:{self.client[1]}" if self.client else ""
             status = int(data[9:12])  # b"HTTP/1.1 200 ..."
-            self.access_logger.info('%s - "%s %s HTTP/%s" %d', client, "GET", parked.target, "1.1", status)
-        if self._closing:
-            self.transport.close()
+            line = '%s - "%s %s HTTP/%s" %d'
+            self.access_logger.info(line, client, "GET", parked.target, parked.version, status)
+        if self._closing or parked.close:
+            self.server_state.total_requests += 1  # as uvicorn counts a response it closes after
+            self.transport.close()  # after the answer: asyncio flushes what it buffered first
             return
         trailing = parked.pipelined
         if trailing:
@@ -548,17 +583,18 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
 
 
 _SHARED_ANSWER = _SharedAnswer()
+_SHARED_CLOSING_ANSWER = _SharedAnswer(close=True)
 
 
-def _long_poll_route(app: Any) -> LongPollEndpoint | None:
-    """The app's long-poll endpoint, looked up through uvicorn's wrappers (None: serve all by ASGI)."""
-    return app_state(app, "long_poll", LongPollEndpoint)  # type: ignore[type-abstract]
+def _tokens(value: bytes) -> list[bytes]:
+    """A comma-separated header value's tokens, lowercased (``Connection: Keep-Alive, Close``)."""
+    return [token.strip().lower() for token in value.split(b",")]
 
 
 def long_poll_protocol(
     head_timeout_s: float, endpoint: LongPollEndpoint | None = None
 ) -> type[LongPollH11Protocol]:
     """The protocol class for uvicorn's ``http`` option: head time bound plus the long-poll path,
-    serving the long polls of ``endpoint`` (the app's; None: looked up in the app it serves)."""
+    serving the long polls of ``endpoint`` (the app's; None: every request goes through the app)."""
     attributes = {"head_timeout_s": float(head_timeout_s), "endpoint": endpoint}
     return type("LongPollH11Protocol", (LongPollH11Protocol,), attributes)
