@@ -490,8 +490,21 @@ def fanout(
     streams_per_connection: Annotated[
         int, typer.Option("--streams-per-connection", min=1, help="Long polls per h2c connection (--http2).")
     ] = 1000,
+    sse: Annotated[
+        bool,
+        typer.Option(
+            "--sse",
+            help="Event streams (GET .../stream, Server-Sent Events) on one partition instead of long "
+            "polls: RSS per stream, produce→event (fanout_sse.py). -n as for long polls; -p is 1.",
+        ),
+    ] = False,
 ) -> None:
     """N idle long polls on one service process: registration rate, RSS/waiter, idle CPU, produce→answer."""
+    if sse:
+        from .fanout_sse import fanout_sse  # its own figures and table
+
+        fanout_sse(waiters or [10_000], idle, repeats, case_timeout, server, server_arg, service_python, out)
+        return
     if server not in ("serve", "uvicorn"):
         raise typer.BadParameter(f"--server must be serve or uvicorn, got {server!r}", param_hint="--server")
     counts = waiters or [10_000, TARGET_N]
