@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ...kafka import DelayedFetch
+from ...kafka.facts._keys import partition_key
 from ..answers._errors import RequestError, from_validation_error
 from ..stream import StreamHub, StreamSink, overflow_event, resume_offset
 from ..stream._framing import LAST_EVENT_ID, retry_field
@@ -86,6 +87,9 @@ class GatewayStreams:
     ) -> DelayedFetch:
         # The long poll of ?offset=&max_wait_ms=, clamped and admitted as any long poll.
         return await self.gateway.fetch(topic, partition, FetchParams(offset=offset, max_wait_ms=max_wait_ms))
+
+    def known_end(self, topic: str, partition: int) -> int | None:
+        return self.gateway._known_high_watermark(partition_key(topic, partition))
 
     def waiters(self) -> int:
         return sum(p.num_delayed() for p in self.gateway.purgatories)

@@ -53,6 +53,10 @@ class StreamWaits(Protocol):
         """The gateway's long poll at ``offset`` (None: the end), its refusals as :class:`RequestError`."""
         ...
 
+    def known_end(self, topic: str, partition: int) -> int | None:
+        """The partition's high watermark as the change feed knows it now (None: not known)."""
+        ...
+
     def waiters(self) -> int:
         """Operations waiting in the service's purgatories (admission counts them with the streams)."""
         ...
@@ -155,6 +159,20 @@ class StreamHub:
             return part.fetch_offset, None
         self.events += 1
         return records[-1].offset + 1, records_event(topic, partition, records)
+
+    def join_waiting(self, sink: StreamSink, topic: str, partition: int, offset: int | None) -> int | None:
+        """Join ``sink`` to the group already waiting at ``offset`` (None: at the partition's end, as
+        the feed knows it), without :meth:`start`'s poll; the offset joined, or None (no such group:
+        :meth:`start` it). The group's own poll vouches for its offset (it waits, so it is in range)."""
+        part = self._partitions.get((topic, partition))
+        if part is None:
+            return None
+        if offset is None:
+            offset = self.waits.known_end(topic, partition)
+        if offset is None or offset not in part.groups:
+            return None
+        self.join(sink, topic, partition, offset)
+        return offset
 
     def join(self, sink: StreamSink, topic: str, partition: int, offset: int) -> None:
         """``sink`` waits for the records from ``offset`` on, with the streams already there."""

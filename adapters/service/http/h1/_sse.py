@@ -108,6 +108,18 @@ class SseConnection(asyncio.Protocol, StreamSink):
 
     # -- the stream's start ---------------------------------------------------------------------
 
+    def start_waiting(self, default_headers: list[tuple[bytes, bytes]]) -> bool:
+        """Start at once, joining a group already waiting at the stream's offset (the common case:
+        thousands of streams at a partition's end); False: :meth:`start` it (one poll first)."""
+        checked = self.checked
+        assert checked is not None, "a stream starts once"
+        offset = checked.hub.join_waiting(self, checked.topic, checked.partition, checked.offset)
+        if offset is None:
+            return False
+        self.checked = None
+        self._write_head(default_headers, checked.retry_ms, b"")
+        return True
+
     async def start(self, default_headers: list[tuple[bytes, bytes]]) -> None:
         """One long poll that does not wait (the hub's start), then the 200 and the stream's events."""
         checked = self.checked
@@ -126,11 +138,14 @@ class SseConnection(asyncio.Protocol, StreamSink):
             return
         if self.transport.is_closing():
             return
-        head = stream_head(default_headers)
-        self.endpoint.count_http11(head)
-        self.transport.write(head + retry_field(checked.retry_ms) + (first or b""))
+        self._write_head(default_headers, checked.retry_ms, first or b"")
         hub.join(self, checked.topic, checked.partition, next_offset)
         self.opening = None
+
+    def _write_head(self, default_headers: list[tuple[bytes, bytes]], retry_ms: int, first: bytes) -> None:
+        head = stream_head(default_headers)
+        self.endpoint.count_http11(head)
+        self.transport.write(head + retry_field(retry_ms) + first)
 
     def _refuse(self, response: Response, default_headers: list[tuple[bytes, bytes]]) -> None:
         if self.transport.is_closing():
@@ -185,6 +200,7 @@ def hand_over_stream(
     transport.set_protocol(stream)
     # The high-water mark is the stream's bound: a paused transport holds a full buffer.
     transport.set_write_buffer_limits(high=checked.buffer_bytes)
-    task = protocol.loop.create_task(stream.start(protocol.server_state.default_headers))
-    stream.opening = task
+    default_headers = protocol.server_state.default_headers
+    if not stream.start_waiting(default_headers):
+        stream.opening = protocol.loop.create_task(stream.start(default_headers))
     return True
