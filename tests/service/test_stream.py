@@ -286,3 +286,11 @@ def test_a_reader_past_its_buffer_gets_an_overflow_event_naming_where_to_resume(
             await stream.close()
 
         asyncio.run(run())
+
+
+def test_a_stream_over_http2_is_refused_with_505_not_held(served: Served, kafka_topic_factory: Any) -> None:
+    topic = kafka_topic_factory(1)
+    with httpx.Client(base_url=served.url, http1=False, http2=True, timeout=WAIT_S) as client:
+        answer = client.get(f"/topics/{topic}/partitions/0/stream")
+    assert answer.http_version == "HTTP/2"
+    assert (answer.status_code, answer.json()["error"]) == (505, "HTTP_VERSION_NOT_SUPPORTED")

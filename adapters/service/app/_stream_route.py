@@ -156,6 +156,11 @@ async def stream_records(request: Request) -> Response:
     gateway = _gateway(request)
     topic, partition = _topic(request), _partition(request)
     offset = start_offset(request.scope["headers"], request.query_params)
+    if request.scope.get("http_version") == "2":
+        # The HTTP/2 bridge (..http.h2._bridge) sends an answer once it is complete: a stream never is.
+        raise RequestError(
+            505, "HTTP_VERSION_NOT_SUPPORTED", None, "event streams are served over HTTP/1.1, not HTTP/2"
+        )
     if gateway.scaleout is not None:
         raise RequestError(
             501,
