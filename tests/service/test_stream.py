@@ -201,11 +201,16 @@ def test_streams_at_one_position_share_one_poll_and_catch_up_from_behind(
         behind = await EventReader.open(served, f"/topics/{topic}/partitions/0/stream?offset=0")
         assert _values(await behind.records_event()) == ["a"]
         await until(lambda: hub.streams == 21, "the stream behind joined")
+        async with httpx.AsyncClient(base_url=served.url, timeout=WAIT_S) as client:
+            metrics = (await client.get("/metrics")).text
+        assert "\npurgatory_service_event_streams 21.0\n" in metrics
         await asyncio.to_thread(_produce, served, topic, "b")
         for stream in [*at_end, behind]:
             event = await stream.records_event()
             assert event["id"] == "2" and _values(event) == ["b"]
-        assert hub.describe()[f"{topic}-0"]["positions"] == [2], "merged into one group"
+        # The hub lives on the server's thread: it moves the group on right after writing the
+        # events, which this thread may have read before that step ran.
+        await until(lambda: hub.describe()[f"{topic}-0"]["positions"] == [2], "merged into one group at 2")
         for stream in [*at_end, behind]:
             await stream.close()
         await until(lambda: hub.streams == 0, "streams left the hub when their clients left")

@@ -102,7 +102,7 @@ from ._routes import (
     produce_records,
     request_error,
 )
-from ._stream_route import stream_hub, stream_records
+from ._stream_route import StreamCollector, stream_hub, stream_records
 
 __all__ = ["LongPollRoute", "apply_log_settings", "create_app"]
 
@@ -197,6 +197,7 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     app.state.registry = CollectorRegistry()
     register_metrics(app.state.registry)
     app.state.registry.register(ServiceCollector(lambda: getattr(app.state, "gateway", None), answers))
+    app.state.registry.register(StreamCollector(lambda: getattr(app.state, "stream_hub", None)))
     app.state.registry.register(
         ScaleOutCollector(lambda: getattr(getattr(app.state, "gateway", None), "scaleout", None))
     )

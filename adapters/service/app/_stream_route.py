@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from pydantic import Field, ValidationError
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
@@ -36,6 +38,7 @@ __all__ = [
     "EVENT_STREAM_HEADERS",
     "GatewayStreams",
     "QueueSink",
+    "StreamCollector",
     "StreamParams",
     "stream_params",
     "stream_records",
@@ -184,3 +187,23 @@ async def stream_records(request: Request) -> Response:
             hub.leave(sink)
 
     return StreamingResponse(body(), media_type=EVENT_STREAM_TYPE, headers=EVENT_STREAM_HEADERS)
+
+
+class StreamCollector(Collector):
+    """Open event streams and the events rendered for them (each written to a whole group)."""
+
+    def __init__(self, hub: Callable[[], StreamHub | None]) -> None:
+        self._hub = hub
+
+    def collect(self) -> Iterator[Metric]:
+        hub = self._hub()
+        if hub is None:
+            return
+        streams = GaugeMetricFamily("purgatory_service_event_streams", "Event streams open (GET .../stream).")
+        streams.add_metric([], hub.streams)
+        events = CounterMetricFamily(
+            "purgatory_service_stream_events",
+            "Events rendered for streams (each written to every stream waiting at its offset).",
+        )
+        events.add_metric([], hub.events)
+        yield from (streams, events)

@@ -282,6 +282,13 @@ class StreamHub:
     def describe(self) -> dict[str, Any]:
         """Streams and groups per partition (for tests and debugging)."""
         return {
-            f"{p.topic}-{p.partition}": {"streams": p.streams, "positions": sorted(p.groups)}
-            for p in self._partitions.values()
+            f"{p.topic}-{p.partition}": {
+                "streams": p.streams,
+                "positions": sorted(p.groups),
+                "groups": {
+                    o: (len(g.sinks), g.offset, g.task is not None and g.task.done())
+                    for o, g in p.groups.items()
+                },
+            }
+            for p in list(self._partitions.values())  # list(): one step, tests read from another thread
         }
