@@ -27,8 +27,16 @@ from purgatory.settings import Settings
 from ...kafka import DelayedFetch
 from ..answers._budget import AnswerBudget
 from ..answers._render import RenderedFetches
+from ..stream import StreamHub
 
-__all__ = ["ENDPOINT_STATE_KEY", "CheckedPoll", "LongPollEndpoint", "PollWaits", "endpoint_in_state"]
+__all__ = [
+    "ENDPOINT_STATE_KEY",
+    "CheckedPoll",
+    "CheckedStream",
+    "LongPollEndpoint",
+    "PollWaits",
+    "endpoint_in_state",
+]
 
 # The lifespan state's key for the app's endpoint (ASGI lifespan state: the server hands the same
 # dict to every connection it serves; a namespaced key, as the spec asks of extensions).
@@ -63,6 +71,17 @@ class CheckedPoll(NamedTuple):
     params: Any  # the route's parsed query, handed back to fetch_then_call (its .offset: the poll's)
 
 
+class CheckedStream(NamedTuple):
+    """An event stream that passed the route's checks and admission, ready for ``hub.start``."""
+
+    hub: StreamHub
+    topic: str
+    partition: int
+    offset: int | None  # Last-Event-ID's, else ?offset='s; None: the partition's end
+    retry_ms: int  # the SSE ``retry:`` the stream opens with
+    buffer_bytes: int  # service.stream_buffer_bytes
+
+
 class LongPollEndpoint(ABC):
     """The app's long-poll route as the protocols' fast paths serve it (module docstring)."""
 
@@ -78,6 +97,10 @@ class LongPollEndpoint(ABC):
     @abstractmethod
     def checked_poll(self, scope: dict[str, Any]) -> CheckedPoll | None:
         """``scope``'s long poll checked as the app checks it; None: the app's to answer."""
+
+    def checked_stream(self, scope: dict[str, Any]) -> CheckedStream | None:
+        """``scope``'s event stream checked and admitted as the app's route does; None: the app's."""
+        return None
 
     @property
     @abstractmethod

@@ -515,8 +515,21 @@ def fanout(
             help="HTTP/1.1 long polls that send Connection: close (the service closes after each answer).",
         ),
     ] = False,
+    sse: Annotated[
+        bool,
+        typer.Option(
+            "--sse",
+            help="Event streams (GET .../stream, Server-Sent Events) on one partition instead of long "
+            "polls: RSS per stream, produce→event (fanout_sse.py). -n as for long polls; -p is 1.",
+        ),
+    ] = False,
 ) -> None:
     """N idle long polls on one service process: registration rate, RSS/waiter, idle CPU, produce→answer."""
+    if sse:
+        from .fanout_sse import fanout_sse  # its own figures and table
+
+        fanout_sse(waiters or [10_000], idle, repeats, case_timeout, server, server_arg, service_python, out)
+        return
     if server not in ("serve", "uvicorn", "uvicorn-fast"):
         raise typer.BadParameter(
             f"--server must be serve, uvicorn or uvicorn-fast, got {server!r}", param_hint="--server"

@@ -66,6 +66,7 @@ from .._endpoint import LongPollEndpoint, PollWaits
 from ._coalesced_timers import coalesced_timers
 from ._framing import StrictH11Connection
 from ._head_timeout import HeadTimeoutH11Protocol
+from ._sse import hand_over_stream
 
 __all__ = ["LongPollH11Protocol", "http11_response", "long_poll_protocol"]
 
@@ -279,7 +280,8 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             super().handle_events()  # h11 raises it again there: uvicorn's 400
             return
         if isinstance(event, h11.Request) and self._taken(event):
-            self._park_connection()
+            if self._parked is not None:  # else an event stream took the connection over (._sse)
+                self._park_connection()
             return
         assert isinstance(conn, _PushbackConnection)
         conn.pushed_back = event
@@ -345,6 +347,8 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             "headers": headers,
             "scheme": self.scheme,
         }
+        if path.endswith("/stream"):
+            return hand_over_stream(self, route, scope)  # the connection is the stream's (._sse)
         poll = route.checked_poll(scope)
         if poll is None:
             return False
