@@ -19,11 +19,19 @@ An answer is taken when it does not fit only if nothing is held at all, so one a
 than the whole budget still goes out (else it never would): the held bytes stay within
 ``max(answer_budget_bytes, largest answer)``. docs/operations/limits.md gives the process's whole bound.
 
+**Released answers leave the caches.** When the last holder of an answer lets go of it, the
+caches that kept it for reuse are told (:meth:`AnswerBudget.on_release`: the rendered answers),
+and drop it: a large body is shared while connections write it, not kept once none does. Why: a
+cold service's first round of issue 31's back-pressure replay (100 unread 4 MB long polls, then
+the close) left +43 MB resident for good — the ~18 MB body as the last rendered answer and the
+same bytes again as the HTTP/1.1 fast path's last response — against the issue's 10 MB.
+
 Concurrency contract: the event loop's thread only (answers are written there).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import time
@@ -64,7 +72,18 @@ def _malloc_trim() -> Callable[[], object] | None:
 class AnswerBudget:
     """Bytes of the distinct answer objects connections hold while writing them (module docstring)."""
 
-    __slots__ = ("_freed", "_holders", "_last_trim", "_trim", "held", "limit", "refused", "trims")
+    __slots__ = (
+        "_freed",
+        "_holders",
+        "_last_trim",
+        "_released",
+        "_trim",
+        "_trim_due",
+        "held",
+        "limit",
+        "refused",
+        "trims",
+    )
 
     def __init__(self, limit: int, *, trim: bool = True) -> None:
         self.limit = limit
@@ -77,6 +96,13 @@ class AnswerBudget:
         # id(answer) -> [answer, holders, size]: the answer itself is kept, so its id is not
         # reused while counted (its holders keep it alive anyway).
         self._holders: dict[int, list[Any]] = {}
+        self._released: list[Callable[[object], object]] = []  # on_release's listeners
+        self._trim_due = False  # a trim is scheduled on the loop (_give_pages_back)
+
+    def on_release(self, forget: Callable[[object], object]) -> None:
+        """Call ``forget(answer)`` when the last holder of an answer let go of it: a cache keeping
+        that very object drops it (module docstring)."""
+        self._released.append(forget)
 
     @property
     def spent(self) -> bool:
@@ -107,16 +133,36 @@ class AnswerBudget:
             del self._holders[id(answer)]
             self.held -= entry[2]
             self._freed += entry[2]
+            for forget in self._released:
+                forget(answer)
             if not self.held and self._freed >= TRIM_AFTER_BYTES:
-                self._give_pages_back()
+                self._schedule_trim()
+
+    def _schedule_trim(self) -> None:
+        """Trim on the loop's next turn, or once TRIM_EVERY_S passed since the last trim.
+
+        Not now: the caller still holds the answer (the view it wrote from, the argument), so
+        its pages are not free yet — a trim here returned nothing of it. Not skipped when too
+        soon either: the pages of the last answers of a burst would stay resident until some
+        later answer was let go of.
+        """
+        if self._trim is None or self._trim_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): at once
+            self._give_pages_back()
+            return
+        self._trim_due = True
+        loop.call_later(max(0.0, self._last_trim + TRIM_EVERY_S - time.monotonic()), self._give_pages_back)
 
     def _give_pages_back(self) -> None:
         """Nothing is held any more after large answers: the allocator's free pages go back to
         the system (see :func:`_malloc_trim`), at most once per TRIM_EVERY_S."""
-        now = time.monotonic()
-        if self._trim is None or now - self._last_trim < TRIM_EVERY_S:
-            return
-        self._last_trim = now
+        self._trim_due = False
+        if self._trim is None or self.held:
+            return  # new answers are held meanwhile: their release trims
+        self._last_trim = time.monotonic()
         self._freed = 0
         self._trim()
         self.trims += 1
