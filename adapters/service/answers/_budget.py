@@ -49,6 +49,40 @@ TRIM_AFTER_BYTES = 8 * 1024 * 1024
 TRIM_EVERY_S = 1.0
 
 
+# Allocations from this size up are mapped pages of their own, unmapped when freed (below).
+MMAP_THRESHOLD_BYTES = 1024 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def _fix_mmap_threshold(libc: ctypes.CDLL) -> bool:
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES (process-wide); False where it cannot.
+
+    Why: glibc serves a block past its mmap threshold (128 KiB at first) with pages of its own,
+    returned to the system when it is freed; but freeing one raises the threshold to that
+    block's size (up to 32 MiB, "dynamic threshold"), so after the first large answer every
+    later body (~18 MB in issue 31's replay), the JSON rendered for it and the buffers around
+    them come from the heap, whose freed pages stay resident around the live ones: each warm
+    round of the replay peaked at +53-56 MB for one 18 MB body (a render alone: +41 MB resident
+    with the body alive, against +19 MB with the threshold fixed). Setting it explicitly turns
+    the adjustment off: large blocks are always mapped, their pages gone at their free.
+    """
+    try:
+        mallopt = libc.mallopt
+    except AttributeError:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
 def _malloc_trim() -> Callable[[], object] | None:
     """glibc's ``malloc_trim(0)``, or None where there is none (musl, macOS).
 
@@ -57,13 +91,11 @@ def _malloc_trim() -> Callable[[], object] | None:
     never read its 4 MB answers closed, +23-28 MB stayed resident for good. ``malloc_trim``
     returns every arena's whole free pages (glibc >= 2.8); ctypes releases the GIL meanwhile.
     """
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None)
+    if libc is None or trim is None:
         return None
-    if trim is None:
-        return None
+    _fix_mmap_threshold(libc)  # where there is malloc_trim, there is glibc's mallopt
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return lambda: trim(0)
