@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, cast
+from unittest.mock import patch
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from purgatory.adapters.kafka import DelayedFetch, ErrorCode, FetchedRecord, PartitionRead, TopicPartitionKey
+from purgatory.adapters.service.answers import _render
 from purgatory.adapters.service.answers._render import RenderedFetches, _fetch_json
 
 from purgatory import Outcome
@@ -98,3 +102,38 @@ def test_the_same_records_in_another_list_are_the_last_answer_again() -> None:
     assert again is first and rendered.hits == 1
     other = rendered.body("orders", 0, _answered([big[0], _record(1, b"y" * 2_000)]))  # equal, not the same
     assert other is not first and rendered.hits == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.none(), st.binary(max_size=40), st.text(max_size=20).map(str.encode)), max_size=30
+    ),
+    group_bytes=st.integers(min_value=1, max_value=64),
+    error=st.one_of(st.none(), st.text(max_size=10)),
+)
+def test_a_body_rendered_in_groups_of_records_is_the_bytes_of_the_whole_answer_rendered_at_once(
+    values: list[bytes | None], group_bytes: int, error: str | None
+) -> None:
+    records = [
+        FetchedRecord(i, b"k" if i % 3 else None, value, 1_700_000_000_000 + i)
+        for i, value in enumerate(values)
+    ]
+    op = cast(
+        DelayedFetch, AnsweredFetch({KEY: records}, error=None if error is None else RuntimeError(error))
+    )
+    with patch.object(_render, "RENDER_GROUP_BYTES", group_bytes):
+        grouped = _render._fetch_body("orders", 0, op)
+    assert grouped == _render._json_bytes(_fetch_json("orders", 0, op))
+
+
+def test_a_released_body_is_forgotten_and_rendered_again_by_the_next_waiter() -> None:
+    rendered = RenderedFetches()
+    shared = [_record(0), _record(1)]
+    first = rendered.body("orders", 0, _answered(shared))
+    other = rendered.body("orders", 0, _answered([_record(5)]))  # in the LRU, not the last answer
+    rendered.forget(first)
+    assert rendered.body("orders", 0, _answered(shared)) is not first, "no cache keeps a released body"
+    rendered.forget(other)
+    assert rendered.body("orders", 0, _answered([_record(5)])) is not other
+    assert rendered.hits == 0

@@ -9,6 +9,7 @@ refusal, for any HTTP framework path.
 from __future__ import annotations
 
 import base64
+import io
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -63,19 +64,65 @@ def _record_json(record: FetchedRecord) -> dict[str, Any]:
     return out
 
 
-def _fetch_json(topic: str, partition: int, op: DelayedFetch) -> dict[str, Any]:
+def _fetch_json(topic: str, partition: int, op: DelayedFetch, *, with_records: bool = True) -> dict[str, Any]:
+    """The answer's JSON content (without the ``records`` field when ``with_records`` is False)."""
     (part,) = op.parts
     records = part.records
-    return {
+    content: dict[str, Any] = {
         "topic": topic,
         "partition": partition,
         "outcome": op.outcome.name if op.outcome is not None else None,
         "error_code": part.status.value,
         "fetch_offset": part.fetch_offset,
         "next_offset": records[-1].offset + 1 if records else part.fetch_offset,
-        "records": [_record_json(r) for r in records],
-        "error": str(op.error) if op.error is not None else None,
     }
+    if with_records:
+        content["records"] = [_record_json(r) for r in records]
+    content["error"] = str(op.error) if op.error is not None else None
+    return content
+
+
+# Records rendered per json.dumps call while a body is written (their bytes, before escaping).
+RENDER_GROUP_BYTES = 1024 * 1024
+
+
+def _fetch_body(topic: str, partition: int, op: DelayedFetch) -> bytes:
+    """``_json_bytes(_fetch_json(...))``, the same bytes, rendered a group of records at a time.
+
+    Why: the whole answer as one ``json.dumps`` is its records as strings, the encoder's chunks,
+    their joined text and the UTF-8 bytes, all alive at once — 40 MB of Python allocations for
+    issue 31's ~18 MB body of 4 MB of records (tracemalloc), and the service's RSS peaked past
+    the issue's 50 MB for one answer. Here the fields around the records are rendered alone, and
+    the records in groups of about RENDER_GROUP_BYTES written into one buffer whose bytes become
+    the body without a copy (``BytesIO.getvalue``): the body plus one group at a time.
+    """
+    fields = _fetch_json(topic, partition, op, with_records=False)
+    error = fields.pop("error")
+    out = io.BytesIO()
+    out.write(_json_bytes(fields)[:-1])  # without its closing brace: the records follow
+    out.write(b',"records":[')
+    group: list[dict[str, Any]] = []
+    group_bytes = 0
+    first = True
+    for record in op.parts[0].records:
+        group.append(_record_json(record))
+        group_bytes += record.size
+        if group_bytes >= RENDER_GROUP_BYTES:
+            first = _write_group(out, group, first)
+            group, group_bytes = [], 0
+    if group:
+        _write_group(out, group, first)
+    out.write(b"],")
+    out.write(_json_bytes({"error": error})[1:])  # the last field and the closing brace
+    return out.getvalue()
+
+
+def _write_group(out: io.BytesIO, group: list[dict[str, Any]], first: bool) -> bool:
+    """Write ``group``'s records as elements of the answer's list (a comma before all but the first)."""
+    if not first:
+        out.write(b",")
+    out.write(_json_bytes(group)[1:-1])  # the list's elements, without its brackets
+    return False
 
 
 def _same_records(held: Sequence[FetchedRecord], records: Sequence[FetchedRecord]) -> bool:
@@ -143,6 +190,21 @@ class RenderedFetches:
             self._last = (topic, partition, op.outcome, part.status, part.fetch_offset, records, body)
         return body
 
+    def forget(self, body: object) -> None:
+        """Drop ``body`` wherever it is kept: no connection holds it any more (AnswerBudget.on_release).
+
+        Only answers large enough to be held while written (past one write) are released so: a
+        large body is shared by the waiters answered with it, not kept once written. The next
+        answer alike renders it again — a cost paid per burst of large answers, where keeping it
+        held ~18-22 MB for good after the last large answer (issue 31, a cold service's replay).
+        """
+        last = self._last
+        if last is not None and last[6] is body:
+            self._last = None
+        for cache_key in [key for key, (_, kept) in self._entries.items() if kept is body]:
+            _, dropped = self._entries.pop(cache_key)
+            self._bytes -= len(dropped)
+
     def _body(self, topic: str, partition: int, op: DelayedFetch, records: Sequence[FetchedRecord]) -> bytes:
         part = op.parts[0]
         cache_key = (
@@ -159,7 +221,7 @@ class RenderedFetches:
             self._entries.move_to_end(cache_key)
             self.hits += 1
             return entry[1]
-        body = _json_bytes(_fetch_json(topic, partition, op))
+        body = _fetch_body(topic, partition, op)
         if len(body) <= self.max_bytes // 4:
             self._entries[cache_key] = (records, body)
             self._bytes += len(body)

@@ -146,6 +146,8 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
         # serve): unless the host configured structlog already, as KafkaPurgatory.connect() does.
         apply_log_settings(settings, override=False)
         gateway = Gateway(settings, bootstrap_servers)
+        # A large answer no connection holds any more leaves the rendered answers (._budget).
+        gateway.answer_budget.on_release(app.state.rendered_fetches.forget)
         gateway.start()
         app.state.gateway = gateway
         app.state.stream_hub = hub = stream_hub(gateway)

@@ -94,12 +94,19 @@ def http11_response(
     (``close``: the request asked to, or was HTTP/1.0), a blank line, the body (framed by its
     Content-Length).
     """
+    return http11_head(response, default_headers, close=close) + bytes(response.body)
+
+
+def http11_head(
+    response: Response, default_headers: list[tuple[bytes, bytes]], *, close: bool = False
+) -> bytes:
+    """:func:`http11_response` without the body: the status line, the headers and the blank line."""
     status = response.status_code
     head = [b"HTTP/1.1 %d %s\r\n" % (status, STATUS_PHRASES[status])]
     closing = (_CLOSE_HEADER,) if close else ()
     head += [b"%s: %s\r\n" % header for header in (*default_headers, *response.raw_headers, *closing)]
     head.append(b"\r\n")
-    return b"".join(head) + bytes(response.body)
+    return b"".join(head)
 
 
 class _PushbackConnection(StrictH11Connection):
@@ -124,9 +131,21 @@ class _Parked:
 
     An answer larger than :data:`ANSWER_CHUNK` is written a chunk at a time (``answer``, ``sent``:
     see :meth:`LongPollH11Protocol._send`); the connection stays parked until its last byte left.
+    A large 200 is its head (``head``, written at once) and the rendered body itself, shared.
     """
 
-    __slots__ = ("answer", "close", "gateway", "offset", "op", "pipelined", "sent", "target", "version")
+    __slots__ = (
+        "answer",
+        "close",
+        "gateway",
+        "head",
+        "offset",
+        "op",
+        "pipelined",
+        "sent",
+        "target",
+        "version",
+    )
 
     def __init__(
         self,
@@ -146,6 +165,7 @@ class _Parked:
         self.pipelined = b""  # bytes the client sent after the request, for h11 after the answer
         self.target = target  # path and query, for the access log only (None when it is off)
         self.answer: memoryview | None = None  # the answer's bytes while they are being written
+        self.head: bytes | None = None  # a large 200's status line and headers, before ``answer``
         self.sent = 0  # of them, how many the transport took
 
 
@@ -153,7 +173,12 @@ class _SharedAnswer:
     """The last 200 rendered to bytes: every waiter of a burst answered the same shares them.
 
     Keyed on the body's identity, so a waiter answered alike costs no :class:`Response` either
-    (building one, its headers included, was a few µs of each of 10,000 answers).
+    (building one, its headers included, was a few µs of each of 10,000 answers). Only bodies up
+    to one write (:data:`ANSWER_CHUNK`) are made into bytes here: a large body is written after
+    its head as it is (:meth:`LongPollH11Protocol._fetch_answer`). Head + body in one ``bytes``
+    was one more copy of the ~18 MB body of issue 31's replay, made again whenever the Date
+    header changed (the +18 MB peak of every warm round), and kept here after the last
+    connection let go of it (+18 MB for good after a cold service's first round).
     """
 
     __slots__ = ("body", "close", "data", "headers")
@@ -393,35 +418,38 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
                 task.add_done_callback(self.tasks.discard)
                 self.tasks.add(task)
                 return
-            data = self._fetch_answer(parked)
+            head, data = self._fetch_answer(parked)
         except RequestError as exc:
-            data = self._error_answer(error_response(exc), parked)
+            head, data = None, self._error_answer(error_response(exc), parked)
         except Exception:
-            data = self._error_answer(self._unexpected(parked), parked)
-        self._respond(parked, data)
+            head, data = None, self._error_answer(self._unexpected(parked), parked)
+        self._respond(parked, data, head)
 
     async def _answer_after_offset_check(self, parked: _Parked) -> None:
         try:
             await parked.gateway.check_fetch_offset(parked.op)
-            data = self._fetch_answer(parked)
+            head, data = self._fetch_answer(parked)
         except RequestError as exc:
-            data = self._error_answer(error_response(exc), parked)
+            head, data = None, self._error_answer(error_response(exc), parked)
         except Exception:
-            data = self._error_answer(self._unexpected(parked), parked)
+            head, data = None, self._error_answer(self._unexpected(parked), parked)
         if self._parked is parked and not self.transport.is_closing():
-            self._respond(parked, data)
+            self._respond(parked, data, head)
 
-    def _fetch_answer(self, parked: _Parked) -> bytes:
-        """The 200's bytes, as the route renders them (fetch_response; _SharedAnswer)."""
+    def _fetch_answer(self, parked: _Parked) -> tuple[bytes | None, bytes]:
+        """The 200, as the route renders it (fetch_response): (None, its bytes) — shared by the
+        waiters answered alike (_SharedAnswer) — or, for a body past one write, (its head, the
+        rendered body itself), the body held while written piece by piece: within the budget."""
         route = self._route
         assert route is not None
         key = parked.op.parts[0].key
         body = route.rendered.body(key.topic, key.partition, parked.op)
-        shared = _SHARED_CLOSING_ANSWER if parked.close else _SHARED_ANSWER
-        data = shared.bytes_for(body, self.server_state.default_headers)
-        if len(data) > ANSWER_CHUNK:  # held while written piece by piece: within the answer budget
-            parked.gateway.check_answer_fits(data)
-        return data
+        default_headers = self.server_state.default_headers
+        if len(body) <= ANSWER_CHUNK:
+            shared = _SHARED_CLOSING_ANSWER if parked.close else _SHARED_ANSWER
+            return None, shared.bytes_for(body, default_headers)
+        parked.gateway.check_answer_fits(body)
+        return http11_head(fetch_body_response(body), default_headers, close=parked.close), body
 
     def _error_answer(self, response: Response, parked: _Parked) -> bytes:
         return http11_response(response, self.server_state.default_headers, close=parked.close)
@@ -434,21 +462,25 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         _log.exception("request_failed_unexpectedly", method="GET", path=parked.target, fast_path=True)
         return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
 
-    def _respond(self, parked: _Parked, data: bytes) -> None:
+    def _respond(self, parked: _Parked, data: bytes, head: bytes | None = None) -> None:
+        """Write the answer: ``data`` whole, or ``head`` (if any) then ``data`` piece by piece."""
         route = self._route
         if route is not None:
-            route.count_http11(data)
-        if len(data) <= ANSWER_CHUNK:
+            route.count_http11(data if head is None else head)
+        if head is None and len(data) <= ANSWER_CHUNK:
             self.transport.write(data)
             self._answered(parked, data)
             return
         # Written piece by piece (ANSWER_CHUNK): the connection stays parked meanwhile, so bytes
         # the client pipelines wait (data_received) and no other response can interleave.
         parked.answer = memoryview(data)
+        parked.head = head
         parked.gateway.answer_budget.take(data)  # given back once written, or the connection lost
         # Any byte left over in the transport's buffer pauses writing, and its draining to 0
         # resumes it: resume_writing is the signal to hand over the next piece.
         self.transport.set_write_buffer_limits(high=0, low=0)
+        if head is not None:
+            self.transport.write(head)  # a few hundred bytes: the body's pieces follow it
         self._send(parked)
 
     def _send(self, parked: _Parked) -> None:
@@ -474,9 +506,11 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
                 return
         parked.sent = end
         parked.answer = None
-        parked.gateway.answer_budget.give_back(answer.obj)
+        body = answer.obj
+        answer.release()  # no view of the body outlives its last holder (AnswerBudget.on_release)
+        parked.gateway.answer_budget.give_back(body)
         transport.set_write_buffer_limits()  # asyncio's defaults again, as uvicorn runs with
-        self._answered(parked, answer[:12])
+        self._answered(parked, parked.head or body[:12])  # type: ignore[index]  # bytes
 
     def _send_if_parked(self, parked: _Parked) -> None:
         if self._parked is parked and parked.answer is not None:
