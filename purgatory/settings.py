@@ -6,9 +6,10 @@ with :class:`ConfigError`, which names the field, the value given, where it came
 variable, which file) and why it was refused. Credentials are ``SecretStr``: they never appear in
 reprs, dumps or logs.
 
-One bootstrap setting: ``kafka.bootstrap_servers`` (``PURGATORY_KAFKA__BOOTSTRAP_SERVERS``) also
-reads ``PURGATORY_KAFKA_BOOTSTRAP``, the variable ``purgatory kafka up`` prints; when both are set
-they must agree. A ``PURGATORY_*`` variable that names no setting (``PURGATORY_MAX_PENDNG``) is
+A section may name extra variables for its fields (:attr:`Section.env_aliases`): the Kafka
+section reads ``PURGATORY_KAFKA_BOOTSTRAP`` (what ``purgatory kafka up`` prints) as
+``kafka.bootstrap_servers``; an alias ranks below its canonical variable, above the file, and when
+both are set they must agree. A ``PURGATORY_*`` variable that names no setting (``PURGATORY_MAX_PENDNG``) is
 reported with an :class:`UnknownSettingWarning` naming the closest setting.
 :func:`setting_origins` says where each effective value came from (``purgatory config show``).
 
@@ -40,7 +41,7 @@ import typing
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 import annotated_types
 from pydantic import (
@@ -69,7 +70,6 @@ from ._settings_registry import SETTINGS_GROUP, SectionRegistry
 from .timer._timing_wheel import MAX_WHEEL_SIZE
 
 __all__ = [
-    "BOOTSTRAP_ENV",
     "CONFIG_FILE_ENV",
     "MAX_DURATION_MS",
     "SETTINGS_GROUP",
@@ -97,16 +97,12 @@ __all__ = [
 ENV_PREFIX = "PURGATORY_"
 ENV_NESTING = "__"
 CONFIG_FILE_ENV = "PURGATORY_CONFIG_FILE"
-# What `purgatory kafka up` prints and the Kafka provider reads: an alias of
-# PURGATORY_KAFKA__BOOTSTRAP_SERVERS, so one exported line configures every entry point.
-BOOTSTRAP_ENV = "PURGATORY_KAFKA_BOOTSTRAP"
 # Variables with the prefix that are not settings fields but are read by the project itself
 # (launchers, the build, the import switch). Known, so they are never reported as misspellings;
 # add a name here when code starts reading a new one.
 OTHER_ENV_VARIABLES = frozenset(
     {
         CONFIG_FILE_ENV,
-        BOOTSTRAP_ENV,
         "PURGATORY_PURE",  # purgatory._accel: run the pure-Python modules
         "PURGATORY_PURE_BUILD",  # setup.py: skip mypyc
         "PURGATORY_KAFKA_CACHE",  # the local Kafka launcher's jar cache
@@ -163,6 +159,11 @@ class Section(BaseModel):
     its secrets masked by value once it exists."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Extra variables read as fields of this section: {"PURGATORY_KAFKA_BOOTSTRAP":
+    # "bootstrap_servers"}. Below the field's own variable, above the TOML file; load_settings
+    # refuses an alias and its field's variable set to different values.
+    env_aliases: ClassVar[Mapping[str, str]] = {}
 
     def model_post_init(self, context: Any, /) -> None:
         # Every secret a section holds is masked by value from now on (logs, `config show`),
@@ -303,8 +304,7 @@ class Settings(BaseSettings, metaclass=_ComposedSettingsMeta):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if "kafka" in settings_cls.model_fields:  # the Kafka adapter's section is installed
-            sources.append(_BootstrapAliasSource(settings_cls))
+        sources.append(_SectionAliasSource(settings_cls))
         toml_file = _TOML_FILE.get("path") or os.environ.get(CONFIG_FILE_ENV)
         if toml_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml_file)))
@@ -415,7 +415,15 @@ _MOVED_SECTIONS = {
 }
 
 
-def __getattr__(name: str) -> type[BaseModel]:
+def __getattr__(name: str) -> Any:
+    if name == "BOOTSTRAP_ENV":  # moved with the Kafka section, which declares it as its alias
+        warnings.warn(
+            "purgatory.settings.BOOTSTRAP_ENV is deprecated: "
+            "import it from purgatory.adapters.kafka.settings",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return "PURGATORY_KAFKA_BOOTSTRAP"
     section = _MOVED_SECTIONS.get(name)
     if section is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -434,19 +442,35 @@ def __getattr__(name: str) -> type[BaseModel]:
     return cls
 
 
-class _BootstrapAliasSource(PydanticBaseSettingsSource):
-    """``PURGATORY_KAFKA_BOOTSTRAP`` as ``kafka.bootstrap_servers`` (below the canonical variable).
+class _SectionAliasSource(PydanticBaseSettingsSource):
+    """Every section's :attr:`Section.env_aliases` set in the environment, as that section's fields.
 
     Placed after the environment source and before the TOML file: the exported line of
-    ``purgatory kafka up`` beats a file, and ``load_settings`` refuses the two variables disagreeing.
+    ``purgatory kafka up`` beats a file, and ``load_settings`` refuses an alias and its field's
+    own variable disagreeing.
     """
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False  # unused: __call__ builds the whole (nested) value
 
     def __call__(self) -> dict[str, Any]:
-        value = _environ().get(BOOTSTRAP_ENV)
-        return {"kafka": {"bootstrap_servers": value}} if value else {}
+        env = _environ()
+        values: dict[str, Any] = {}
+        for section, variable, field in _section_aliases():
+            if env.get(variable):
+                values.setdefault(section, {})[field] = env[variable]
+        return values
+
+
+def _section_aliases() -> Iterator[tuple[str, str, str]]:
+    """``(section, VARIABLE, field)`` for every alias the composed sections declare."""
+    for section, cls in _REGISTRY.sections().items():
+        for variable, field in getattr(cls, "env_aliases", {}).items():
+            yield section, variable.upper(), field
+
+
+def _alias_variables() -> frozenset[str]:
+    return frozenset(variable for _, variable, _ in _section_aliases())
 
 
 # load_settings hands the TOML path to settings_customise_sources (a classmethod) through here.
@@ -513,10 +537,10 @@ def _env_path(variable: str) -> SettingPath:
 def unknown_environment_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
     """``PURGATORY_*`` variables that name no setting, each with the closest known name (or None)."""
     names = {name.upper() for name in (environ if environ is not None else os.environ)}
-    known = sorted({*_setting_variables(Settings), *OTHER_ENV_VARIABLES})
+    known = sorted({*_setting_variables(Settings), *OTHER_ENV_VARIABLES, *_alias_variables()})
     unknown: dict[str, str | None] = {}
     for name in sorted(names):
-        if not name.startswith(ENV_PREFIX) or name in OTHER_ENV_VARIABLES:
+        if not name.startswith(ENV_PREFIX) or name in OTHER_ENV_VARIABLES or name in known:
             continue
         if _names_a_setting(_env_path(name)):
             continue
@@ -548,7 +572,7 @@ def _flatten(value: Any, path: SettingPath = ()) -> Iterator[tuple[SettingPath, 
 class _Origins:
     """Which source gave a setting: an environment variable, the TOML file, or the default.
 
-    Mirrors the sources' precedence (environment, the bootstrap alias, the file): a variable
+    Mirrors the sources' precedence (environment, the sections' aliases, the file): a variable
     holding JSON (``PURGATORY_KAFKA='{...}'``) is the origin of every value beneath it.
     """
 
@@ -556,12 +580,14 @@ class _Origins:
         env = _environ()
         self.variables: dict[SettingPath, str] = {}
         for name in env:
+            # Every variable, also one naming no setting: a misspelt nested one
+            # (PURGATORY_SERVICE__MAX_HEADR_COUNT) is refused by its section, and the error
+            # must name the variable it came from, not "default".
             if name.startswith(ENV_PREFIX) and name not in OTHER_ENV_VARIABLES:
-                path = _env_path(name)
-                if _names_a_setting(path):
-                    self.variables[path] = name
-        if env.get(BOOTSTRAP_ENV) and ("kafka", "bootstrap_servers") not in self.variables:
-            self.variables.setdefault(("kafka", "bootstrap_servers"), BOOTSTRAP_ENV)
+                self.variables[_env_path(name)] = name
+        for section, variable, field in _section_aliases():
+            if env.get(variable):
+                self.variables.setdefault((section, field), variable)
         self.config_file = config_file
         self.file_paths: set[SettingPath] = set()
         if config_file:
@@ -608,14 +634,16 @@ def _explain(error: ValidationError, origins: _Origins, overrides: Mapping[str, 
     return "\n".join(lines)
 
 
-def _check_bootstrap_alias() -> None:
+def _check_aliases() -> None:
     env = _environ()
-    alias, canonical = env.get(BOOTSTRAP_ENV), env.get("PURGATORY_KAFKA__BOOTSTRAP_SERVERS")
-    if alias and canonical and alias != canonical:
-        raise ConfigError(
-            f"invalid settings: {BOOTSTRAP_ENV}={alias!r} and "
-            f"PURGATORY_KAFKA__BOOTSTRAP_SERVERS={canonical!r} disagree; set one of them"
-        )
+    for section, variable, field in _section_aliases():
+        canonical_name = f"{ENV_PREFIX}{section.upper()}{ENV_NESTING}{field.upper()}"
+        alias, canonical = env.get(variable), env.get(canonical_name)
+        if alias and canonical and alias != canonical:
+            raise ConfigError(
+                f"invalid settings: {variable}={alias!r} and {canonical_name}={canonical!r} disagree; "
+                "set one of them"
+            )
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
@@ -627,7 +655,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     if path is not None and not Path(path).is_file():
         raise ConfigError(f"config file {path!r} does not exist or is not a file")
     _warn_unknown_variables()
-    _check_bootstrap_alias()
+    _check_aliases()
     origin = f"environment PURGATORY_*, file {path}" if path else "environment PURGATORY_*"
     if path:
         _TOML_FILE["path"] = path

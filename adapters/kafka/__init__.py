@@ -87,16 +87,8 @@ from .ops._results import (
     TopicReadyResult,
 )
 from .ownership._owner_proof import OwnerProof
-from .ownership._ownership import (
-    Member,
-    Owner,
-    OwnershipListener,
-    OwnershipStats,
-    OwnersSnapshot,
-    OwnerStatus,
-    PartitionOwnership,
-    describe_owners,
-)
+from .ownership._owners import Member, Owner, OwnersSnapshot, OwnerStatus, describe_owners
+from .ownership._ownership import OwnershipListener, OwnershipStats, PartitionOwnership
 from .ownership._ownership_guard import OwnedOperation, OwnershipGuard, WatchedKeys
 from .reply._correlation import (
     CORRELATION_ID,

@@ -172,7 +172,7 @@ def owners(
     from purgatory.settings import load_settings
 
     from .clients._provider import BOOTSTRAP_ENV, configured_bootstrap
-    from .ownership._ownership import describe_owners
+    from .ownership._owners import describe_owners
 
     settings = load_settings()
     servers = configured_bootstrap(settings.kafka, bootstrap)

@@ -17,17 +17,24 @@ Typed reading: ``KafkaSettings.of(settings)`` returns the ``kafka`` section as a
 from __future__ import annotations
 
 import re
-from typing import Literal
+from collections.abc import Mapping
+from typing import ClassVar, Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
 from purgatory.settings import DurationMs, PositiveInt, Section, is_secret_name
 
-__all__ = ["KafkaSettings", "ScaleOutSettings"]
+__all__ = ["BOOTSTRAP_ENV", "KafkaSettings", "ScaleOutSettings"]
+
+# What `purgatory kafka up` prints and the Kafka provider reads: an alias of
+# PURGATORY_KAFKA__BOOTSTRAP_SERVERS, so one exported line configures every entry point.
+BOOTSTRAP_ENV = "PURGATORY_KAFKA_BOOTSTRAP"
 
 
 class KafkaSettings(Section):
     """Connection to Kafka (used by the adapters; the core never imports a Kafka client)."""
+
+    env_aliases: ClassVar[Mapping[str, str]] = {BOOTSTRAP_ENV: "bootstrap_servers"}
 
     bootstrap_servers: str | None = Field(
         None, description="host:port[,host:port]; unset means: start the local cluster."

@@ -93,6 +93,20 @@ class ServiceSettings(Section):
         description="A request body not received in full within this long is answered 408 "
         "(a Content-Length larger than the body sent holds nothing forever).",
     )
+    stream_heartbeat_ms: DurationMs = Field(
+        15_000,
+        description="An idle event stream (GET .../partitions/{p}/stream) gets a comment line this often, "
+        "so proxies and load balancers do not close it (at most admission.max_wait_ms apart).",
+    )
+    stream_buffer_bytes: PositiveInt = Field(
+        1024 * 1024,
+        description="Bytes of events one event stream may have unsent (its reader is slow). Past it the "
+        "stream ends with an 'overflow' event naming the offset to resume from; memory stays bounded.",
+    )
+    stream_retry_ms: DurationMs = Field(
+        1_000,
+        description="The reconnection delay an event stream tells its EventSource (SSE 'retry:' field).",
+    )
     auth_tokens: tuple[SecretStr, ...] = Field(
         (), description="Bearer tokens accepted (any one); empty: no token authentication."
     )

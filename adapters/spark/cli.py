@@ -16,7 +16,9 @@ from typing import Annotated
 
 import typer
 
-from purgatory.settings import BOOTSTRAP_ENV, ConfigError, load_settings
+from purgatory.settings import ConfigError, load_settings
+
+from ..kafka.settings import BOOTSTRAP_ENV
 
 __all__ = ["analyze"]
 

@@ -12,12 +12,13 @@ import uuid
 
 import pytest
 import structlog
+from purgatory.adapters.kafka.settings import KafkaSettings
 from typer.testing import CliRunner
 
 import purgatory._logging as purgatory_logging
 from purgatory._secrets import MASK, MIN_MASKED_CHARS, is_secret_name, mask_secret_values
 from purgatory.cli import app
-from purgatory.settings import KafkaSettings, Settings
+from purgatory.settings import Settings
 
 runner = CliRunner()
 

@@ -171,6 +171,16 @@ def test_a_misspelt_nested_variable_is_reported(monkeypatch: pytest.MonkeyPatch)
     assert unknown == {"PURGATORY_KAFKA__BOOTSTRAP_SERVER": "PURGATORY_KAFKA__BOOTSTRAP_SERVERS"}
 
 
+def test_a_misspelt_nested_variable_refused_by_its_section_is_named_as_the_origin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PURGATORY_SERVICE__MAX_HEADR_COUNT", "5")
+    origin = r"service\.max_headr_count \(from env PURGATORY_SERVICE__MAX_HEADR_COUNT\): unknown setting"
+    suggestion = "did you mean PURGATORY_SERVICE__MAX_HEADER_COUNT"
+    with pytest.warns(UnknownSettingWarning, match=suggestion), pytest.raises(ConfigError, match=origin):
+        load_settings()
+
+
 def test_variables_the_project_reads_are_not_reported() -> None:
     environ = {
         "PURGATORY_PURE": "1",

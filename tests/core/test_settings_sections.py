@@ -24,6 +24,7 @@ from purgatory.settings import (
     UnknownSettingWarning,
     load_settings,
     register_section,
+    setting_origins,
     settings_sections,
     unknown_environment_variables,
     unregister_section,
@@ -179,3 +180,38 @@ def test_the_old_names_resolve_through_the_registry_with_a_deprecation_warning()
         assert cls is settings_sections()[section]
     with pytest.raises(AttributeError, match="NoSuchSettings"):
         purgatory.settings.NoSuchSettings  # noqa: B018
+
+
+class AliasedSection(Section):
+    """A section that reads one field from an extra variable too (as Kafka's bootstrap alias)."""
+
+    env_aliases = {"PURGATORY_EXAMPLE_ENDPOINT": "endpoint"}
+    endpoint: str | None = None
+
+
+def test_a_sections_own_alias_variable_sets_its_field_below_the_canonical_variable(
+    register: Register, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    register("example", AliasedSection)
+    config = tmp_path / "purgatory.toml"
+    config.write_text('[example]\nendpoint = "from-file"\n')
+    monkeypatch.setenv("PURGATORY_EXAMPLE_ENDPOINT", "from-alias")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the alias is a known variable, not a misspelling
+        settings = load_settings(config)
+    assert AliasedSection.of(settings).endpoint == "from-alias", "the alias beats the file"
+    assert setting_origins(settings, config)["example.endpoint"] == "env PURGATORY_EXAMPLE_ENDPOINT"
+    monkeypatch.setenv("PURGATORY_EXAMPLE__ENDPOINT", "from-alias")
+    assert AliasedSection.of(load_settings(config)).endpoint == "from-alias", "equal values agree"
+    monkeypatch.setenv("PURGATORY_EXAMPLE__ENDPOINT", "canonical")
+    with pytest.raises(
+        ConfigError, match="PURGATORY_EXAMPLE_ENDPOINT='from-alias' and PURGATORY_EXAMPLE__ENDPOINT"
+    ):
+        load_settings(config)
+
+
+def test_the_bootstrap_alias_is_declared_by_the_kafka_section_and_the_old_name_warns() -> None:
+    kafka = settings_sections()["kafka"]
+    assert dict(kafka.env_aliases) == {"PURGATORY_KAFKA_BOOTSTRAP": "bootstrap_servers"}
+    with pytest.warns(DeprecationWarning, match="BOOTSTRAP_ENV is deprecated"):
+        assert purgatory.settings.BOOTSTRAP_ENV == "PURGATORY_KAFKA_BOOTSTRAP"

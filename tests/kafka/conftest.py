@@ -10,8 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from purgatory.adapters.kafka import KafkaPurgatory
-
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from .kafka_fixtures import WAIT_S, wait_until
 

@@ -23,8 +23,7 @@ import pytest
 
 if TYPE_CHECKING:
     from purgatory.adapters.kafka import KafkaClusterHandle, LocalKafkaCluster, TopicPartitionKey
-
-    from purgatory.settings import KafkaSettings
+    from purgatory.adapters.kafka.settings import KafkaSettings
 
 TopicFactory = Callable[..., str]
 TOPIC_CREATE_TIMEOUT_S = 30.0
@@ -61,7 +60,7 @@ def kafka_bootstrap(kafka_cluster: KafkaClusterHandle) -> str:
 
 @pytest.fixture(scope="session")
 def kafka_settings(kafka_bootstrap: str) -> KafkaSettings:
-    from purgatory.settings import KafkaSettings
+    from purgatory.adapters.kafka.settings import KafkaSettings
 
     return KafkaSettings(bootstrap_servers=kafka_bootstrap)
 
@@ -177,8 +176,7 @@ def replicated_topic(cluster: LocalKafkaCluster, prefix: str) -> tuple[KafkaSett
     """A fresh RF-3 topic (min.insync.replicas 2) led by node 1, all replicas in sync, and settings
     with a short admin timeout: a request may land on a hung broker while a test runs."""
     from purgatory.adapters.kafka import TopicPartitionKey
-
-    from purgatory.settings import KafkaSettings
+    from purgatory.adapters.kafka.settings import KafkaSettings
 
     settings = KafkaSettings(bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=2000)
     topic = create_topic(
@@ -379,8 +377,7 @@ def stranding_topic(cluster: LocalKafkaCluster, prefix: str) -> tuple[KafkaSetti
     """An RF-3 topic for :class:`StrandedRecord` (replicas :data:`STRANDING_REPLICAS`,
     min.insync.replicas 2, room for the filler), all replicas in sync; short admin timeouts."""
     from purgatory.adapters.kafka import TopicPartitionKey
-
-    from purgatory.settings import KafkaSettings
+    from purgatory.adapters.kafka.settings import KafkaSettings
 
     settings = KafkaSettings(bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=2000)
     topic = create_topic(

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.tools.bench.kafka.feed import run_once
-
-from purgatory.settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka
 

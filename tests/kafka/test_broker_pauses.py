@@ -70,7 +70,7 @@ def test_safepoint_log_option_names_the_file_and_the_monotonic_decoration(tmp_pa
 
 
 def test_bench_broker_profiles_are_valid_launcher_options() -> None:
-    from purgatory.adapters.kafka.local._cluster import _checked_jvm_options
+    from purgatory.adapters.kafka.local._node import checked_jvm_options as _checked_jvm_options
     from purgatory.tools.bench.kafka.feed import BROKER_PROFILES, STEADY_STATE_PROFILE
 
     for name, profile in BROKER_PROFILES.items():
@@ -123,7 +123,7 @@ def test_gc_log_option_is_one_word_on_the_safepoint_log_clock(tmp_path: Path) ->
 
 
 def test_a_broker_profile_spec_adds_jvm_options_and_broker_settings_to_its_base() -> None:
-    from purgatory.adapters.kafka.local._cluster import _checked_jvm_options
+    from purgatory.adapters.kafka.local._node import checked_jvm_options as _checked_jvm_options
     from purgatory.tools.bench.kafka.feed import STEADY_STATE_PROFILE, parse_broker_profile
 
     assert parse_broker_profile("steady") == STEADY_STATE_PROFILE

@@ -15,10 +15,10 @@ import pytest
 from purgatory.adapters.kafka import DelayedFetch, FetchedRecord, KafkaOperation
 from purgatory.adapters.kafka.clients import _clients
 from purgatory.adapters.kafka.facts._record_cache import SharedReadReader
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import Outcome
 from purgatory._loop_handoff import BURST_CHUNK, handoff_for
-from purgatory.settings import KafkaSettings
 from tests.core.test_loop_handoff import CountingLoop
 from tests.kafka.test_offset_index import KEY, FakeView, _facts, feed_on_mock_timer
 

@@ -15,9 +15,9 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
 )
 from purgatory.adapters.kafka.facts._feed import METADATA_EVERY, WAKE_LIMIT
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import DelayedOperationPurgatory, PurgatoryFullError
-from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
 from .kafka_fixtures import RecordAppender, TopicFactory
@@ -61,9 +61,13 @@ def test_requests_per_interval_do_not_grow_with_pending_operations(
     many = _requests_per_poll(kp)
     # Every poll: ListOffsets(latest); every METADATA_EVERY-th poll also DescribeTopics.
     # DescribeConfigs is cached, and no DelayedReplication reads log start offsets (no "earliest").
+    # The first window may hold more: right after the topic was created a partition may still be
+    # electing its leader, and a degraded partition is re-described every poll (by design). The
+    # later window, with 100 times the operations, must be the plain cycle, and no larger.
     expected = POLLS_MEASURED + POLLS_MEASURED // METADATA_EVERY
-    assert sum(few) == sum(many) == expected, f"10 pending: {few} per poll; 1000 pending: {many}"
-    assert set(few) | set(many) <= {1, 2}
+    assert sum(many) == expected, f"1000 pending: {many} per poll"
+    assert sum(many) <= sum(few), f"10 pending: {few} per poll; 1000 pending: {many}"
+    assert set(many) <= {1, 2}
     assert kp.feed.watched_keys() == frozenset(keys), "four keys watched, however many operations"
 
 

@@ -23,8 +23,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from purgatory.adapters.kafka import KafkaPurgatory, ProducerRecord, TopicPartitionKey
 from purgatory.adapters.kafka.local import STATE_FILE, cache_dir, free_ports, voter_ids
-
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from .kafka_fixtures import WAIT_S, create_topic, wait_isr, wait_until
 

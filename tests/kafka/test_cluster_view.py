@@ -14,8 +14,7 @@ from purgatory.adapters.kafka import (
     UnknownTopicError,
 )
 from purgatory.adapters.kafka.local import free_port
-
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from .kafka_fixtures import TopicFactory
 

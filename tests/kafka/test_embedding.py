@@ -22,9 +22,10 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
     UnknownTopicError,
 )
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryFullError
-from purgatory.settings import KafkaSettings, Settings
+from purgatory.settings import Settings
 
 from .kafka_fixtures import WAIT_S, TopicFactory
 

@@ -24,9 +24,9 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
     TopicReadyResult,
 )
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import DelayedOperationPurgatory, Outcome
-from purgatory.settings import KafkaSettings
 from purgatory.testing import MockTimer
 
 RESULTS = (ProduceResult, FetchResult, CommitResult, TopicReadyResult, DeleteRecordsResult)

@@ -12,10 +12,11 @@ pytest.importorskip("fastapi")
 
 from confluent_kafka import Consumer, TopicPartition
 from fastapi.testclient import TestClient
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from examples.billing_consumer import consume
 from examples.orders_service import create_app
-from purgatory.settings import KafkaSettings, Settings
+from purgatory.settings import Settings
 
 from .kafka_fixtures import WAIT_S
 

@@ -18,8 +18,7 @@ from purgatory.adapters.kafka import (
     RecordIdentity,
     TopicPartitionKey,
 )
-
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 KEY = TopicPartitionKey("orders", 0)
 

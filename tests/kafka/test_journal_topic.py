@@ -52,8 +52,9 @@ def test_create_topic_makes_the_journal_topic_and_counts_acknowledged_events(kaf
 
 async def test_connect_with_a_journal_topic_missing_fails_on_entering(kafka_settings: object) -> None:
     from purgatory.adapters.kafka import KafkaPurgatory
+    from purgatory.adapters.kafka.settings import KafkaSettings
 
-    from purgatory.settings import JournalSettings, KafkaSettings, Settings
+    from purgatory.settings import JournalSettings, Settings
 
     assert isinstance(kafka_settings, KafkaSettings)
     topic = f"journal-absent-{uuid.uuid4().hex[:8]}"

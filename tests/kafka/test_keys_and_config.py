@@ -27,10 +27,10 @@ from purgatory.adapters.kafka import (
     client_config,
     redacted,
 )
+from purgatory.adapters.kafka.settings import KafkaSettings
 from pydantic import SecretStr
 
 from purgatory._secrets import MASK as MASKED
-from purgatory.settings import KafkaSettings
 
 
 def test_keys_are_frozen_hashable_and_labelled_like_kafka() -> None:

@@ -26,9 +26,9 @@ from purgatory.adapters.kafka import (
 from purgatory.adapters.kafka.facts._facts import ClusterFacts
 from purgatory.adapters.kafka.facts._offset_index import COMPACT_MIN, OffsetIndex
 from purgatory.adapters.kafka.facts._tail import TailedPosition
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import DelayedOperationPurgatory, MockTimer, Outcome
-from purgatory.settings import KafkaSettings
 
 KEY = TopicPartitionKey("orders", 0)
 OTHER = TopicPartitionKey("orders", 1)

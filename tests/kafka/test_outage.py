@@ -15,9 +15,9 @@ from purgatory.adapters.kafka import (
     ProducerRecord,
     TopicPartitionKey,
 )
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import DelayedOperation, Outcome
-from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
 from .kafka_fixtures import create_topic

@@ -20,11 +20,12 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
 )
 from purgatory.adapters.kafka.ownership._ownership_guard import OwnershipGuard
+from purgatory.adapters.kafka.settings import KafkaSettings, ScaleOutSettings
 from purgatory.adapters.service import redirect_for
 from pydantic import SecretStr
 from structlog.testing import capture_logs
 
-from purgatory.settings import ConfigError, KafkaSettings, ScaleOutSettings, load_settings
+from purgatory.settings import ConfigError, load_settings
 
 TOPIC = "orders"
 ME, PEER, ROGUE = "http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://127.0.0.1:18999"

@@ -28,11 +28,11 @@ from purgatory.adapters.kafka import (
     PartitionOwnership,
     TopicPartitionKey,
 )
+from purgatory.adapters.kafka.settings import KafkaSettings, ScaleOutSettings
 from purgatory.adapters.service import moved_answer, redirect_for
 from pydantic import SecretStr
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory, Outcome
-from purgatory.settings import KafkaSettings, ScaleOutSettings
 from purgatory.testing import MockTimer
 
 if TYPE_CHECKING:

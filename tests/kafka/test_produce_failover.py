@@ -33,8 +33,7 @@ from purgatory.adapters.kafka import (
     ProducerRecord,
     TopicPartitionKey,
 )
-
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
 from .kafka_fixtures import create_topic, wait_isr

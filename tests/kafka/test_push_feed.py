@@ -29,9 +29,9 @@ from purgatory.adapters.kafka import (
 )
 from purgatory.adapters.kafka.facts._facts import ClusterFacts
 from purgatory.adapters.kafka.facts._tail import TailedPosition
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import DelayedOperationPurgatory, Outcome
-from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
 from .kafka_fixtures import RecordAppender, TopicFactory, create_topic, replicated_topic, wait_isr

@@ -20,8 +20,8 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
 )
 from purgatory.adapters.kafka.facts import _record_cache
+from purgatory.adapters.kafka.settings import KafkaSettings
 
-from purgatory.settings import KafkaSettings
 from tests.kafka.kafka_fixtures import RecordAppender, TopicFactory
 
 KEY = TopicPartitionKey("t", 0)

@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import KafkaError
 from purgatory.adapters.kafka import ProducerRecord, RecordReader, TopicPartitionKey
 from purgatory.adapters.kafka.clients._clients import LOG_END
+from purgatory.adapters.kafka.settings import KafkaSettings
 
-from purgatory.settings import KafkaSettings
 from tests.kafka.kafka_fixtures import WAIT_S, RecordAppender, TopicFactory
 
 KEY = TopicPartitionKey("t", 0)

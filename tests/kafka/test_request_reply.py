@@ -33,9 +33,9 @@ from purgatory.adapters.kafka import (
     responder,
 )
 from purgatory.adapters.kafka.reply._responder import COMMIT_MAX_DELAY_S
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory.journal import EventType, Journal, JournalEvent
-from purgatory.settings import KafkaSettings
 
 from .conftest import WAIT_S, wait_until
 from .kafka_fixtures import TopicFactory
@@ -298,7 +298,7 @@ def test_a_raising_handler_answers_with_a_responder_error(
 _HANGING_RESPONDER = """
 import sys, threading
 from purgatory.adapters.kafka import responder
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 topic, group, bootstrap = sys.argv[1:4]
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import uuid
 
 from purgatory.adapters.kafka import KafkaPurgatory, LocalKafkaCluster, Request, Responder
-
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from .conftest import WAIT_S
 from .kafka_fixtures import FOLLOWERS, LEADER, create_topic

@@ -27,10 +27,10 @@ from purgatory.adapters.kafka import (
     ResponderError,
     TopicPartitionKey,
 )
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import DelayedOperationPurgatory, Outcome
 from purgatory.journal import Journal, JournalEvent
-from purgatory.settings import KafkaSettings
 from purgatory.testing import MockTimer
 
 REPLIES = "replies"
@@ -162,6 +162,47 @@ class ListSink:
 
     def close(self) -> None:
         pass
+
+
+def test_each_way_a_request_finishes_is_journaled_and_counted_with_its_answer_code(
+    purgatory: DelayedOperationPurgatory[Any], timer: MockTimer
+) -> None:
+    from purgatory.adapters.kafka import KafkaUnavailableError
+    from purgatory.adapters.kafka._metrics import ANSWERS
+
+    sink = ListSink()
+    journal = Journal([sink]).attach(purgatory)
+    before = ANSWERS.snapshot()
+    answered = _submitted(purgatory)
+    _deliver(purgatory, answered, _reply("pricer"))
+    refused = DelayedRequest("c2", "prices", timeout_ms=100)
+    purgatory.try_complete_else_watch(refused, refused.watch_keys())
+    _deliver(purgatory, refused, _reply("pricer", error="ValueError: no such symbol"))
+    failed = DelayedRequest("c3", "prices", timeout_ms=100)
+    purgatory.try_complete_else_watch(failed, failed.watch_keys())
+    failed.fail(KafkaUnavailableError("not delivered"))
+    timed_out = DelayedRequest("c4", "prices", timeout_ms=100)
+    partial = DelayedRequest("c5", "prices", timeout_ms=100, wanted=2, partial=True)
+    for op in (timed_out, partial):
+        purgatory.try_complete_else_watch(op, op.watch_keys())
+    timer.advance_clock(100)
+    journal.close()
+    codes = {op.correlation_id: op.answer_code() for op in (answered, refused, failed, timed_out, partial)}
+    assert codes == {
+        "c1": "NONE",
+        "c2": "RESPONDER_ERROR",
+        "c3": "KAFKA_UNAVAILABLE",
+        "c4": "REQUEST_TIMED_OUT",
+        "c5": "NONE",
+    }
+    finishes = [e for e in sink.events if e.op_type == "DelayedRequest" and e.event_type.value != "created"]
+    assert sorted(e.error_code or "" for e in finishes) == sorted(codes.values())
+    after = ANSWERS.snapshot()
+    counted = {
+        s: after.get(("DelayedRequest", s), 0) - before.get(("DelayedRequest", s), 0)
+        for s in set(codes.values())
+    }
+    assert counted == {"NONE": 2, "RESPONDER_ERROR": 1, "KAFKA_UNAVAILABLE": 1, "REQUEST_TIMED_OUT": 1}
 
 
 def _router(purgatory: DelayedOperationPurgatory[Any], ready: set[int]) -> ReplyRouter:

@@ -21,8 +21,7 @@ from purgatory.adapters.kafka.clients._sender import (
     InFlightWindow,
     RecordSender,
 )
-
-from purgatory.settings import KafkaSettings
+from purgatory.adapters.kafka.settings import KafkaSettings
 
 
 @dataclass

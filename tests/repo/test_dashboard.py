@@ -98,7 +98,7 @@ def _exposed_after_a_few_operations() -> set[str]:
     answers.count(200)
     answers.count(503, b'{"error": "NOT_ENOUGH_REPLICAS"}')
     gateway: Any = SimpleNamespace(
-        reader=SimpleNamespace(kafka_reads=1, shared_hits=0),
+        reader=SimpleNamespace(kafka_reads=1, shared_hits=0, cached_bytes=0),
         feed=SimpleNamespace(
             stats=SimpleNamespace(polls=3, failures=1, last_success=time.monotonic()),
             unavailable=None,
@@ -106,6 +106,7 @@ def _exposed_after_a_few_operations() -> set[str]:
         ),
         view=SimpleNamespace(requests_sent=3),
         task_free_fetches=0,
+        long_poll_waiters=0,
     )
     registry.register(ServiceCollector(lambda: gateway, answers))
     kafka_answers = AnswerCounts()

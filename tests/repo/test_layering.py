@@ -145,15 +145,10 @@ def test_the_walk_sees_imports_hidden_in_functions_and_import_module_strings(tmp
 
 # Known, to go: the request-reply trace's "window=none" run emulates the sender before its
 # in-flight window by replacing _sender.InFlightWindow (no public knob for it; issue 29).
-KNOWN_PRIVATE_REACHES = ("tools/bench/reply/trace.py",)
-
-
 def test_tools_use_the_adapters_through_their_public_faces() -> None:
     """Benchmarks and the reliability suite import ``purgatory.adapters.kafka``, never ``._feed``:
     an adapter may rearrange its private modules without breaking its tools."""
-    problems = [
-        p for p in reaches(ROOT, "purgatory.tools", is_private) if not p.startswith(KNOWN_PRIVATE_REACHES)
-    ]
+    problems = reaches(ROOT, "purgatory.tools", is_private)
     assert problems == [], "tools importing adapters' private modules:\n" + "\n".join(problems)
 
 

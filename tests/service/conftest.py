@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import Gateway, create_app
 from purgatory.adapters.service.app._long_poll_route import LongPollRoute
 from purgatory.adapters.service.server._server import BackgroundServer
 from starlette.applications import Starlette
 
-from purgatory.settings import KafkaSettings, Settings
+from purgatory.settings import Settings
 
 WAIT_S = 20.0  # bound on any wait for Kafka or the service in these tests
 

@@ -8,10 +8,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from purgatory.adapters.kafka.ops._off_loop_fetch import OffLoopFetch
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import create_app
 from purgatory.adapters.service.server._server import BackgroundServer
+from purgatory.adapters.service.settings import AdmissionSettings
 
-from purgatory.settings import AdmissionSettings, KafkaSettings, Settings
+from purgatory.settings import Settings
 from tests.kafka.kafka_fixtures import TopicFactory
 
 from .conftest import WAIT_S, Service, until

@@ -27,10 +27,11 @@ from purgatory.adapters.kafka import (
     TopicPartitionKey,
 )
 from purgatory.adapters.kafka.clients._clients import READ_TIMEOUT_S
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import create_app
 from purgatory.adapters.service.server._server import BackgroundServer
 
-from purgatory.settings import KafkaSettings, Settings
+from purgatory.settings import Settings
 from tests.kafka.kafka_fixtures import RecordAppender, create_topic, wait_isr
 
 pytestmark = pytest.mark.kafka

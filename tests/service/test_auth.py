@@ -16,10 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import create_app
 from purgatory.adapters.service.server._server import BackgroundServer
+from purgatory.adapters.service.settings import ServiceSettings
 
-from purgatory.settings import KafkaSettings, ServiceSettings, Settings
+from purgatory.settings import Settings
 
 TOKENS = ("token-alpha-6f1c2b", "token-beta-93ad07")
 OPENSSL_TIMEOUT_S = 30

@@ -27,11 +27,12 @@ from purgatory.adapters.kafka import (
     ProducerRecord,
     TopicKey,
 )
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import create_app
 from purgatory.adapters.service.app._requests import MAX_PRODUCE_BODY_BYTES
 from purgatory.adapters.service.server._server import BackgroundServer
 
-from purgatory.settings import KafkaSettings, Settings
+from purgatory.settings import Settings
 from tests.kafka.kafka_fixtures import RecordAppender, create_topic
 
 from .conftest import Service

@@ -14,10 +14,12 @@ from purgatory.adapters.kafka import (
     SharedReadReader,
     provide_cluster,
 )
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import FETCH_PURGATORY, PRODUCE_PURGATORY, Gateway, resolve_bootstrap
+from purgatory.adapters.service.settings import AdmissionSettings
 
 from purgatory import PurgatoryClosedError
-from purgatory.settings import AdmissionSettings, KafkaSettings, Settings
+from purgatory.settings import Settings
 
 NOBODY = "127.0.0.1:9"  # the discard port: nothing answers, and nothing here asks
 

@@ -21,13 +21,15 @@ import h2.events
 import hpack
 import httpx
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service.http.h2 import _long_poll as _h2_long_poll
 from purgatory.adapters.service.http.h2._answers import SharedFrames, SharedHeaderEncoder
 from purgatory.adapters.service.http.h2._prior_knowledge import H2PriorKnowledge
 from purgatory.adapters.service.server._server import uvicorn_options
+from purgatory.adapters.service.settings import AdmissionSettings, ServiceSettings
 from purgatory.tools.bench.service.h2_client import open_h2_long_polls
 
-from purgatory.settings import AdmissionSettings, KafkaSettings, ServiceSettings, Settings
+from purgatory.settings import Settings
 from tests.kafka.kafka_fixtures import TopicFactory
 
 from .conftest import WAIT_S, Served, serving, until

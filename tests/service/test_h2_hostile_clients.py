@@ -23,6 +23,7 @@ import h2.events
 import h2.settings
 import httpx
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service.http.h2 import _long_poll as _h2_long_poll
 from purgatory.adapters.service.http.h2._long_poll import (
     CONTROL_FRAMES_PER_SECOND,
@@ -30,8 +31,9 @@ from purgatory.adapters.service.http.h2._long_poll import (
     READ_PAUSE_BACKLOG,
     H2Session,
 )
+from purgatory.adapters.service.settings import AdmissionSettings
 
-from purgatory.settings import AdmissionSettings, KafkaSettings, Settings
+from purgatory.settings import Settings
 from tests.kafka.kafka_fixtures import TopicFactory
 
 from .conftest import WAIT_S, Served, serving, until

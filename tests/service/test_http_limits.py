@@ -14,16 +14,18 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import create_app
 from purgatory.adapters.service.app._guards import CatchAll, UnexpectedErrors
 from purgatory.adapters.service.server._server import BackgroundServer
+from purgatory.adapters.service.settings import ServiceSettings
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from purgatory.settings import KafkaSettings, ServiceSettings, Settings
+from purgatory.settings import Settings
 from tests.kafka.kafka_fixtures import TopicFactory
 
 ATTACK_HEADERS = 10_000  # the figure

@@ -17,11 +17,13 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service.http.h1._head_timeout import HeadTimeoutH11Protocol
 from purgatory.adapters.service.http.h1._long_poll import LongPollH11Protocol
 from purgatory.adapters.service.server._server import uvicorn_options
+from purgatory.adapters.service.settings import ServiceSettings
 
-from purgatory.settings import KafkaSettings, ServiceSettings, Settings
+from purgatory.settings import Settings
 
 from .conftest import WAIT_S, Served, serving, until
 from .test_auth import Pki, pki  # noqa: F401  (the mutual TLS material, made per module)
@@ -333,33 +335,3 @@ def test_a_long_poll_over_mutual_tls_takes_the_fast_path(
             answer = client.get(path, params={"offset": 0, "max_wait_ms": 5000})
         assert answer.status_code == 200 and answer.json()["records"][0]["value"] == "tls"
         assert served.taken == before + 1
-
-
-def test_two_servers_in_one_process_each_keep_their_apps_route(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The route lookup is cached per server (its protocol class), not once per process: two apps
-    served at once do not evict each other's entry, and an app is not held after its server."""
-    import gc
-    import weakref
-
-    from purgatory.adapters.service import create_app
-    from purgatory.adapters.service.http.h1 import _long_poll
-
-    settings = Settings(kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"))  # never connected
-    apps = [create_app(settings), create_app(settings)]
-    classes = [_long_poll.long_poll_protocol(10.0), _long_poll.long_poll_protocol(10.0)]
-    lookups: list[object] = []
-    real_lookup = _long_poll._long_poll_route
-    monkeypatch.setattr(_long_poll, "_long_poll_route", lambda app: lookups.append(app) or real_lookup(app))
-    connections = []
-    for cls, app in zip(classes, apps, strict=True):
-        connection = cls.__new__(cls)  # the route lookup reads only .app
-        connection.app = app
-        connections.append(connection)
-    for _ in range(10):  # connections of both servers, interleaved
-        for connection, app in zip(connections, apps, strict=True):
-            assert connection._route is app.state.long_poll, "each server answers with its own app's route"
-    assert len(lookups) == 2, f"one lookup per server, not one per switch between them: {len(lookups)}"
-    gone = weakref.ref(apps[0])
-    del apps[0], connections[0], classes[0], lookups[:]
-    gc.collect()
-    assert gone() is None, "a server's app is not kept alive once its server (protocol class) is gone"

@@ -52,8 +52,9 @@ def test_large_min_bytes_long_polls_keep_rss_bounded_and_the_service_answering(
 # The back-pressure report: one HTTP/1.1 connection pipelines 100 long polls with max_bytes
 # 4,000,000 on a partition holding data and never reads (4 KB receive buffer): the service grew
 # +296 MB (its answers written whole into the transport). After the fix: +23-28 MB measured from a
-# warmed service, +75-80 MB here from a cold one (its first reads fill the shared record and
-# rendered-answer caches, bounded at 64 MiB each). The bound guards against the regression.
+# warmed service, +75-80 MB here from a cold one (its first long poll went through the ASGI path,
+# whose body h11 and the transport copied whole); +25 MB since that path writes a large answer
+# piece by piece (the cold round of the test below). The bound guards against the regression.
 PIPELINED = 100
 PIPELINED_MAX_GROWTH_MB = 150
 
@@ -113,6 +114,18 @@ def test_pipelined_large_answers_to_a_client_that_never_reads_keep_rss_bounded(k
 # (docs/operations/limits.md). Both bounds are the issue's own (under 50 MB above the start,
 # within 10 MB after the close); the peak is the largest of the rounds, more than twice the
 # largest measured.
+#
+# The cold round (the first after the service started) once kept +43 MB (HTTP/1.1) and +27 MB
+# (h2c) for good after the close: the ~18 MB body as the last rendered answer, the HTTP/1.1 fast
+# path's copy of head + body, and glibc's heap holding freed large blocks (its mmap threshold
+# rises after the first large free). Now a released body leaves the caches, large blocks are
+# mapped and unmapped, and bodies render a group of records at a time: 3 invocations (load
+# average 3.5-5.8 on 2 shared cores): HTTP/1.1 peak +24.9-25.2 MB, after the close +5.4-6.0 MB;
+# h2c +26.8-32.2 MB, +6.9-8.6 MB; every round re-renders its body now (warm peaks +18-25 MB). Of
+# what stays, 4.0 MB is the record cache's span of the range (a bounded cache, by design:
+# docs/operations/limits.md), reported by the service and left out of the after-close check:
+# without it +1.4-4.6 MB against the 10 (its raw figures sit too close to 10 MB for a
+# test on a loaded CI). The cold peak bound is the 50 MB: ~1.5x the largest measured.
 UNREAD_ROUNDS = 3
 UNREAD_PEAK_MB = 50
 UNREAD_AFTER_CLOSE_MB = 10
@@ -126,11 +139,17 @@ def test_unread_large_answers_stay_bounded_and_are_freed_after_the_close(
 
     from purgatory.tools.bench.service.unread_answers import replay
 
-    results = [r for r in replay(kafka_bootstrap, protocol, rounds=UNREAD_ROUNDS) if not r.cold]
+    every = replay(kafka_bootstrap, protocol, rounds=UNREAD_ROUNDS)
+    (cold,) = [r for r in every if r.cold]
+    results = [r for r in every if not r.cold]
     peak = max(r.peak_above_start_mb for r in results)
     after = statistics.median(r.after_close_above_start_mb for r in results)
     assert peak < UNREAD_PEAK_MB, f"RSS grew too much while unread: {results}"
     assert after < UNREAD_AFTER_CLOSE_MB, f"RSS stayed up after the close: {results}"
+    assert cold.peak_above_start_mb < UNREAD_PEAK_MB, f"a cold service's first round grew too much: {cold}"
+    assert cold.after_close_without_record_cache_mb < UNREAD_AFTER_CLOSE_MB, (
+        f"a cold service's first round left memory behind beyond its record cache: {cold}"
+    )
 
 
 def test_long_polls_past_the_answer_budget_are_answered_429_memory_budget_exceeded(

@@ -17,9 +17,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from structlog.testing import capture_logs
 
-from purgatory.settings import KafkaSettings, Settings
+from purgatory.settings import Settings
 
 from .conftest import Served, serving, until
 from .test_long_poll import RawConnection, _get, _produce, _warm

@@ -18,10 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from purgatory.adapters.kafka import LocalKafkaCluster, TopicPartitionKey
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import create_app
 from purgatory.adapters.service.server._server import BackgroundServer
 
-from purgatory.settings import KafkaSettings, Settings
+from purgatory.settings import Settings
 from tests.kafka.kafka_fixtures import (
     FOLLOWERS,
     RecordAppender,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import FetchParams, Gateway, ProduceRequest, resolve_bootstrap
 from purgatory.adapters.service.answers._errors import from_validation_error
 from purgatory.adapters.service.app._requests import (
@@ -12,7 +13,7 @@ from purgatory.adapters.service.app._requests import (
 )
 from pydantic import ValidationError
 
-from purgatory.settings import ConfigError, KafkaSettings, Settings
+from purgatory.settings import ConfigError, Settings
 
 
 def _refusal(model: type[FetchParams] | type[ProduceRequest], data: object) -> tuple[int, str | None, str]:

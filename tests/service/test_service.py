@@ -10,12 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 from purgatory.adapters.kafka import ProducerRecord, TopicPartitionKey
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import Gateway, create_app
 from purgatory.adapters.service.app._requests import MAX_FETCH_BYTES, MAX_PRODUCE_BODY_BYTES
 from purgatory.adapters.service.server._server import BackgroundServer
 
 from purgatory import Outcome
-from purgatory.settings import JournalSettings, KafkaSettings, Settings
+from purgatory.settings import JournalSettings, Settings
 from tests.kafka.kafka_fixtures import RecordAppender, TopicFactory
 
 from .conftest import WAIT_S, Service, until

@@ -70,7 +70,7 @@ def _gateway(*, unavailable: str | None, last_success: float) -> Any:
     stats = SimpleNamespace(polls=7, failures=2, last_success=last_success)
     feed = SimpleNamespace(stats=stats, unavailable=unavailable, watched_keys=lambda: frozenset())
     return SimpleNamespace(
-        reader=SimpleNamespace(kafka_reads=1, shared_hits=2),
+        reader=SimpleNamespace(kafka_reads=1, shared_hits=2, cached_bytes=3),
         feed=feed,
         view=SimpleNamespace(requests_sent=3),
         task_free_fetches=4,
@@ -90,6 +90,7 @@ def test_feed_health_reports_the_outage_and_the_age_of_the_last_refresh() -> Non
     ]
     assert 30.0 <= float(age_line.split()[1]) < 60.0, "the age counts from the last successful refresh"
     assert 'purgatory_service_answers_total{error="KAFKA_UNAVAILABLE",status="503"} 1.0' in text
+    assert "purgatory_service_record_cache_bytes 3.0" in text, "the record cache's bytes, a gauge"
 
 
 def test_answers_are_exported_before_the_gateway_starts() -> None:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, cast
+from unittest.mock import patch
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from purgatory.adapters.kafka import DelayedFetch, ErrorCode, FetchedRecord, PartitionRead, TopicPartitionKey
+from purgatory.adapters.service.answers import _shared
 from purgatory.adapters.service.answers._shared import SharedAnswers, fetch_body
 
 from purgatory import Outcome
@@ -111,3 +115,37 @@ def test_each_protocols_encoding_is_made_once_per_default_headers() -> None:
     assert h11[0] is h11[1] is h11[2] and len(made) == 1
     assert answer.http11(tomorrow, encode).startswith(b"tomorrow") and len(made) == 2
     assert answer.http2(today, encode) is answer.http2(today, encode) and len(made) == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.none(), st.binary(max_size=40), st.text(max_size=20).map(str.encode)), max_size=30
+    ),
+    group_bytes=st.integers(min_value=1, max_value=64),
+    error=st.one_of(st.none(), st.text(max_size=10)),
+)
+def test_a_body_rendered_in_groups_of_records_is_the_bytes_of_the_whole_answer_rendered_at_once(
+    values: list[bytes | None], group_bytes: int, error: str | None
+) -> None:
+    records = [
+        FetchedRecord(i, b"k" if i % 3 else None, value, 1_700_000_000_000 + i)
+        for i, value in enumerate(values)
+    ]
+    op = cast(
+        DelayedFetch, AnsweredFetch({KEY: records}, error=None if error is None else RuntimeError(error))
+    )
+    with patch.object(_shared, "RENDER_GROUP_BYTES", group_bytes):
+        grouped = _shared.fetch_body("orders", 0, op)
+    assert grouped == _shared._json_bytes(_shared._fetch_json("orders", 0, op))
+
+
+def test_a_released_body_is_forgotten_and_rendered_again_by_the_next_operation() -> None:
+    shared = SharedAnswers()
+    records = [_record(0), _record(1)]
+    first = shared.body("orders", 0, _op(records))
+    shared.forget(b"another body")  # not the last one: kept
+    assert shared.body("orders", 0, _op(records)) is first
+    shared.forget(first)
+    assert shared.last is None, "no cache keeps a released body"
+    assert shared.body("orders", 0, _op(records)) is not first and shared.rendered == 2

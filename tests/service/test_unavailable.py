@@ -8,10 +8,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.service import create_app
 from purgatory.adapters.service.server._server import BackgroundServer
 
-from purgatory.settings import KafkaSettings, Settings
+from purgatory.settings import Settings
 
 REQUEST_TIMEOUT_MS = 500  # the cluster view gives up on an admin request after this long
 

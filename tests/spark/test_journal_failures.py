@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 from purgatory.adapters.kafka import ErrorCode, KafkaPurgatory, ProducerRecord, TopicPartitionKey
+from purgatory.adapters.kafka.settings import KafkaSettings
 from purgatory.adapters.spark._job import run_batch
 from purgatory.adapters.spark._report import write_report
 from purgatory.adapters.spark._sources import file_lines
 from pyspark.sql import SparkSession
 
-from purgatory.settings import KafkaSettings, Settings
+from purgatory.settings import Settings
 
 from ..kafka.kafka_fixtures import TopicFactory
 

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from purgatory.adapters.service.settings import AdmissionSettings
 from purgatory.tools.bench import Comparison, SideSpec, Target
 from purgatory.tools.bench.core import expiry, purgatory_perf, timer
 from purgatory.tools.bench.core.baselines import (
@@ -22,7 +23,6 @@ from purgatory.tools.bench.core.baselines import (
 from typer.testing import CliRunner
 
 from purgatory.cli import app
-from purgatory.settings import AdmissionSettings
 
 _Task = timer.HeapTask  # a task with a payload and a run counter, no timer machinery
 

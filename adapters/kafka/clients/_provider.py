@@ -18,10 +18,8 @@ from typing import Literal, Self
 
 import structlog
 
-from purgatory.settings import BOOTSTRAP_ENV
-
 from ..local import DEFAULT_KAFKA_VERSION, LocalKafkaCluster
-from ..settings import KafkaSettings
+from ..settings import BOOTSTRAP_ENV, KafkaSettings
 
 __all__ = [
     "BOOTSTRAP_ENV",

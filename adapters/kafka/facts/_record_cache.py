@@ -120,6 +120,11 @@ class SharedReadReader(RecordReader):
         # tuple, stored and read in one step, so another thread sees all of it or none.
         self._last: tuple[TopicPartitionKey, int, int, int, list[FetchedRecord]] | None = None
 
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of keys and values the spans hold now (at most the cache's total bound)."""
+        return self._total
+
     def read(
         self,
         key: TopicPartitionKey,

@@ -1,5 +1,6 @@
 """A local Apache Kafka cluster (KRaft) from Maven jars, no Docker: ``_maven.py`` resolves the
-jars, ``_cluster.py`` lays out, formats, starts, waits for and stops the nodes (see its docstring)."""
+jars, ``_node.py`` is one node (its JVM, ports and files), ``_cluster.py`` lays out, formats,
+starts, waits for and stops the nodes (see its docstring)."""
 
 from ._cluster import (
     DEFAULT_HEAP_MB,

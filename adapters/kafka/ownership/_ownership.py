@@ -44,7 +44,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
 
 import structlog
@@ -56,16 +55,20 @@ from ..facts._keys import GroupPartitionKey, KafkaKey, TopicPartitionKey
 from ..ops._moved import Moved, MovedReason
 from ..settings import KafkaSettings, ScaleOutSettings
 from ._owner_proof import OwnerProof
+from ._owners import (
+    NO_SNAPSHOT,
+    Owner,
+    OwnersSnapshot,
+    OwnerStatus,
+    describe_group,
+    keys_of,
+    snapshot_of,
+)
 
 __all__ = [
-    "Member",
-    "Owner",
-    "OwnerStatus",
-    "OwnersSnapshot",
     "OwnershipListener",
     "OwnershipStats",
     "PartitionOwnership",
-    "describe_owners",
 ]
 
 _log = structlog.get_logger("purgatory.kafka.ownership")
@@ -75,69 +78,7 @@ MIN_REFRESH_GAP_S = 0.1  # on-demand owner refreshes (unknown owner) at most thi
 # After a rebalance the group is still CompletingRebalance for a moment: describe again soon.
 UNSETTLED_REFRESH_S = 0.2
 JOIN_TIMEOUT_S = 30.0  # the thread finishes its poll (POLL_S) or one describe (request timeout)
-STABLE = "STABLE"
 STATS_INTERVAL_MS = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    """One member of the group: its member id, advertised URL (from its ``client.id``), partitions,
-    and whether it proved it is an instance (``distrust`` says why not)."""
-
-    member_id: str
-    url: str
-    host: str
-    partitions: frozenset[TopicPartitionKey]
-    trusted: bool = True
-    distrust: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OwnersSnapshot:
-    """The group as DescribeConsumerGroups last showed it."""
-
-    group: str
-    state: str
-    members: tuple[Member, ...]
-    owners: dict[TopicPartitionKey, Member]
-    taken_at: float  # time.monotonic()
-
-    @property
-    def stable(self) -> bool:
-        return self.state == STABLE
-
-
-_NO_SNAPSHOT = OwnersSnapshot("", "UNKNOWN", (), {}, float("-inf"))
-
-
-class OwnerStatus(StrEnum):
-    """Where a key's partition is served."""
-
-    SELF = "SELF"  # this instance owns it: serve here
-    OTHER = "OTHER"  # another member owns it: redirect or forward to ``Owner.url``
-    NONE = "NONE"  # no owner known right now (rebalancing, or just revoked): retry after a moment
-    UNMANAGED = "UNMANAGED"  # not a topic of the group: any instance serves it
-    # Held by a member that did not prove it is an instance (OwnerProof), or by another member
-    # claiming this instance's own URL: serve it here, never send a client or a request there.
-    UNTRUSTED = "UNTRUSTED"
-
-
-SERVED_HERE = frozenset({OwnerStatus.SELF, OwnerStatus.UNMANAGED, OwnerStatus.UNTRUSTED})
-
-
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """Answer to "who owns this key": ``status``, the owner's ``url`` and whether it is moving."""
-
-    status: OwnerStatus
-    url: str | None = None
-    moving: bool = False  # the assignment is changing: the answer may be stale, retry after a moment
-    generation: int = 0
-
-    @property
-    def served_here(self) -> bool:
-        """True when this instance answers the key itself (owned, unmanaged or untrusted owner)."""
-        return self.status in SERVED_HERE
 
 
 class OwnershipListener(Protocol):
@@ -171,45 +112,6 @@ def _topic_matcher(topics: Iterable[str]) -> Callable[[str], bool]:
     return lambda topic: topic in names or any(p.match(topic) for p in patterns)
 
 
-def _keys(partitions: Iterable[TopicPartition]) -> frozenset[TopicPartitionKey]:
-    return frozenset(TopicPartitionKey(tp.topic, tp.partition) for tp in partitions)
-
-
-def _describe(admin: AdminClient, group: str, timeout_s: float) -> Any:
-    futures = admin.describe_consumer_groups([group], request_timeout=timeout_s)
-    return futures[group].result(timeout=timeout_s + 1.0)
-
-
-def _snapshot_of(group: str, description: Any, proof: OwnerProof) -> OwnersSnapshot:
-    owners: dict[TopicPartitionKey, Member] = {}
-    members = []
-    for m in description.members:
-        parts = _keys(m.assignment.topic_partitions if m.assignment is not None else ())
-        verdict = proof.verify(m.client_id or "")
-        member = Member(m.member_id, verdict.url, m.host, parts, verdict.trusted, verdict.reason)
-        members.append(member)
-        for key in parts:
-            owners[key] = member
-    state = getattr(description.state, "name", str(description.state))
-    return OwnersSnapshot(group, state, tuple(sorted(members, key=lambda m: m.url)), owners, time.monotonic())
-
-
-def describe_owners(
-    settings: KafkaSettings,
-    group: str,
-    *,
-    bootstrap_servers: str | None = None,
-    scaleout: ScaleOutSettings | None = None,
-) -> OwnersSnapshot:
-    """The ownership group as Kafka describes it now (``purgatory kafka owners``): one request.
-
-    Members are checked against ``scaleout``'s secret and trusted URLs (none given: none trusted).
-    """
-    admin = AdminClient({**client_config(settings, bootstrap_servers), "log_level": "0"})
-    proof = OwnerProof(group, scaleout.secret, scaleout.trusted_urls) if scaleout else OwnerProof(group, None)
-    return _snapshot_of(group, _describe(admin, group, settings.request_timeout_ms / 1000.0), proof)
-
-
 class PartitionOwnership:
     """Membership of this instance in the ownership group (see the module docstring)."""
 
@@ -239,7 +141,7 @@ class PartitionOwnership:
         self._owned: frozenset[TopicPartitionKey] = frozenset()
         self._generation = 0
         self._changed_at = time.monotonic()
-        self._snapshot = _NO_SNAPSHOT
+        self._snapshot = NO_SNAPSHOT
         self._member_id: str | None = None
         self._listeners: list[OwnershipListener] = []
         self._refresh_wanted = threading.Event()
@@ -389,7 +291,7 @@ class PartitionOwnership:
             "owned": sorted(k.label for k in self._owned),
             "state": snapshot.state,
             "described_ms_ago": (
-                None if snapshot is _NO_SNAPSHOT else round((time.monotonic() - snapshot.taken_at) * 1000)
+                None if snapshot is NO_SNAPSHOT else round((time.monotonic() - snapshot.taken_at) * 1000)
             ),
             "members": [
                 {
@@ -410,11 +312,11 @@ class PartitionOwnership:
         timeout = timeout_s if timeout_s is not None else self._settings.request_timeout_ms / 1000.0
         self.stats.describes += 1
         try:
-            description = _describe(admin, self.group_id, timeout)
+            description = describe_group(admin, self.group_id, timeout)
         except Exception:
             self.stats.describe_failures += 1
             raise
-        snapshot = _snapshot_of(self.group_id, description, self.proof)
+        snapshot = snapshot_of(self.group_id, description, self.proof)
         with self._lock:
             self._snapshot = snapshot
         self._log_untrusted(snapshot)
@@ -486,7 +388,7 @@ class PartitionOwnership:
         consumer.incremental_assign(partitions)
         if partitions:
             consumer.pause(partitions)
-        added = _keys(partitions)
+        added = keys_of(partitions)
         with self._lock:
             self._owned = self._owned | added
             self._generation += 1
@@ -505,11 +407,11 @@ class PartitionOwnership:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         reason: MovedReason = self._closing_reason if self._stopping.is_set() else "revoked"
-        self._revoke(_keys(partitions), reason)
+        self._revoke(keys_of(partitions), reason)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.stats.lost += 1
-        self._revoke(_keys(partitions), "lost")
+        self._revoke(keys_of(partitions), "lost")
 
     def _revoke(self, partitions: frozenset[TopicPartitionKey], reason: MovedReason) -> None:
         # Order matters (the submit-side re-check in OwnershipGuard relies on it): first the

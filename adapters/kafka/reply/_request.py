@@ -35,7 +35,8 @@ from typing import cast
 from purgatory import DelayedOperation, Outcome
 from purgatory._operation import LockLike
 
-from ..clients._errors import KafkaAdapterError
+from .._metrics import ANSWERS
+from ..clients._errors import KafkaAdapterError, KafkaUnavailableError
 from ._correlation import CorrelationKey, Reply
 
 __all__ = ["DelayedRequest", "RequestResult", "RequestTimeoutError", "ResponderError"]
@@ -167,6 +168,26 @@ class DelayedRequest(DelayedOperation):
     def correlation_id(self) -> str:
         return self.key.correlation_id
 
+    @property
+    def requested_ns(self) -> int:
+        """When ``request()`` was called (the journal's latency runs from here: AnsweredOperation)."""
+        return self.created_ns
+
+    def answer_code(self) -> str:
+        """The caller's answer in one code, once finished (the journal's ``error_code``, the
+        answers metric's ``status``): ``NONE`` for replies (or a partial result at the deadline),
+        ``REQUEST_TIMED_OUT`` for an expiry that raises, ``RESPONDER_ERROR`` for a single reply
+        carrying the responder's error, ``KAFKA_UNAVAILABLE`` or ``UNKNOWN_SERVER_ERROR`` for a
+        request that failed before it was answered (its produce failed)."""
+        if self.error is not None:
+            unavailable = isinstance(self.error, KafkaUnavailableError)
+            return "KAFKA_UNAVAILABLE" if unavailable else "UNKNOWN_SERVER_ERROR"
+        if self.outcome is Outcome.COMPLETED:
+            replies = self._final
+            responder_failed = self.wanted == 1 and bool(replies) and replies[0].error is not None
+            return "RESPONDER_ERROR" if responder_failed else "NONE"
+        return "NONE" if self.partial else "REQUEST_TIMED_OUT"
+
     def watch_keys(self) -> tuple[CorrelationKey]:
         return (self.key,)
 
@@ -201,6 +222,7 @@ class DelayedRequest(DelayedOperation):
             self.error = self._failing
         if self._on_finished is not None:
             self._on_finished(self)
+        ANSWERS.count("DelayedRequest", self.answer_code())
         with _DONE_LOCK:
             self._finished = True
             if self._done is not None:

@@ -19,11 +19,19 @@ An answer is taken when it does not fit only if nothing is held at all, so one a
 than the whole budget still goes out (else it never would): the held bytes stay within
 ``max(answer_budget_bytes, largest answer)``. docs/operations/limits.md gives the process's whole bound.
 
+**Released answers leave the caches.** When the last holder of an answer lets go of it, the
+caches that kept it for reuse are told (:meth:`AnswerBudget.on_release`: the rendered answers),
+and drop it: a large body is shared while connections write it, not kept once none does. Why: a
+cold service's first round of issue 31's back-pressure replay (100 unread 4 MB long polls, then
+the close) left +43 MB resident for good — the ~18 MB body as the last rendered answer and the
+same bytes again as the HTTP/1.1 fast path's last response — against the issue's 10 MB.
+
 Concurrency contract: the event loop's thread only (answers are written there).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import time
@@ -41,6 +49,40 @@ TRIM_AFTER_BYTES = 8 * 1024 * 1024
 TRIM_EVERY_S = 1.0
 
 
+# Allocations from this size up are mapped pages of their own, unmapped when freed (below).
+MMAP_THRESHOLD_BYTES = 1024 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def _fix_mmap_threshold(libc: ctypes.CDLL) -> bool:
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES (process-wide); False where it cannot.
+
+    Why: glibc serves a block past its mmap threshold (128 KiB at first) with pages of its own,
+    returned to the system when it is freed; but freeing one raises the threshold to that
+    block's size (up to 32 MiB, "dynamic threshold"), so after the first large answer every
+    later body (~18 MB in issue 31's replay), the JSON rendered for it and the buffers around
+    them come from the heap, whose freed pages stay resident around the live ones: each warm
+    round of the replay peaked at +53-56 MB for one 18 MB body (a render alone: +41 MB resident
+    with the body alive, against +19 MB with the threshold fixed). Setting it explicitly turns
+    the adjustment off: large blocks are always mapped, their pages gone at their free.
+    """
+    try:
+        mallopt = libc.mallopt
+    except AttributeError:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
 def _malloc_trim() -> Callable[[], object] | None:
     """glibc's ``malloc_trim(0)``, or None where there is none (musl, macOS).
 
@@ -49,13 +91,11 @@ def _malloc_trim() -> Callable[[], object] | None:
     never read its 4 MB answers closed, +23-28 MB stayed resident for good. ``malloc_trim``
     returns every arena's whole free pages (glibc >= 2.8); ctypes releases the GIL meanwhile.
     """
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None)
+    if libc is None or trim is None:
         return None
-    if trim is None:
-        return None
+    _fix_mmap_threshold(libc)  # where there is malloc_trim, there is glibc's mallopt
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return lambda: trim(0)
@@ -64,7 +104,18 @@ def _malloc_trim() -> Callable[[], object] | None:
 class AnswerBudget:
     """Bytes of the distinct answer objects connections hold while writing them (module docstring)."""
 
-    __slots__ = ("_freed", "_holders", "_last_trim", "_trim", "held", "limit", "refused", "trims")
+    __slots__ = (
+        "_freed",
+        "_holders",
+        "_last_trim",
+        "_released",
+        "_trim",
+        "_trim_due",
+        "held",
+        "limit",
+        "refused",
+        "trims",
+    )
 
     def __init__(self, limit: int, *, trim: bool = True) -> None:
         self.limit = limit
@@ -77,6 +128,13 @@ class AnswerBudget:
         # id(answer) -> [answer, holders, size]: the answer itself is kept, so its id is not
         # reused while counted (its holders keep it alive anyway).
         self._holders: dict[int, list[Any]] = {}
+        self._released: list[Callable[[object], object]] = []  # on_release's listeners
+        self._trim_due = False  # a trim is scheduled on the loop (_give_pages_back)
+
+    def on_release(self, forget: Callable[[object], object]) -> None:
+        """Call ``forget(answer)`` when the last holder of an answer let go of it: a cache keeping
+        that very object drops it (module docstring)."""
+        self._released.append(forget)
 
     @property
     def spent(self) -> bool:
@@ -107,16 +165,36 @@ class AnswerBudget:
             del self._holders[id(answer)]
             self.held -= entry[2]
             self._freed += entry[2]
+            for forget in self._released:
+                forget(answer)
             if not self.held and self._freed >= TRIM_AFTER_BYTES:
-                self._give_pages_back()
+                self._schedule_trim()
+
+    def _schedule_trim(self) -> None:
+        """Trim on the loop's next turn, or once TRIM_EVERY_S passed since the last trim.
+
+        Not now: the caller still holds the answer (the view it wrote from, the argument), so
+        its pages are not free yet — a trim here returned nothing of it. Not skipped when too
+        soon either: the pages of the last answers of a burst would stay resident until some
+        later answer was let go of.
+        """
+        if self._trim is None or self._trim_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): at once
+            self._give_pages_back()
+            return
+        self._trim_due = True
+        loop.call_later(max(0.0, self._last_trim + TRIM_EVERY_S - time.monotonic()), self._give_pages_back)
 
     def _give_pages_back(self) -> None:
         """Nothing is held any more after large answers: the allocator's free pages go back to
         the system (see :func:`_malloc_trim`), at most once per TRIM_EVERY_S."""
-        now = time.monotonic()
-        if self._trim is None or now - self._last_trim < TRIM_EVERY_S:
-            return
-        self._last_trim = now
+        self._trim_due = False
+        if self._trim is None or self.held:
+            return  # new answers are held meanwhile: their release trims
+        self._last_trim = time.monotonic()
         self._freed = 0
         self._trim()
         self.trims += 1

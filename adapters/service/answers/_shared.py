@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -59,22 +60,66 @@ def _record_json(record: FetchedRecord) -> dict[str, Any]:
     return out
 
 
-def fetch_body(topic: str, partition: int, op: DelayedFetch) -> bytes:
-    """The JSON body of a finished one-partition long poll (rendered, not looked up)."""
+def _fetch_json(topic: str, partition: int, op: DelayedFetch, *, with_records: bool = True) -> dict[str, Any]:
+    """The answer's JSON content (without the ``records`` field when ``with_records`` is False)."""
     (part,) = op.parts
     records = part.records
-    return _json_bytes(
-        {
-            "topic": topic,
-            "partition": partition,
-            "outcome": op.outcome.name if op.outcome is not None else None,
-            "error_code": part.status.value,
-            "fetch_offset": part.fetch_offset,
-            "next_offset": records[-1].offset + 1 if records else part.fetch_offset,
-            "records": [_record_json(r) for r in records],
-            "error": str(op.error) if op.error is not None else None,
-        }
-    )
+    content: dict[str, Any] = {
+        "topic": topic,
+        "partition": partition,
+        "outcome": op.outcome.name if op.outcome is not None else None,
+        "error_code": part.status.value,
+        "fetch_offset": part.fetch_offset,
+        "next_offset": records[-1].offset + 1 if records else part.fetch_offset,
+    }
+    if with_records:
+        content["records"] = [_record_json(r) for r in records]
+    content["error"] = str(op.error) if op.error is not None else None
+    return content
+
+
+# Records rendered per json.dumps call while a body is written (their bytes, before escaping).
+RENDER_GROUP_BYTES = 1024 * 1024
+
+
+def fetch_body(topic: str, partition: int, op: DelayedFetch) -> bytes:
+    """The JSON body of a finished one-partition long poll (rendered, not looked up):
+    ``_json_bytes(_fetch_json(...))``, the same bytes, rendered a group of records at a time.
+
+    Why: the whole answer as one ``json.dumps`` is its records as strings, the encoder's chunks,
+    their joined text and the UTF-8 bytes, all alive at once — 40 MB of Python allocations for
+    issue 31's ~18 MB body of 4 MB of records (tracemalloc), and the service's RSS peaked past
+    the issue's 50 MB for one answer. Here the fields around the records are rendered alone, and
+    the records in groups of about RENDER_GROUP_BYTES written into one buffer whose bytes become
+    the body without a copy (``BytesIO.getvalue``): the body plus one group at a time.
+    """
+    fields = _fetch_json(topic, partition, op, with_records=False)
+    error = fields.pop("error")
+    out = io.BytesIO()
+    out.write(_json_bytes(fields)[:-1])  # without its closing brace: the records follow
+    out.write(b',"records":[')
+    group: list[dict[str, Any]] = []
+    group_bytes = 0
+    first = True
+    for record in op.parts[0].records:
+        group.append(_record_json(record))
+        group_bytes += record.size
+        if group_bytes >= RENDER_GROUP_BYTES:
+            first = _write_group(out, group, first)
+            group, group_bytes = [], 0
+    if group:
+        _write_group(out, group, first)
+    out.write(b"],")
+    out.write(_json_bytes({"error": error})[1:])  # the last field and the closing brace
+    return out.getvalue()
+
+
+def _write_group(out: io.BytesIO, group: list[dict[str, Any]], first: bool) -> bool:
+    """Write ``group``'s records as elements of the answer's list (a comma before all but the first)."""
+    if not first:
+        out.write(b",")
+    out.write(_json_bytes(group)[1:-1])  # the list's elements, without its brackets
+    return False
 
 
 def _same_records(held: Sequence[FetchedRecord], records: Sequence[FetchedRecord]) -> bool:
@@ -157,6 +202,16 @@ class SharedAnswers:
         if op.error is None and records:  # an error's text is in its body; nothing to share in ()
             self.last = (records, topic, partition, op.outcome, part.status, part.fetch_offset, answer)
         return answer
+
+    def forget(self, body: object) -> None:
+        """Drop the last answer if ``body`` is its body: no connection holds it any more
+        (``AnswerBudget.on_release``). Only answers large enough to be held while written (past
+        one write) are released so: a large body is shared by the waiters answered with it and
+        by its operation while it lives, not kept once written (issue 31: ~18-22 MB held for good
+        after the last large answer of a cold service's replay)."""
+        last = self.last
+        if last is not None and last[6].body is body:
+            self.last = None
 
     def body(self, topic: str, partition: int, op: DelayedFetch) -> bytes:
         """``op``'s JSON body (the ASGI route's answer)."""

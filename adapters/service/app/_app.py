@@ -24,6 +24,9 @@ Routes:
   them); with the leader epochs they were appended in (and each partition's first and last
   record — offset, timestamp, digest — to read back before NONE), a leader change since is
   answered 503 ``NOT_LEADER_OR_FOLLOWER`` instead of "replicated".
+* ``GET /topics/{topic}/partitions/{partition}/stream?offset=`` — Server-Sent Events: the
+  partition's records as they arrive, one event per batch, ``id`` the next offset; resumes from
+  ``Last-Event-ID`` (:mod:`._stream_route`, :mod:`..stream`).
 * ``GET /owners`` — the scale-out ownership group: members, their URLs and partitions.
 * ``GET /metrics`` — Prometheus text: Kafka's purgatory metrics per purgatory
   (``..._PurgatorySize{delayedOperation="fetch"}``, ``NumDelayedOperations``, expirations), the
@@ -53,6 +56,8 @@ timer): abandoned long polls do not fill the purgatory.
 With ``service.fast_long_poll`` (the default) the service's uvicorn protocol serves the long-poll
 route itself, below this app, with this module's checks (:class:`LongPollRoute`,
 :mod:`..http.h1._long_poll`): a waiting poll then holds no task; what it does not take comes here.
+The app puts its endpoint into the lifespan state for the server's protocols, and warns once at
+start when the server runs none of them (:mod:`._fast_paths`).
 
 Lifespan: startup builds the :class:`Gateway` (its :class:`KafkaPurgatory`: change feed, clients,
 purgatories); shutdown drains the purgatories (every waiting request is answered) and closes the
@@ -85,6 +90,7 @@ from ..scaleout._scaleout import (
     release_on_shutdown,
 )
 from ._auth import Authenticator, RequireAuth, TopicPolicy
+from ._fast_paths import ServerFastPaths
 from ._gateway import Gateway, resolve_bootstrap
 from ._guards import CatchAll, HeaderLimits, UnexpectedErrors
 from ._long_poll_route import LongPollRoute
@@ -99,6 +105,7 @@ from ._routes import (
     produce_records,
     request_error,
 )
+from ._stream_route import StreamCollector, stream_hub, stream_records
 
 __all__ = ["LongPollRoute", "apply_log_settings", "create_app"]
 
@@ -139,21 +146,27 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
         # serve): unless the host configured structlog already, as KafkaPurgatory.connect() does.
         apply_log_settings(settings, override=False)
         gateway = Gateway(settings, bootstrap_servers)
+        # A large answer no connection holds any more leaves the rendered answers (._budget).
+        gateway.answer_budget.on_release(app.state.rendered_fetches.forget)
         gateway.start()
         app.state.gateway = gateway
+        app.state.stream_hub = hub = stream_hub(gateway)
         app.state.release = lambda: release_on_shutdown(gateway.scaleout)
         try:
             yield
         finally:
             app.state.gateway = None  # requests arriving now get 503, /healthz says unavailable
+            hub.close()  # every event stream ends; its client resumes from its last id
             gateway.close()
             if gateway.scaleout is not None:
                 await gateway.scaleout.aclose()
 
     fetch_route = Route("/topics/{topic}/partitions/{partition}/records", fetch_records, methods=["GET"])
+    stream_route = Route("/topics/{topic}/partitions/{partition}/stream", stream_records, methods=["GET"])
     app = Starlette(
         routes=[
             fetch_route,
+            stream_route,
             Route("/topics/{topic}/records", produce_records, methods=["POST"]),
             Route("/topics/{topic}/replicated", await_replicated, methods=["GET"]),
             Route("/owners", owners, methods=["GET"]),
@@ -182,13 +195,17 @@ def create_app(settings: Settings | None = None, *, bootstrap_servers: str | Non
     app.state.rendered_fetches = SharedAnswers()
     # The long-poll route served below the ASGI app (._long_poll), with the checks above.
     # What the server hands its protocols (..http._endpoint): always, for HTTP/2's limits and budget.
-    endpoint = LongPollRoute(app, fetch_route, authenticator, settings, service.fast_long_poll)
+    endpoint = LongPollRoute(app, fetch_route, authenticator, settings, service.fast_long_poll, stream_route)
     app.state.endpoint = endpoint
+    # Outermost, lifespan only: the endpoint into the lifespan state for the server's protocols
+    # (LongPollHttp), and the slow-path warning at start (._fast_paths).
+    app.add_middleware(ServerFastPaths, endpoint=endpoint)
     app.state.long_poll = endpoint if service.fast_long_poll else None
     # One registry per app: the collectors read every live purgatory and the gateway at scrape time.
     app.state.registry = CollectorRegistry()
     register_metrics(app.state.registry)
     app.state.registry.register(ServiceCollector(lambda: getattr(app.state, "gateway", None), answers))
+    app.state.registry.register(StreamCollector(lambda: getattr(app.state, "stream_hub", None)))
     app.state.registry.register(
         ScaleOutCollector(lambda: getattr(getattr(app.state, "gateway", None), "scaleout", None))
     )

@@ -57,7 +57,7 @@ import structlog
 
 from purgatory import DelayedOperationPurgatory, Outcome, PurgatoryClosedError, PurgatoryFullError
 from purgatory.journal import Journal
-from purgatory.settings import BOOTSTRAP_ENV, ConfigError, Settings
+from purgatory.settings import ConfigError, Settings
 
 from ...kafka import (
     PURGATORY_NAMES,
@@ -87,6 +87,7 @@ from ...kafka.facts._keys import partition_key
 from ...kafka.ops._off_loop import OffLoopReplication
 from ...kafka.ops._off_loop_fetch import OffLoopFetch
 from ...kafka.ops._owned import OwnedFetch, OwnedReplication
+from ...kafka.settings import BOOTSTRAP_ENV
 from ..answers._budget import AnswerBudget, memory_budget_exceeded
 from ..answers._errors import RequestError
 from ..scaleout._scaleout import ScaleOut

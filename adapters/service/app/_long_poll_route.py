@@ -23,16 +23,17 @@ from purgatory.settings import Settings
 from ..answers._budget import AnswerBudget
 from ..answers._errors import RequestError
 from ..answers._shared import SharedAnswers
-from ..http._endpoint import CheckedPoll, LongPollEndpoint
+from ..http._endpoint import CheckedPoll, CheckedStream, LongPollEndpoint
 from ._auth import Authenticator
 from ._gateway import Gateway
 from ._guards import header_fields_problem
 from ._requests import checked_partition, checked_topic, fetch_params
+from ._stream_route import start_offset
 
 __all__ = ["LongPollRoute"]
 
-# Request headers that make a long poll the ASGI path's: a body or its framing, a wish to close
-# or upgrade, 100-continue, and the proxy headers uvicorn's ProxyHeadersMiddleware reads (they may
+# Request headers that make a long poll the ASGI path's: a body or its framing, a wish to upgrade,
+# 100-continue, and the proxy headers uvicorn's ProxyHeadersMiddleware reads (they may
 # change the scheme authentication looks at).
 _NOT_OURS = frozenset(
     {b"transfer-encoding", b"expect", b"upgrade", b"forwarded", b"x-forwarded-for", b"x-forwarded-proto"}
@@ -49,17 +50,44 @@ class LongPollRoute(LongPollEndpoint):
     authenticator: Authenticator
     settings: Settings
     serves_long_polls: bool = True
+    stream_route: Route | None = None  # GET .../stream (..stream): None leaves streams to the app
+
+    def checked_stream(self, scope: dict[str, Any]) -> CheckedStream | None:
+        """``scope``'s event stream checked and admitted as the ASGI route does; None: the app's
+        (a refusal is answered there, with the same checks). Taken only where the app's hub serves
+        it without scale-out (the route refuses streams then)."""
+        if self.stream_route is None or not self.authenticator.admits(scope):
+            return None
+        match, child = self.stream_route.matches(scope)
+        if match is not Match.FULL:
+            return None
+        state = self.app.state
+        gateway: Gateway | None = getattr(state, "gateway", None)
+        hub = getattr(state, "stream_hub", None)
+        if gateway is None or not gateway.serving or hub is None or gateway.scaleout is not None:
+            return None
+        try:
+            path_params = child["path_params"]
+            topic = checked_topic(str(path_params["topic"]), state.topic_policy)
+            partition = checked_partition(str(path_params["partition"]))
+            offset = start_offset(scope["headers"], QueryParams(scope["query_string"]))
+            hub.admit(topic, partition)
+        except (RequestError, ValidationError):
+            return None
+        service = self.settings.service
+        return CheckedStream(
+            hub, topic, partition, offset, service.stream_retry_ms, service.stream_buffer_bytes
+        )
 
     def plain_get_headers(self, headers: list[tuple[bytes, bytes]]) -> bool:
         """The request's (lowercased) header fields leave it to the fast path: no body or its framing,
-        no wish to close or upgrade, no 100-continue or proxy header (``_NOT_OURS``), and within the
-        header limits the ASGI path's guard checks. HTTP/1.1's and HTTP/2's fast paths both ask this
-        (an HTTP/2 request never has ``connection``: RFC 9113 §8.2.2, h2 rejects it as a protocol error).
+        no wish to upgrade, no 100-continue or proxy header (``_NOT_OURS``), and within the header
+        limits the ASGI path's guard checks. HTTP/1.1's and HTTP/2's fast paths both ask this. A
+        ``Connection: close`` is the HTTP/1.1 path's to honour (it closes after the answer); an
+        HTTP/2 request never has ``connection`` (RFC 9113 §8.2.2, h2 rejects it as a protocol error).
         """
         for name, value in headers:
             if name in _NOT_OURS:
-                return False
-            if name == b"connection" and b"close" in value.lower():
                 return False
             if name == b"content-length" and value.strip() != b"0":
                 return False

@@ -1,7 +1,8 @@
 """The service's own metrics, next to the purgatories' (read at scrape time: no hot-path cost).
 
 ``purgatory_service_fetch_reads_total{source}`` — record reads answered by Kafka or shared from a
-span (``SharedReadReader``); ``purgatory_service_feed_polls_total`` and
+span (``SharedReadReader``); ``purgatory_service_record_cache_bytes`` — the bytes those spans
+hold; ``purgatory_service_feed_polls_total`` and
 ``purgatory_service_feed_failures_total`` — the change feed's batched polls and failed ones;
 ``purgatory_service_kafka_unavailable`` — 1 while the last poll could not reach Kafka;
 ``purgatory_service_kafka_requests_total`` — requests the cluster view sent (what scale-out
@@ -138,6 +139,12 @@ class ServiceCollector(Collector):
         )
         reads.add_metric(["kafka"], gateway.reader.kafka_reads)
         reads.add_metric(["shared"], gateway.reader.shared_hits)
+        cache = GaugeMetricFamily(
+            "purgatory_service_record_cache_bytes",
+            "Bytes of records the shared record cache holds (bounded: docs/operations/limits.md).",
+        )
+        cache.add_metric([], gateway.reader.cached_bytes)
+        yield cache
         stats = gateway.feed.stats
         polls = CounterMetricFamily("purgatory_service_feed_polls", "Change feed polls (one batch each).")
         polls.add_metric([], stats.polls)

@@ -4,9 +4,11 @@ Why: the HTTP/1.1 and HTTP/2 protocols (:mod:`.h1`, :mod:`.h2`) serve the long-p
 the ASGI app, with the app's own checks, admission and rendering; every other request, and every
 long poll they do not take, goes to the app. They import nothing of the app: the app builds its
 endpoint (``app.state.endpoint``, a :class:`LongPollEndpoint`), and the server that builds the
-protocol classes for it hands it to them (``uvicorn_options(..., endpoint=)``). A protocol class
-made without one looks it up once in the app it serves, through uvicorn's wrappers
-(:func:`endpoint_in`); none there: every request goes through the app.
+protocol classes for it hands it to them (``uvicorn_options(..., endpoint=)``). Under uvicorn's
+own command line (``--http purgatory.adapters.service:LongPollHttp``) the app's lifespan puts it
+into the lifespan state under :data:`ENDPOINT_STATE_KEY`, which uvicorn hands every protocol it
+makes (``app_state``): the class reads it there at construction, never through the app or
+uvicorn's wrappers around it. A protocol without an endpoint serves every request through the app.
 
 The endpoint answers four questions — may this request's header fields take the fast path; is
 this scope a long poll the route would serve (and with which admitted waits); how is a finished
@@ -18,19 +20,27 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol
 
 from purgatory.settings import Settings
 
 from ...kafka import DelayedFetch
 from ..answers._budget import AnswerBudget
 from ..answers._shared import SharedAnswers
+from ..stream import StreamHub
 
-__all__ = ["CheckedPoll", "LongPollEndpoint", "PollWaits", "app_state", "endpoint_in"]
+__all__ = [
+    "ENDPOINT_STATE_KEY",
+    "CheckedPoll",
+    "CheckedStream",
+    "LongPollEndpoint",
+    "PollWaits",
+    "endpoint_in_state",
+]
 
-# How deep the app may sit inside uvicorn's wrappers (proxy headers, message logger).
-_MAX_WRAPPERS = 8
-_T = TypeVar("_T")
+# The lifespan state's key for the app's endpoint (ASGI lifespan state: the server hands the same
+# dict to every connection it serves; a namespaced key, as the spec asks of extensions).
+ENDPOINT_STATE_KEY = "purgatory.long_poll_endpoint"
 
 
 class PollWaits(Protocol):
@@ -65,6 +75,17 @@ class CheckedPoll(NamedTuple):
     params: Any  # the route's parsed query, handed back to fetch_then_call (its .offset: the poll's)
 
 
+class CheckedStream(NamedTuple):
+    """An event stream that passed the route's checks and admission, ready for ``hub.start``."""
+
+    hub: StreamHub
+    topic: str
+    partition: int
+    offset: int | None  # Last-Event-ID's, else ?offset='s; None: the partition's end
+    retry_ms: int  # the SSE ``retry:`` the stream opens with
+    buffer_bytes: int  # service.stream_buffer_bytes
+
+
 class LongPollEndpoint(ABC):
     """The app's long-poll route as the protocols' fast paths serve it (module docstring)."""
 
@@ -80,6 +101,10 @@ class LongPollEndpoint(ABC):
     @abstractmethod
     def checked_poll(self, scope: dict[str, Any]) -> CheckedPoll | None:
         """``scope``'s long poll checked as the app checks it; None: the app's to answer."""
+
+    def checked_stream(self, scope: dict[str, Any]) -> CheckedStream | None:
+        """``scope``'s event stream checked and admitted as the app's route does; None: the app's."""
+        return None
 
     @property
     @abstractmethod
@@ -103,18 +128,7 @@ class LongPollEndpoint(ABC):
         """Count a bug answered as a JSON 500 (as the app's catch-all does)."""
 
 
-def app_state(app: Any, name: str, kind: type[_T]) -> _T | None:
-    """The app's ``state.<name>`` if it is a ``kind``, looked up through uvicorn's wrappers."""
-    for _ in range(_MAX_WRAPPERS):
-        value = getattr(getattr(app, "state", None), name, None)
-        if isinstance(value, kind):
-            return value
-        app = getattr(app, "app", None)
-        if app is None:
-            return None
-    return None
-
-
-def endpoint_in(app: Any) -> LongPollEndpoint | None:
-    """The endpoint an app built (``app.state.endpoint``), through uvicorn's wrappers."""
-    return app_state(app, "endpoint", LongPollEndpoint)  # type: ignore[type-abstract]  # isinstance only
+def endpoint_in_state(app_state: dict[str, Any]) -> LongPollEndpoint | None:
+    """The endpoint the app's lifespan put into the server's lifespan state (None: there is none)."""
+    endpoint = app_state.get(ENDPOINT_STATE_KEY)
+    return endpoint if isinstance(endpoint, LongPollEndpoint) else None

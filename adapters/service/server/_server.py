@@ -24,7 +24,7 @@ from typing import Any, Self
 import structlog
 import uvicorn
 
-from ..http._endpoint import LongPollEndpoint, endpoint_in
+from ..http._endpoint import LongPollEndpoint
 from ..http.h1._head_timeout import head_timeout_protocol
 from ..http.h1._long_poll import long_poll_protocol
 from ..http.h2._prior_knowledge import http2_capable
@@ -43,10 +43,10 @@ STARTED_POLL_S = 0.02  # uvicorn exposes startup as a flag, not an event: poll i
 def uvicorn_options(service: ServiceSettings, endpoint: LongPollEndpoint | None = None) -> dict[str, Any]:
     """``uvicorn.Config`` keyword arguments from the ``service.*`` settings.
 
-    The same options exist on uvicorn's command line (``--ssl-certfile``, ``--ssl-keyfile``,
-    ``--ssl-ca-certs``, ``--ssl-cert-reqs 2``, ``--h11-max-incomplete-event-size``) for
-    ``uvicorn --factory purgatory.adapters.service:create_app``, except the head-read timeout
-    (``service.head_read_timeout_ms``): uvicorn's ``--http`` names no custom protocol.
+    On uvicorn's command line, ``--http purgatory.adapters.service:LongPollHttp`` makes the same
+    protocol classes from the settings (:mod:`._long_poll_http`); TLS and h11's head size come
+    from uvicorn's own options there (``--ssl-certfile``, ``--ssl-keyfile``, ``--ssl-ca-certs``,
+    ``--ssl-cert-reqs 2``, ``--h11-max-incomplete-event-size``).
     """
     options: dict[str, Any] = {
         # h11 buffers at most this much of an incomplete request head (request line and header
@@ -76,6 +76,12 @@ def uvicorn_options(service: ServiceSettings, endpoint: LongPollEndpoint | None 
             "ssl_cert_reqs": ssl.CERT_REQUIRED if service.tls_client_auth == "required" else ssl.CERT_NONE,
         }
     return options
+
+
+def _endpoint_of(app: Any) -> LongPollEndpoint | None:
+    """The endpoint ``create_app`` built (``app.state.endpoint``); None for any other app."""
+    endpoint = getattr(getattr(app, "state", None), "endpoint", None)
+    return endpoint if isinstance(endpoint, LongPollEndpoint) else None
 
 
 class ReleasingServer(uvicorn.Server):
@@ -124,7 +130,7 @@ class BackgroundServer:
             log_level=log_level,
             lifespan="on",
             timeout_graceful_shutdown=graceful_shutdown_s,
-            **uvicorn_options(service, endpoint_in(app)),  # the protocols get the app's endpoint
+            **uvicorn_options(service, _endpoint_of(app)),  # the protocols get the app's endpoint
         )
         self.server: uvicorn.Server = ReleasingServer(config)
         self.scheme = "https" if service.tls_certfile is not None else "http"

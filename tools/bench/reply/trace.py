@@ -12,10 +12,6 @@ leader appended it. Stages (wall clock, ms):
 * t3 reply appended on its leader          (the reply's LogAppendTime)
 * t4 reply read by the requester's tail/consumer
 * t5 request() returned
-
-``--no-window`` runs our requester and the responder without the sender's in-flight window
-(adapters/kafka/clients/_sender.py: librdkafka's idempotent producer gets every record at once, as
-before the window), to compare the two on one machine state.
 """
 
 from __future__ import annotations
@@ -56,19 +52,8 @@ from .request_reply import HAND_ROLLED_CLIENT, _freeze_start_up, _thaw
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 
 
-def _no_window() -> None:
-    """Emulate the sender before its in-flight window: a window nothing ever fills."""
-    from purgatory.adapters.kafka.clients import _sender
-
-    unbounded = _sender.InFlightWindow
-    _sender.InFlightWindow = lambda size=0: unbounded(size=1 << 30)
-
-
-def _responder_main(topic: str, group: str, bootstrap: str, linger_ms: str, window: str = "held") -> None:
+def _responder_main(topic: str, group: str, bootstrap: str, linger_ms: str) -> None:
     import signal
-
-    if window == "none":
-        _no_window()
 
     def handle(request: Request) -> bytes:
         body = json.loads(request.value or b"{}")
@@ -339,10 +324,7 @@ def main() -> None:
     ap.add_argument("--topic-config", default="{}", help="JSON of extra topic settings")
     ap.add_argument("--jit", default="full")
     ap.add_argument("--jvm-extra", default="", help="extra JVM options, space separated")
-    ap.add_argument("--no-window", action="store_true", help="senders without the in-flight window")
     args = ap.parse_args()
-    if args.no_window:
-        _no_window()
     from purgatory.adapters.kafka.local import FAST_START_JVM_OPTIONS
 
     jvm = STEADY_STATE_JVM_OPTIONS if args.jit == "full" else FAST_START_JVM_OPTIONS
@@ -356,7 +338,7 @@ def main() -> None:
         _create(bootstrap, topic, 1, args.brokers, topic_extra)
         proc = subprocess.Popen(
             [sys.executable, "-m", "purgatory.tools.bench.reply.trace", "responder",
-             topic, "trace-echo", bootstrap, str(args.linger), "none" if args.no_window else "held"],
+             topic, "trace-echo", bootstrap, str(args.linger)],
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "PURGATORY_LOG__LEVEL": "WARNING"},
@@ -406,7 +388,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 7 and sys.argv[1] == "responder":
+    if len(sys.argv) == 6 and sys.argv[1] == "responder":
         _responder_main(*sys.argv[2:])
     else:
         main()

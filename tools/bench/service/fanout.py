@@ -141,6 +141,10 @@ def long_polls_waiting(health: Mapping[str, object]) -> int:
     return int(purgatories["fetch"]["NumDelayedOperations"])
 
 
+# uvicorn's --http takes an import string of a protocol class: the service's fast paths.
+LONG_POLL_HTTP = "purgatory.adapters.service:LongPollHttp"
+
+
 class ServiceProcess(ChildServer):
     """The example service under uvicorn in a child process; stopped by its PID."""
 
@@ -167,12 +171,13 @@ class ServiceProcess(ChildServer):
                 python or sys.executable, "-m", "purgatory.adapters.service.serve",
                 "--host", "127.0.0.1", "--port", str(port), "--backlog", "4096", *server_args,
             ]  # fmt: skip
-        else:  # uvicorn's command line: its own protocols (--http), no service.* shaping
+        else:  # uvicorn's command line: its own protocols, or the service's (uvicorn-fast: --http)
+            fast = ("--http", LONG_POLL_HTTP) if server == "uvicorn-fast" else ()
             command = [
                 python or sys.executable, "-m", "uvicorn",
                 "--factory", "purgatory.adapters.service:create_app",
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-                "--backlog", "4096", "--no-access-log", *server_args,
+                "--backlog", "4096", "--no-access-log", *fast, *server_args,
             ]  # fmt: skip
         super().__init__(command, env, port, stop_timeout_s=SERVICE_STOP_TIMEOUT_S)
 
@@ -260,6 +265,7 @@ async def _run_case_async(
     idle_s: float,
     timeout_s: float,
     http2_streams: int = 0,
+    connection_close: bool = False,
     probe_topic: str | None = None,
 ) -> FanoutResult:
     port = int(service.url.rsplit(":", 1)[1])
@@ -273,7 +279,9 @@ async def _run_case_async(
             port, topic, waiters, partitions, MAX_WAIT_MS, http2_streams, offset=WAIT_AT
         )
     else:
-        polls = await open_long_polls(port, topic, waiters, partitions, MAX_WAIT_MS, offset=WAIT_AT)
+        polls = await open_long_polls(
+            port, topic, waiters, partitions, MAX_WAIT_MS, offset=WAIT_AT, connection_close=connection_close
+        )
         reader = AnswerReader(polls, deadline)  # reads every answer on its own thread
         reader.start()
     try:
@@ -394,6 +402,7 @@ def run_case(
     service_python: str | None = None,
     server: str = "serve",
     http2_streams: int = 0,
+    connection_close: bool = False,
 ) -> FanoutResult:
     """One case on a fresh topic and a fresh service process (see the module docstring)."""
     topic = _create_topic(bootstrap, partitions)
@@ -407,7 +416,16 @@ def run_case(
         with _service(bootstrap, server_args, service_python, server) as service:
             _warm_up(service, topic, partitions)
             case = _run_case_async(
-                service, producer, topic, waiters, partitions, idle_s, timeout_s, http2_streams, probe_topic
+                service,
+                producer,
+                topic,
+                waiters,
+                partitions,
+                idle_s,
+                timeout_s,
+                http2_streams,
+                connection_close,
+                probe_topic,
             )
             return asyncio.run(case)
     finally:
@@ -488,7 +506,8 @@ def fanout(
         typer.Option(
             "--server",
             help="serve: python -m purgatory.adapters.service.serve (as deployed; PURGATORY_SERVICE__"
-            "FAST_LONG_POLL=false turns the protocol-level long poll off); uvicorn: uvicorn's command line.",
+            "FAST_LONG_POLL=false turns the protocol-level long poll off); uvicorn: uvicorn's command line "
+            f"(its own protocols); uvicorn-fast: uvicorn's command line with --http {LONG_POLL_HTTP}.",
         ),
     ] = "serve",
     server_arg: Annotated[
@@ -516,10 +535,32 @@ def fanout(
     streams_per_connection: Annotated[
         int, typer.Option("--streams-per-connection", min=1, help="Long polls per h2c connection (--http2).")
     ] = 1000,
+    connection_close: Annotated[
+        bool,
+        typer.Option(
+            "--connection-close",
+            help="HTTP/1.1 long polls that send Connection: close (the service closes after each answer).",
+        ),
+    ] = False,
+    sse: Annotated[
+        bool,
+        typer.Option(
+            "--sse",
+            help="Event streams (GET .../stream, Server-Sent Events) on one partition instead of long "
+            "polls: RSS per stream, produce→event (fanout_sse.py). -n as for long polls; -p is 1.",
+        ),
+    ] = False,
 ) -> None:
     """N idle long polls on one service process: registration rate, RSS/waiter, idle CPU, produce→answer."""
-    if server not in ("serve", "uvicorn"):
-        raise typer.BadParameter(f"--server must be serve or uvicorn, got {server!r}", param_hint="--server")
+    if sse:
+        from .fanout_sse import fanout_sse  # its own figures and table
+
+        fanout_sse(waiters or [10_000], idle, repeats, case_timeout, server, server_arg, service_python, out)
+        return
+    if server not in ("serve", "uvicorn", "uvicorn-fast"):
+        raise typer.BadParameter(
+            f"--server must be serve, uvicorn or uvicorn-fast, got {server!r}", param_hint="--server"
+        )
     counts = waiters or [10_000, TARGET_N]
     partition_counts = partitions or [1, 8]
     sockets = -(-max(counts) // streams_per_connection) if http2 else max(counts)
@@ -540,9 +581,10 @@ def fanout(
     with provide_cluster(settings) as cluster:
         typer.echo(
             f"Kafka via {cluster.provider} at {cluster.bootstrap_servers}; service: one process ({server}, "
-            f"fast_long_poll={load_settings().service.fast_long_poll if server == 'serve' else False}); "
+            f"fast_long_poll={load_settings().service.fast_long_poll if server != 'uvicorn' else False}); "
             f"{repeats} run(s) per case, medians; load average {os.getloadavg()}; "
             + (f"HTTP/2 (h2c), {streams_per_connection} streams per connection" if http2 else "HTTP/1.1")
+            + (", Connection: close" if connection_close and not http2 else "")
         )
         typer.echo(
             f"{'':9}{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} "
@@ -563,6 +605,7 @@ def fanout(
                         service_python=service_python,
                         server=server,
                         http2_streams=streams_per_connection if http2 else 0,
+                        connection_close=connection_close,
                     )
                     for _ in range(repeats)
                 ]

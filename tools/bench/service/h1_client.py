@@ -85,19 +85,29 @@ class H1LongPoll:
 
 
 async def open_long_polls(
-    port: int, topic: str, waiters: int, partitions: int, max_wait_ms: int, offset: int = 0
+    port: int,
+    topic: str,
+    waiters: int,
+    partitions: int,
+    max_wait_ms: int,
+    offset: int = 0,
+    *,
+    connection_close: bool = False,
+    resource: str = "records",
 ) -> list[H1LongPoll]:
     """Connect ``waiters`` sockets and send their long polls at ``offset`` (waiter i: partition
-    i % partitions)."""
+    i % partitions); with ``connection_close``, each asks the service to close after its answer;
+    ``resource="stream"``: event streams from ``offset`` instead."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
     polls: list[H1LongPoll] = []
+    query = f"offset={offset}" + (f"&max_wait_ms={max_wait_ms}" if resource == "records" else "")
 
     async def open_one(i: int) -> None:
         partition = i % partitions
         request = (
-            f"GET /topics/{topic}/partitions/{partition}/records?offset={offset}&max_wait_ms={max_wait_ms} "
-            "HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            f"GET /topics/{topic}/partitions/{partition}/{resource}?{query} "
+            "HTTP/1.1\r\nHost: 127.0.0.1\r\n" + ("Connection: close\r\n" if connection_close else "") + "\r\n"
         ).encode()
         source = f"127.0.0.{2 + i // CONNECTIONS_PER_SOURCE_IP}"
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

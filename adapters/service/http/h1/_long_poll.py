@@ -18,10 +18,15 @@ head, a ``GET /topics/{t}/partitions/{p}/records`` is taken by the protocol itse
   in one call.
 
 Anything else — another route, a refusal (4xx), a request this path does not take (a body,
-``Connection: close``, HTTP/1.0, ``Expect``, an upgrade, proxy headers, metadata or the high
-watermark not cached yet, scale-out) — is handed back to h11 untouched and goes through the ASGI
-app as before, which gives the refusal its answer. So the answers are the same bytes either way
-(tests/service/test_long_poll.py compares them).
+``Expect``, an upgrade, proxy headers, metadata or the high watermark not cached yet, scale-out)
+— is handed back to h11 untouched and goes through the ASGI app as before, which gives the
+refusal its answer. So the answers are the same bytes either way (tests/service/test_long_poll.py
+compares them).
+
+A long poll that closes its connection — ``Connection: close``, or HTTP/1.0 (which h11 never
+keeps alive, ``Connection: keep-alive`` or not) — is taken too: answered as h11 answers it (the
+same bytes plus ``Connection: close``), then the connection is closed. What the client sent
+after such a request is not served (RFC 9112 §9.6: the server closes after that response).
 
 Kept from the hardened server: the head's size (h11) and time bounds (this is a
 :class:`HeadTimeoutH11Protocol`), TLS (in the transport, below any protocol), keep-alive (the
@@ -58,10 +63,11 @@ from uvicorn.protocols.utils import get_path_with_query_string
 from ....kafka import DelayedFetch
 from ...answers._errors import UNEXPECTED_ERROR_BODY, RequestError
 from ...answers._render import error_response, fetch_body_response
-from .._endpoint import LongPollEndpoint, PollWaits, app_state
+from .._endpoint import LongPollEndpoint, PollWaits
 from ._coalesced_timers import coalesced_timers
 from ._framing import StrictH11Connection
 from ._head_timeout import HeadTimeoutH11Protocol
+from ._sse import hand_over_stream
 
 __all__ = ["LongPollH11Protocol", "http11_response", "long_poll_protocol"]
 
@@ -75,17 +81,33 @@ _log = structlog.get_logger("purgatory.service")
 ANSWER_CHUNK = 64 * 1024
 
 
-def http11_response(response: Response, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-    """The bytes uvicorn and h11 write for ``response`` on a kept-alive HTTP/1.1 connection.
+# What h11 adds last to a response on a connection that closes after it (its own spelling).
+_CLOSE_HEADER = (b"Connection", b"close")
+
+
+def http11_response(
+    response: Response, default_headers: list[tuple[bytes, bytes]], *, close: bool = False
+) -> bytes:
+    """The bytes uvicorn and h11 write for ``response`` on an HTTP/1.1 connection.
 
     Status line with uvicorn's reason phrase, uvicorn's default headers (``date``, ``server``),
-    the response's headers in order, a blank line, the body (framed by its Content-Length).
+    the response's headers in order, ``Connection: close`` when the connection closes after it
+    (``close``: the request asked to, or was HTTP/1.0), a blank line, the body (framed by its
+    Content-Length).
     """
+    return http11_head(response, default_headers, close=close) + bytes(response.body)
+
+
+def http11_head(
+    response: Response, default_headers: list[tuple[bytes, bytes]], *, close: bool = False
+) -> bytes:
+    """:func:`http11_response` without the body: the status line, the headers and the blank line."""
     status = response.status_code
     head = [b"HTTP/1.1 %d %s\r\n" % (status, STATUS_PHRASES[status])]
-    head += [b"%s: %s\r\n" % header for header in (*default_headers, *response.raw_headers)]
+    closing = (_CLOSE_HEADER,) if close else ()
+    head += [b"%s: %s\r\n" % header for header in (*default_headers, *response.raw_headers, *closing)]
     head.append(b"\r\n")
-    return b"".join(head) + bytes(response.body)
+    return b"".join(head)
 
 
 def _http11_ok(body: bytes, default_headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -116,18 +138,43 @@ class _Parked:
 
     An answer larger than :data:`ANSWER_CHUNK` is written a chunk at a time (``answer``, ``sent``:
     see :meth:`LongPollH11Protocol._send`); the connection stays parked until its last byte left.
+    A large 200 is its head (``head``, written at once) and the rendered body itself, shared.
     """
 
-    __slots__ = ("answer", "gateway", "offset", "op", "pipelined", "sent", "target", "waiter")
+    __slots__ = (
+        "answer",
+        "close",
+        "gateway",
+        "head",
+        "offset",
+        "op",
+        "pipelined",
+        "sent",
+        "target",
+        "version",
+        "waiter",
+    )
 
-    def __init__(self, gateway: PollWaits, waiter: object, offset: int | None, target: str | None) -> None:
+    def __init__(
+        self,
+        gateway: PollWaits,
+        waiter: object,
+        offset: int | None,
+        target: str | None,
+        version: str = "1.1",
+        *,
+        close: bool = False,
+    ) -> None:
         self.gateway = gateway  # its lifespan drops it from the app's state before draining
         self.waiter = waiter  # the gateway's, for abandon_fetch
         self.op: DelayedFetch | None = None  # the finished operation whose answer is this poll's
         self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
+        self.close = close  # the connection closes after the answer (Connection: close, HTTP/1.0)
+        self.version = version  # the request's HTTP version, for the access log
         self.pipelined = b""  # bytes the client sent after the request, for h11 after the answer
         self.target = target  # path and query, for the access log only (None when it is off)
         self.answer: memoryview | None = None  # the answer's bytes while they are being written
+        self.head: bytes | None = None  # a large 200's status line and headers, before ``answer``
         self.sent = 0  # of them, how many the transport took
 
 
@@ -194,13 +241,11 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
 
     _parked: _Parked | None = None
     _closing = False  # shutdown asked while parked: close after the answer (set on the instance)
-    # The (app, route) looked up last, set on the connection's class: long_poll_protocol() makes a
-    # class per server, so two servers of two apps in one process neither share nor evict each
-    # other's entry, and the app is held as long as its server's class, not by the module for ever.
-    _route_cache: tuple[Any, LongPollEndpoint | None] = (None, None)
-    # The app's endpoint, handed over by the server that made this class (long_poll_protocol):
-    # None only for a class made without one, which looks it up in its app (_route_cache).
+    # The app's endpoint, handed over by the server that made this class (long_poll_protocol, or
+    # LongPollHttp from the lifespan state): None, every request goes through the app.
     endpoint: LongPollEndpoint | None = None
+    # The service's protocols say so to the app, whose lifespan warns when it runs without them.
+    serves_fast_paths = True
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -211,14 +256,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
     @property
     def _route(self) -> LongPollEndpoint | None:
         endpoint = self.endpoint
-        if endpoint is not None:
-            return endpoint if endpoint.serves_long_polls else None
-        # Looked up once per app, not per answer (walking uvicorn's wrappers was ~2 µs of each).
-        app, route = self._route_cache
-        if app is not self.app:
-            route = _long_poll_route(self.app)
-            type(self)._route_cache = (self.app, route)
-        return route
+        return endpoint if endpoint is not None and endpoint.serves_long_polls else None
 
     # -- h11 events ----------------------------------------------------------------------------
 
@@ -226,8 +264,10 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         parked = self._parked
         if parked is not None:
             # The next request, pipelined before this answer: h11 would buffer it and uvicorn
-            # pause reading; kept here until the answer hands it to a fresh h11 state.
-            parked.pipelined += data
+            # pause reading; kept here until the answer hands it to a fresh h11 state (dropped
+            # if the connection closes after the answer: not served).
+            if not parked.close:
+                parked.pipelined += data
             self.flow.pause_reading()
             return
         self._ensure_conn()  # the next request after an answer (see _respond)
@@ -244,7 +284,8 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             super().handle_events()  # h11 raises it again there: uvicorn's 400
             return
         if isinstance(event, h11.Request) and self._taken(event):
-            self._park_connection()
+            if self._parked is not None:  # else an event stream took the connection over (._sse)
+                self._park_connection()
             return
         assert isinstance(conn, _PushbackConnection)
         conn.pushed_back = event
@@ -256,6 +297,13 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         assert parked is not None
         self._unset_keepalive_if_required()
         self._disarm_head_timer()  # the whole head arrived
+        if parked.close:
+            # EndOfMessage of the GET. h11 now expects the connection's end: what the client sent
+            # after this request is not served (RFC 9112 §9.6), so it is not read at all.
+            self.conn.next_event()
+            self.flow.pause_reading()
+            self.conn = None  # type: ignore[assignment]
+            return
         while True:
             # EndOfMessage of the GET (no body: _take refused any framing of one), then NEED_DATA,
             # or PAUSED if more bytes came with it: a pipelined request, read after the answer.
@@ -279,11 +327,16 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         """Park ``event`` if it is a long poll this path serves (module docstring); else False."""
         route = self._route
         assert route is not None
-        if event.method != b"GET" or event.http_version != b"1.1":
+        version = event.http_version
+        if event.method != b"GET" or version not in (b"1.1", b"1.0"):
             return False
         headers = [(name.lower(), value) for name, value in event.headers]
         if not route.plain_get_headers(headers):
             return False
+        # h11's rule for keeping a connection alive: HTTP/1.1 without "close" in Connection.
+        close = version == b"1.0" or any(
+            name == b"connection" and b"close" in _tokens(value) for name, value in headers
+        )
         raw_path, _, query_string = event.target.partition(b"?")
         try:
             path = unquote(raw_path.decode("ascii"))
@@ -298,6 +351,8 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             "headers": headers,
             "scheme": self.scheme,
         }
+        if path.endswith("/stream"):
+            return hand_over_stream(self, route, scope)  # the connection is the stream's (._sse)
         poll = route.checked_poll(scope)
         if poll is None:
             return False
@@ -310,7 +365,8 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             return False  # nothing was submitted: fetch() awaits what is not cached
         logged = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
         target = get_path_with_query_string(scope) if logged else None  # type: ignore[arg-type]
-        self._parked = _Parked(gateway, waiter, params.offset, target)
+        http_version = "1.0" if version == b"1.0" else "1.1"  # interned: no string per waiter
+        self._parked = _Parked(gateway, waiter, params.offset, target, http_version, close=close)
         return True
 
     # -- the answer ----------------------------------------------------------------------------
@@ -344,39 +400,45 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
                 task.add_done_callback(self.tasks.discard)
                 self.tasks.add(task)
                 return
-            data = self._fetch_answer(parked)
+            head, data = self._fetch_answer(parked)
         except RequestError as exc:
-            data = self._error_answer(error_response(exc))
+            head, data = None, self._error_answer(error_response(exc), parked)
         except Exception:
-            data = self._error_answer(self._unexpected(parked))
-        self._respond(parked, data)
+            head, data = None, self._error_answer(self._unexpected(parked), parked)
+        self._respond(parked, data, head)
 
     async def _answer_after_offset_check(self, parked: _Parked) -> None:
         try:
             assert parked.op is not None, "answered once its operation finished"
             await parked.gateway.check_fetch_offset(parked.op)
-            data = self._fetch_answer(parked)
+            head, data = self._fetch_answer(parked)
         except RequestError as exc:
-            data = self._error_answer(error_response(exc))
+            head, data = None, self._error_answer(error_response(exc), parked)
         except Exception:
-            data = self._error_answer(self._unexpected(parked))
+            head, data = None, self._error_answer(self._unexpected(parked), parked)
         if self._parked is parked and not self.transport.is_closing():
-            self._respond(parked, data)
+            self._respond(parked, data, head)
 
-    def _fetch_answer(self, parked: _Parked) -> bytes:
-        """The 200's bytes, as the route renders them: the operation's shared answer, encoded once."""
+    def _fetch_answer(self, parked: _Parked) -> tuple[bytes | None, bytes]:
+        """The 200, as the route renders it: (None, its bytes) — the operation's shared answer,
+        encoded once for the waiters answered with it — or, for a body past one write, (its head,
+        the rendered body itself), the body held while written piece by piece: within the budget."""
         route = self._route
         op = parked.op
         assert route is not None and op is not None
         key = op.parts[0].key
         answer = route.rendered.of(key.topic, key.partition, op)
-        data = answer.http11(self.server_state.default_headers, _http11_ok)
-        if len(data) > ANSWER_CHUNK:  # held while written piece by piece: within the answer budget
-            parked.gateway.check_answer_fits(data)
-        return data
+        body = answer.body
+        default_headers = self.server_state.default_headers
+        if len(body) <= ANSWER_CHUNK:
+            if parked.close:  # rare (Connection: close, HTTP/1.0): its own bytes
+                return None, http11_response(fetch_body_response(body), default_headers, close=True)
+            return None, answer.http11(default_headers, _http11_ok)
+        parked.gateway.check_answer_fits(body)
+        return http11_head(fetch_body_response(body), default_headers, close=parked.close), body
 
-    def _error_answer(self, response: Response) -> bytes:
-        return http11_response(response, self.server_state.default_headers)
+    def _error_answer(self, response: Response, parked: _Parked) -> bytes:
+        return http11_response(response, self.server_state.default_headers, close=parked.close)
 
     def _unexpected(self, parked: _Parked) -> Response:
         """As the app's catch-all (``CatchAll``): a bug answered as a JSON 500, counted, logged."""
@@ -386,21 +448,25 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         _log.exception("request_failed_unexpectedly", method="GET", path=parked.target, fast_path=True)
         return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
 
-    def _respond(self, parked: _Parked, data: bytes) -> None:
+    def _respond(self, parked: _Parked, data: bytes, head: bytes | None = None) -> None:
+        """Write the answer: ``data`` whole, or ``head`` (if any) then ``data`` piece by piece."""
         route = self._route
         if route is not None:
-            route.count_http11(data)
-        if len(data) <= ANSWER_CHUNK:
+            route.count_http11(data if head is None else head)
+        if head is None and len(data) <= ANSWER_CHUNK:
             self.transport.write(data)
             self._answered(parked, data)
             return
         # Written piece by piece (ANSWER_CHUNK): the connection stays parked meanwhile, so bytes
         # the client pipelines wait (data_received) and no other response can interleave.
         parked.answer = memoryview(data)
+        parked.head = head
         parked.gateway.answer_budget.take(data)  # given back once written, or the connection lost
         # Any byte left over in the transport's buffer pauses writing, and its draining to 0
         # resumes it: resume_writing is the signal to hand over the next piece.
         self.transport.set_write_buffer_limits(high=0, low=0)
+        if head is not None:
+            self.transport.write(head)  # a few hundred bytes: the body's pieces follow it
         self._send(parked)
 
     def _send(self, parked: _Parked) -> None:
@@ -426,9 +492,11 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
                 return
         parked.sent = end
         parked.answer = None
-        parked.gateway.answer_budget.give_back(answer.obj)
+        body = answer.obj
+        answer.release()  # no view of the body outlives its last holder (AnswerBudget.on_release)
+        parked.gateway.answer_budget.give_back(body)
         transport.set_write_buffer_limits()  # asyncio's defaults again, as uvicorn runs with
-        self._answered(parked, answer[:12])
+        self._answered(parked, parked.head or body[:12])  # type: ignore[index]  # bytes
 
     def _send_if_parked(self, parked: _Parked) -> None:
         if self._parked is parked and parked.answer is not None:
@@ -447,9 +515,11 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         if parked.target is not None:  # as uvicorn's access log line
             client = f"{self.client[0]}:{self.client[1]}" if self.client else ""
             status = int(data[9:12])  # b"HTTP/1.1 200 ..."
-            self.access_logger.info('%s - "%s %s HTTP/%s" %d', client, "GET", parked.target, "1.1", status)
-        if self._closing:
-            self.transport.close()
+            line = '%s - "%s %s HTTP/%s" %d'
+            self.access_logger.info(line, client, "GET", parked.target, parked.version, status)
+        if self._closing or parked.close:
+            self.server_state.total_requests += 1  # as uvicorn counts a response it closes after
+            self.transport.close()  # after the answer: asyncio flushes what it buffered first
             return
         trailing = parked.pipelined
         if trailing:
@@ -536,15 +606,15 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         super().shutdown()
 
 
-def _long_poll_route(app: Any) -> LongPollEndpoint | None:
-    """The app's long-poll endpoint, looked up through uvicorn's wrappers (None: serve all by ASGI)."""
-    return app_state(app, "long_poll", LongPollEndpoint)  # type: ignore[type-abstract]
+def _tokens(value: bytes) -> list[bytes]:
+    """A comma-separated header value's tokens, lowercased (``Connection: Keep-Alive, Close``)."""
+    return [token.strip().lower() for token in value.split(b",")]
 
 
 def long_poll_protocol(
     head_timeout_s: float, endpoint: LongPollEndpoint | None = None
 ) -> type[LongPollH11Protocol]:
     """The protocol class for uvicorn's ``http`` option: head time bound plus the long-poll path,
-    serving the long polls of ``endpoint`` (the app's; None: looked up in the app it serves)."""
+    serving the long polls of ``endpoint`` (the app's; None: every request goes through the app)."""
     attributes = {"head_timeout_s": float(head_timeout_s), "endpoint": endpoint}
     return type("LongPollH11Protocol", (LongPollH11Protocol,), attributes)

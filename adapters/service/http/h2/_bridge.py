@@ -56,7 +56,7 @@ class _Bridged:
             body = message.get("body", b"")
             if not self.response and type(body) is bytes:
                 # The common answer, one message: the app's bytes themselves. A long poll's body is
-                # shared by every stream answered alike (RenderedFetches); a copy per stream was
+                # shared by every stream answered alike (SharedAnswers); a copy per stream was
                 # two per stream (here, then bytes() of it): +530 MB for 100 streams of a cold
                 # service's 4 MB answers (the back-pressure report's h2c replay).
                 self.response = body

@@ -88,7 +88,7 @@ from ...answers._budget import HeldBodies
 from ...answers._errors import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY, RequestError
 from ...answers._render import error_response, fetch_response
 from ...settings import ServiceSettings
-from .._endpoint import LongPollEndpoint, PollWaits, endpoint_in
+from .._endpoint import LongPollEndpoint, PollWaits
 from ..h1._long_poll import ANSWER_CHUNK
 from ._answers import (
     MAX_SHARED_BODY,
@@ -227,9 +227,9 @@ class H2Session:
         self.protocol = protocol  # the uvicorn protocol the transport calls (app, state, transport)
         self.transport: asyncio.Transport = protocol.transport
         self.loop: asyncio.AbstractEventLoop = protocol.loop
-        # The app's endpoint, handed to the protocol class by the server (else looked up in the app
-        # it serves); its long-poll route only while the fast path is on.
-        endpoint: LongPollEndpoint | None = getattr(protocol, "endpoint", None) or endpoint_in(protocol.app)
+        # The app's endpoint, handed to the protocol class by the server (None: not our app's);
+        # its long-poll route only while the fast path is on.
+        endpoint: LongPollEndpoint | None = getattr(protocol, "endpoint", None)
         self.route = endpoint if endpoint is not None and endpoint.serves_long_polls else None
         # The app's shared answers, looked up once: Starlette's ``app.state`` answers each
         # attribute through a Python-level __getattr__ (once per answer of a burst, before).

@@ -26,6 +26,7 @@ class H2PriorKnowledge:
     """
 
     _h2: H2Session | None = None
+    serves_fast_paths = True  # the app's lifespan warns when its server runs without them
     _preface: bytes = b""  # the start of a preface split across reads
 
     def data_received(self, data: bytes) -> None:
@@ -90,6 +91,6 @@ class H2PriorKnowledge:
 
 def http2_capable(protocol: type[Any], endpoint: LongPollEndpoint | None = None) -> type[Any]:
     """``protocol`` (a uvicorn h11 protocol class) accepting HTTP/2 with prior knowledge too,
-    serving ``endpoint`` (the app's; None: the one ``protocol`` has, else looked up in the app)."""
+    serving ``endpoint`` (the app's; None: the one ``protocol`` has, if any)."""
     attributes = {} if endpoint is None else {"endpoint": endpoint}
     return type(protocol.__name__, (H2PriorKnowledge, protocol), attributes)
