@@ -449,6 +449,12 @@ class Gateway:
         """Long polls waiting (each a request; the fetch purgatory holds one operation per group)."""
         return self.polls.waiters if self.scaleout is None else self.fetch_purgatory.num_delayed()
 
+    def waiting_requests(self) -> int:
+        """Requests waiting, what admission counts: long polls by waiter (a group's operation
+        answers many), the rest by operation. O(1) each: counters and the timers' counts."""
+        others = self.produce_purgatory.num_delayed() + self.replication_purgatory.num_delayed()
+        return self.long_poll_waiters + others
+
     def fetch_then_call(
         self, topic: str, partition: int, params: FetchParams, callback: Callable[[DelayedFetch], None]
     ) -> PollWaiter | None:
@@ -706,13 +712,7 @@ class Gateway:
         if not self.serving:
             raise RequestError(503, "SHUTTING_DOWN", None, "the service is shutting down")
         admission = self.settings.admission
-        # Requests waiting: long polls by waiter (a group's operation answers many), the rest by
-        # operation. O(1) each: counters and the timers' counts.
-        pending = (
-            self.long_poll_waiters
-            + self.produce_purgatory.num_delayed()
-            + self.replication_purgatory.num_delayed()
-        )
+        pending = self.waiting_requests()
         try:
             if pending >= admission.max_waiters:
                 # The whole process's budget (memory is bounded by it): refused before anything

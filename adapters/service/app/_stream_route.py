@@ -95,7 +95,7 @@ class GatewayStreams:
         return self.gateway._known_high_watermark(partition_key(topic, partition))
 
     def waiters(self) -> int:
-        return sum(p.num_delayed() for p in self.gateway.purgatories)
+        return self.gateway.waiting_requests()  # long polls by waiter: equal ones share one operation
 
 
 def stream_hub(gateway: Gateway) -> StreamHub:
