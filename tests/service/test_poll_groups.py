@@ -125,9 +125,11 @@ class Rig:
             )
 
         equal = equal_polls(KEY, offset, min_records, min_bytes, max_bytes)
-        return self.groups.join(
+        waiter = self.groups.join(
             equal, KEY, wait_ms, GROUP_WAIT_MS, make_op, self.answers.callback(name), max_per_key
         )
+        self.feed.poll_once()  # the feed follows the key now: its facts known, as the service's are
+        return waiter
 
     def append(self, *values: bytes) -> None:
         high = self.view.partitions[KEY].high_watermark
@@ -192,6 +194,7 @@ def test_a_waiter_whose_deadline_comes_first_gets_the_empty_expired_answer_alone
     (expired,) = rig.answers.calls["short"]
     assert expired.outcome is Outcome.EXPIRED and expired.parts[0].records == ()
     assert expired is not long.op, "the group's operation waits on"
+    assert rig.groups.expired_alone == 0, "the facts vouch nothing arrived: no read, no operation"
     assert expired.parts[0].fetch_offset == AT and expired.error is None
     assert rig.answers.calls["long"] == [] and long.op.outcome is None
     assert rig.groups.waiters == 1 and rig.purgatory.num_delayed() == 1
@@ -337,3 +340,15 @@ def test_a_large_group_is_answered_a_slice_per_loop_iteration_and_a_leaver_is_sk
     assert iterations == 2
     assert all(len(rig.answers.calls[f"w{i}"]) == 1 for i in range(len(waiters) - 1))
     assert rig.answers.calls[f"w{len(waiters) - 1}"] == [] and rig.groups.waiters == 0
+
+
+def test_the_last_waiters_deadline_expires_the_groups_operation_as_a_lone_polls_does(rig: Rig) -> None:
+    rig.join("short", wait_ms=100)
+    last = rig.join("last", wait_ms=WAIT_MS)
+    op = last.op
+    expired_before = rig.purgatory.stats.as_dict()["expired"]
+    rig.loop.advance(WAIT_MS / 1000)
+    (answer,) = rig.answers.calls["last"]
+    assert answer is op and op.outcome is Outcome.EXPIRED, "the group's own operation, expired"
+    assert rig.purgatory.stats.as_dict()["expired"] == expired_before + 1, "counted as an expiry"
+    assert rig.answers.calls["short"][0] is not op and rig.groups.waiters == 0 and not rig.groups.groups

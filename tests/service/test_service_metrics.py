@@ -74,6 +74,7 @@ def _gateway(*, unavailable: str | None, last_success: float) -> Any:
         feed=feed,
         view=SimpleNamespace(requests_sent=3),
         task_free_fetches=4,
+        long_poll_waiters=5,
     )
 
 

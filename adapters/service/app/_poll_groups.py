@@ -21,7 +21,9 @@ What stays per waiter (a :class:`PollWaiter`, ~100 bytes):
   otherwise (records may have arrived below a threshold, the partition not reported yet) a lone
   operation with no wait reads what is there, exactly as a lone poll's expiry does.
 * its leaving: a waiter whose client left is taken out of its group; the group's operation is
-  cancelled only when its last waiter leaves.
+  cancelled only when its last waiter leaves. It *expires* (Expires_total, the journal's
+  EXPIRED) when its last waiter's deadline passes, answering that waiter as a lone poll's
+  expiry does; the waiters whose deadlines came before were answered alone (above).
 * exactly once: a waiter's callback runs once — with the group's finished operation, its twin,
   or its lone operation — or never, once it left.
 
@@ -178,6 +180,12 @@ class PollGroup:
         heap = self.heap
         now = self.owner.loop.time()
         while heap and heap[0].deadline <= now:
+            if heap[0].group is self and self.live == 1:
+                # The last waiter: the group's operation expires with it, as a lone poll's does
+                # (counted in Expires_total, journaled EXPIRED), and answers it (finished).
+                self.owner.forget(self)  # joined no more: it is about to expire
+                self.owner.expire_operation(self)
+                return
             waiter = heapq.heappop(heap)
             if waiter.group is not self:
                 continue  # left before
@@ -345,6 +353,19 @@ class PollGroups:
 
     def abandon(self, op: DelayedFetch) -> None:
         self._abandon(op)
+
+    def expire_operation(self, group: PollGroup) -> None:
+        """Expire ``group``'s operation now (its last waiter's deadline): on the loop when the facts
+        vouch that its expiry reads nothing, else on the operation's attempts executor (the read)."""
+        op = group.op
+        attempts = getattr(op, "attempts", None)
+        if attempts is None or group.nothing_arrived():
+            op.run()  # the timer's expiry: EXPIRED, counted and journaled as any expiry
+            return
+        try:
+            attempts.submit(op.run)
+        except RuntimeError:  # the executor shut down (the service stops): the drain expires it
+            op.run()
 
     def forget(self, group: PollGroup) -> None:
         if self.groups.get(group.equal) is group:
