@@ -149,3 +149,14 @@ def test_a_released_body_is_forgotten_and_rendered_again_by_the_next_operation()
     shared.forget(first)
     assert shared.last is None, "no cache keeps a released body"
     assert shared.body("orders", 0, _op(records)) is not first and shared.rendered == 2
+
+
+def test_a_released_large_body_leaves_its_operation_too() -> None:
+    """An operation may outlive its last writer for a while: on release it lets go of the body."""
+    shared = SharedAnswers()
+    op = _op([_record(0, b"x" * (_shared.LARGE_BODY + 1))])
+    body = shared.body("orders", 0, op)
+    assert cast(Any, op).shared_answer is not None
+    shared.forget(body)
+    assert cast(Any, op).shared_answer is None and shared.last is None
+    assert shared.body("orders", 0, op) == body, "a later waiter renders it again"

@@ -31,12 +31,18 @@ import base64
 import contextlib
 import io
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ...kafka import DelayedFetch, FetchedRecord
 
 __all__ = ["SharedAnswer", "SharedAnswers", "fetch_body"]
+
+# Bodies past one write (the fast paths' ANSWER_CHUNK) are held while written and released to
+# forget(); a few are tracked at once (see SharedAnswers._large).
+LARGE_BODY = 64 * 1024
+LARGE_TRACKED = 16
 
 _T = TypeVar("_T")
 Headers = list[tuple[bytes, bytes]]
@@ -168,6 +174,11 @@ class SharedAnswers:
         # status, fetch offset, SharedAnswer). Its records stay referenced here, so the list's identity
         # cannot be another list's later.
         self.last: tuple[Any, ...] | None = None
+        # Large answers (past one write) by id(body): their operation, which holds them, told to
+        # let go on release (forget) — the operation may outlive its last writer (a finished
+        # operation is referenced for a while yet: the loop's hand-off, an executor's last item).
+        # At most LARGE_TRACKED: a body no holder ever took (sent at once) drops out, oldest first.
+        self._large: OrderedDict[int, tuple[Any, SharedAnswer]] = OrderedDict()
 
     def of(self, topic: str, partition: int, op: DelayedFetch) -> SharedAnswer:
         """``op``'s answer, rendered on its first call and kept on ``op`` (when it has the slot)."""
@@ -176,6 +187,10 @@ class SharedAnswers:
             self.hits += 1
             return answer  # type: ignore[no-any-return]
         answer = self._answer(topic, partition, op)
+        if len(answer.body) > LARGE_BODY:
+            self._large[id(answer.body)] = (op, answer)
+            if len(self._large) > LARGE_TRACKED:
+                self._large.popitem(last=False)
         # An operation without the slot (AttributeError): rendered per answer.
         with contextlib.suppress(AttributeError):
             op.shared_answer = answer  # type: ignore[attr-defined]  # OffLoopFetch's slot
@@ -212,6 +227,12 @@ class SharedAnswers:
         last = self.last
         if last is not None and last[6].body is body:
             self.last = None
+        tracked = self._large.get(id(body))
+        if tracked is not None and tracked[1].body is body:
+            del self._large[id(body)]
+            op = tracked[0]
+            if getattr(op, "shared_answer", None) is tracked[1]:
+                op.shared_answer = None  # a later waiter of the operation renders it again
 
     def body(self, topic: str, partition: int, op: DelayedFetch) -> bytes:
         """``op``'s JSON body (the ASGI route's answer)."""
