@@ -22,7 +22,7 @@ import hpack
 import httpx
 import pytest
 from purgatory.adapters.kafka.settings import KafkaSettings
-from purgatory.adapters.service.http.h2 import _long_poll as _h2_long_poll
+from purgatory.adapters.service.http.h2 import _writer as _h2_writer
 from purgatory.adapters.service.http.h2._answers import SharedFrames, SharedHeaderEncoder
 from purgatory.adapters.service.http.h2._prior_knowledge import H2PriorKnowledge
 from purgatory.adapters.service.server._server import uvicorn_options
@@ -396,7 +396,7 @@ async def test_the_bench_client_holds_its_long_polls_on_few_connections(
     connections = served.server.server.server_state.connections
     polls = await open_h2_long_polls(served.server.port, topic, 300, 1, 30_000, 100)
     reference = await RawH2.open(served.url)
-    shared_before = _h2_long_poll._SHARED_FRAMES.answers
+    shared_before = _h2_writer._SHARED_FRAMES.answers
     try:
         streams = [reference.get(f"{_records(topic)}?offset=0&max_wait_ms=30000") for _ in range(10)]
         await until(lambda: served.pending == 310, "300 bench long polls and 10 of h2's waiting")
@@ -406,7 +406,7 @@ async def test_the_bench_client_holds_its_long_polls_on_few_connections(
         expected = {await reference.answer(stream_id) for stream_id in streams}
         # All but each connection's first answer (it carries HPACK's table-size update) and those
         # the h2 client's 64 KiB windows hold back: the shared frames, not h2's per-stream calls.
-        assert _h2_long_poll._SHARED_FRAMES.answers - shared_before >= 300 - 3
+        assert _h2_writer._SHARED_FRAMES.answers - shared_before >= 300 - 3
         # A refusal, bridged to the app (a topic that does not exist): read alike by both clients.
         missing = f"{topic}-missing"
         (refused,) = await open_h2_long_polls(served.server.port, missing, 1, 1, 30_000, 100)

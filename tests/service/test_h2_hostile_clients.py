@@ -24,13 +24,10 @@ import h2.settings
 import httpx
 import pytest
 from purgatory.adapters.kafka.settings import KafkaSettings
+from purgatory.adapters.service.http.h2 import _limits as _h2_limits
 from purgatory.adapters.service.http.h2 import _long_poll as _h2_long_poll
-from purgatory.adapters.service.http.h2._long_poll import (
-    CONTROL_FRAMES_PER_SECOND,
-    H2_PREFACE,
-    READ_PAUSE_BACKLOG,
-    H2Session,
-)
+from purgatory.adapters.service.http.h2._limits import CONTROL_FRAMES_PER_SECOND, READ_PAUSE_BACKLOG
+from purgatory.adapters.service.http.h2._long_poll import H2_PREFACE, H2Session
 from purgatory.adapters.service.settings import AdmissionSettings
 
 from purgatory.settings import Settings
@@ -250,7 +247,7 @@ async def test_a_client_that_does_not_read_stops_being_read_until_it_does(
 ) -> None:
     """PINGs under the flood rate, never read: the server's unsent acknowledgements stay bounded
     (it stops reading past READ_PAUSE_BACKLOG) and all are sent once the client reads."""
-    monkeypatch.setattr(_h2_long_poll, "CONTROL_FRAMES_PER_SECOND", 10**9)  # the pause alone
+    monkeypatch.setattr(_h2_limits, "CONTROL_FRAMES_PER_SECOND", 10**9)  # the pause alone
     before = set(map(id, _sessions(served)))
     client = await _RawClient.connect(served, rcvbuf=4096)
     try:

@@ -20,14 +20,14 @@ import h2.errors
 import h2.events
 import pytest
 from purgatory.adapters.service.http.h2 import _long_poll as _h2_long_poll
-from purgatory.adapters.service.http.h2._long_poll import (
+from purgatory.adapters.service.http.h2._limits import (
     BUFFERED_BODY_BYTES,
     MAX_BRIDGED_BODY_BYTES,
     MAX_INCOMPLETE_REQUESTS,
     RAPID_RESET_AGE_S,
     RAPID_RESETS_PER_SECOND,
-    H2Session,
 )
+from purgatory.adapters.service.http.h2._long_poll import H2Session
 
 from .conftest import RecordingTransport, until
 

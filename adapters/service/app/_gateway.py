@@ -20,7 +20,7 @@ turned into answers.
 Before submitting, the topic and partition are checked against cached metadata (one
 DescribeTopics per topic per ``METADATA_MAX_AGE_S``), so an unknown topic or partition is a 404
 naming the field, not an operation that waits in vain. Whatever Kafka answers becomes the
-client's answer, never a 500 (:func:`_kafka_error`): an unknown topic 404, a name Kafka refuses
+client's answer, never a 500 (:func:`._metadata.kafka_error`): an unknown topic 404, a name Kafka refuses
 400, a record over the topic's ``max.message.bytes`` 413, anything else 503.
 
 Answer bounds (each Kafka call has its own deadline, see :class:`KafkaCalls`): a produce is
@@ -50,7 +50,6 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -68,19 +67,13 @@ from ...kafka import (
     DelayedProduce,
     DelayedReplication,
     ErrorCode,
-    InvalidTopicError,
-    KafkaAdapterError,
     KafkaCalls,
     KafkaPurgatory,
-    KafkaUnavailableError,
     ProducerRecord,
     RecordIdentity,
     RecordSender,
-    RecordTooLargeError,
     SharedReadReader,
-    TopicKey,
     TopicPartitionKey,
-    UnknownTopicError,
     configured_bootstrap,
 )
 from ...kafka.facts._keys import partition_key
@@ -91,6 +84,7 @@ from ...kafka.settings import BOOTSTRAP_ENV
 from ..answers._budget import AnswerBudget, memory_budget_exceeded
 from ..answers._errors import RequestError
 from ..scaleout._scaleout import ScaleOut
+from ._metadata import TopicMetadata
 from ._poll_groups import GROUP_WAIT_FACTOR, PollGroups, PollWaiter, equal_polls
 from ._requests import FetchParams, ProduceRequest
 
@@ -102,10 +96,6 @@ FETCH_PURGATORY = PURGATORY_NAMES[DelayedFetch]  # Kafka's broker: "Fetch" purga
 PRODUCE_PURGATORY = PURGATORY_NAMES[DelayedProduce]  # Kafka's broker: "Produce" purgatory
 # The KafkaPurgatory's name: its change feed's (thread and log names) and its call pool's.
 SERVICE_NAME = "service"
-# Topic metadata (partition count) is cached this long: new partitions appear within it, and a
-# burst of requests on one topic costs one DescribeTopics. Unknown topics are never cached (the
-# topic may be created a moment later).
-METADATA_MAX_AGE_S = 5.0
 # Threads per pool: calls block a thread for up to their client timeout while Kafka hangs, and
 # the backlog each pool admits before refusing (503) rather than queueing without end.
 METADATA_THREADS, METADATA_BACKLOG = 4, 256
@@ -151,12 +141,6 @@ def resolve_bootstrap(settings: Settings, bootstrap_servers: str | None = None) 
     return servers
 
 
-@dataclass(frozen=True, slots=True)
-class _TopicMeta:
-    partitions: int
-    fetched_at: float
-
-
 class Gateway:
     """The HTTP-facing layer over one :class:`KafkaPurgatory` (see the module docstring)."""
 
@@ -195,14 +179,12 @@ class Gateway:
             if purgatory.max_pending_per_key is None:  # purgatories.<name>.max_pending_per_key wins
                 purgatory.max_pending_per_key = settings.admission.max_waiters_per_key
         kafka = settings.kafka
-        self._topics: dict[str, _TopicMeta] = {}
         self._last_thread = 0  # see _loop_thread
         self.metadata_calls = KafkaCalls("metadata", METADATA_THREADS, METADATA_BACKLOG)
         self.read_calls = KafkaCalls("read", READ_THREADS, READ_BACKLOG)
         # The view gives up on an admin request after its request timeout (plus its own margin).
         self._metadata_timeout_s = self.view.request_timeout_s + 1.0
-        self._describing: dict[str, asyncio.Future[dict[TopicKey, Any]]] = {}
-        self._hw_requests: dict[TopicPartitionKey, asyncio.Future[dict[TopicPartitionKey, int]]] = {}
+        self.metadata = TopicMetadata(self.view, self.feed, self.metadata_calls, self._metadata_timeout_s)
         # The one attempt of a fetch whose records are already there (OffLoopFetch).
         self._attempts = ThreadPoolExecutor(FETCH_ATTEMPT_THREADS, thread_name_prefix="fetch-attempt")
         self._gc_before: tuple[int, int, int] | None = None
@@ -289,92 +271,9 @@ class Gateway:
         self.kafka.close()  # flushes the journal, closes the clients
         _log.info("service_stopped", drained=drain)
 
-    # -- metadata -------------------------------------------------------------------------------
-
     async def partitions(self, topic: str) -> int:
         """The topic's partition count (cached); a 404 :class:`RequestError` if it does not exist."""
-        cached = self.cached_partitions(topic)
-        if cached is not None:
-            return cached
-        now = time.monotonic()
-        key = TopicKey(topic)
-        # One DescribeTopics per topic however many requests arrive while it is in flight.
-        pending = self._describing.get(topic)
-        if pending is None:
-            pending = asyncio.ensure_future(
-                self.metadata_calls.run(
-                    self.view.topics,
-                    [key],
-                    timeout_s=self._metadata_timeout_s,
-                    what=f"DescribeTopics({topic!r})",
-                )
-            )
-            self._describing[topic] = pending
-            pending.add_done_callback(lambda _: self._describing.pop(topic, None))
-        try:
-            facts = await asyncio.shield(pending)
-        except UnknownTopicError:
-            self._topics.pop(topic, None)
-            raise RequestError(
-                404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", f"topic {topic!r} does not exist", value=topic
-            ) from None
-        except KafkaAdapterError as exc:
-            raise _kafka_error(exc, topic) from None
-        count = len(facts[key].leaders)
-        self._topics[topic] = _TopicMeta(count, now)
-        return count
-
-    def cached_partitions(self, topic: str) -> int | None:
-        """The topic's partition count if cached and fresh (no Kafka call), else None."""
-        meta = self._topics.get(topic)
-        if meta is not None and time.monotonic() - meta.fetched_at < METADATA_MAX_AGE_S:
-            return meta.partitions
-        return None
-
-    async def _check_partition(self, topic: str, partition: int, field: str) -> None:
-        count = await self.partitions(topic)
-        if partition >= count:
-            raise RequestError(
-                404,
-                "UNKNOWN_TOPIC_OR_PARTITION",
-                field,
-                f"topic {topic!r} has {count} partition(s): partition {partition} does not exist",
-                value=partition,
-            )
-
-    async def _high_watermark(self, key: TopicPartitionKey) -> int:
-        """The partition's high watermark: the feed's when it follows the key, else one ListOffsets.
-
-        A watched partition's high watermark is in the feed's snapshot (pushed by its tail, or
-        polled): reading it costs nothing, where a ListOffsets per request cost an executor hop
-        and a round trip per waiter. Concurrent requests for an unwatched key share one request.
-        """
-        known = self._known_high_watermark(key)
-        if known is not None:
-            return known
-        pending = self._hw_requests.get(key)
-        if pending is None:
-            pending = asyncio.ensure_future(
-                self.metadata_calls.run(
-                    self.view.high_watermarks,
-                    [key],
-                    timeout_s=self._metadata_timeout_s,
-                    what=f"ListOffsets({key.label})",
-                )
-            )
-            self._hw_requests[key] = pending
-            pending.add_done_callback(lambda _: self._hw_requests.pop(key, None))
-        try:
-            return (await asyncio.shield(pending))[key]
-        except KafkaAdapterError as exc:
-            raise _kafka_error(exc, key.topic) from None
-
-    def _known_high_watermark(self, key: TopicPartitionKey) -> int | None:
-        """The feed's high watermark of ``key`` while it follows the key and Kafka is reachable."""
-        facts = self.feed.partition(key)
-        if facts is None or facts.error is not None or self.feed.unavailable is not None:
-            return None
-        return facts.high_watermark
+        return await self.metadata.partitions(topic)
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -382,11 +281,11 @@ class Gateway:
         """Long poll: the records past ``params.offset``, once enough arrived or ``max_wait_ms`` passed."""
         self._check_answer_budget()
         started = time.monotonic()
-        await self._check_partition(topic, partition, "partition")
+        await self.metadata.check_partition(topic, partition, "partition")
         key = partition_key(topic, partition)  # one key object per partition, shared by its waiters
         offset = params.offset
         if offset is None:  # "new records only": start at the high watermark
-            offset = await self._high_watermark(key)
+            offset = await self.metadata.high_watermark(key)
         metadata_s = time.monotonic() - started
         if self.scaleout is not None:
             op = self._fetch_op(key, offset, params)
@@ -476,11 +375,11 @@ class Gateway:
         # matters for partitions added since (fetch() refreshes the count): 10,000 polls
         # registering at 600/s on a loaded machine outlived the 5 s cache, and every poll
         # arriving while it refreshed went through ASGI (65% of them, measured).
-        meta = self._topics.get(topic)
-        if meta is None or partition >= meta.partitions:
+        known = self.metadata.known_partitions(topic)
+        if known is None or partition >= known:
             return None
         key = partition_key(topic, partition)  # one key object per partition, shared by its waiters
-        offset = params.offset if params.offset is not None else self._known_high_watermark(key)
+        offset = params.offset if params.offset is not None else self.metadata.known_high_watermark(key)
         if offset is None:
             return None
         self._check_answer_budget()
@@ -534,7 +433,7 @@ class Gateway:
         if part.status is ErrorCode.OFFSET_OUT_OF_RANGE:
             raise RequestError(416, "OFFSET_OUT_OF_RANGE", "offset", str(op.error), value=offset)
         if part.status is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-            self._topics.pop(key.topic, None)
+            self.metadata.forget(key.topic)
             raise RequestError(
                 404, "UNKNOWN_TOPIC_OR_PARTITION", "partition", str(op.error), value=key.partition
             )
@@ -542,7 +441,7 @@ class Gateway:
         # ask are closing (CI once answered such a poll "client pool closed" instead).
         unanswered = op.outcome is Outcome.EXPIRED and not part.records
         if requested_offset is not None and unanswered and self.serving:
-            return not self._offset_vouched(key, requested_offset)
+            return not self.metadata.offset_vouched(key, requested_offset)
         return False
 
     async def check_fetch_offset(self, op: DelayedFetch, budget_s: float | None = None) -> None:
@@ -550,7 +449,7 @@ class Gateway:
         a 503 once ``budget_s`` (default: one metadata call's deadline) has passed."""
         (part,) = op.parts
         timeout_s = self._metadata_timeout_s if budget_s is None else budget_s
-        await self._check_offset_in_range(part.key, part.fetch_offset, timeout_s)
+        await self.metadata.check_offset_in_range(part.key, part.fetch_offset, timeout_s)
 
     def _clamped_wait_ms(self, requested: int | None) -> int:
         """``max_wait_ms`` within ``admission.max_wait_ms``: a long poll is answered by then at the latest.
@@ -561,48 +460,6 @@ class Gateway:
         wait: int = self.settings.kafka.fetch_max_wait_ms if requested is None else requested
         limit: int = self.settings.admission.max_wait_ms  # typed: sections are Any to mypy
         return min(wait, limit)
-
-    async def _check_offset_in_range(self, key: TopicPartitionKey, offset: int, timeout_s: float) -> None:
-        """416 unless ``offset`` lies in the partition's ``[log start, high watermark]``.
-
-        A fetch that expired before the change feed first reported its partition (``max_wait_ms``
-        0 or 1) never had its offset checked: it would answer EXPIRED with no error however far
-        past the end the offset was, while a longer wait answers 416. Kafka validates the fetch
-        offset before a fetch waits at all; here the check costs a round trip only when the feed
-        cannot vouch for the offset (an expired poll at the end of the log does not pay it).
-        """
-        if self._offset_vouched(key, offset):
-            return
-        what = f"ListOffsets({key.label})"
-        # Both ends at once, under one deadline: asked one after the other, each with its own
-        # deadline, a slow broker made the answer wait twice (the chaos suite saw a 0.24 s poll
-        # answered after 5.3 s, past its documented bound).
-        calls = asyncio.gather(
-            self.metadata_calls.run(self.view.high_watermarks, [key], timeout_s=timeout_s, what=what),
-            self.metadata_calls.run(self.view.log_start_offsets, [key], timeout_s=timeout_s, what=what),
-        )
-        try:
-            highs, starts = await calls
-        except KafkaAdapterError as exc:
-            raise _kafka_error(exc, key.topic) from None
-        high, start = highs[key], starts[key]
-        if not start <= offset <= high:
-            raise RequestError(
-                416,
-                "OFFSET_OUT_OF_RANGE",
-                "offset",
-                f"fetch offset {offset} of {key.label} is out of range "
-                f"[log start {start}, high watermark {high}]",
-                value=offset,
-            )
-
-    def _offset_vouched(self, key: TopicPartitionKey, offset: int) -> bool:
-        """True when the feed's facts put ``offset`` in ``[log start, high watermark]`` of ``key``."""
-        facts = self.feed.partition(key)
-        if facts is None:
-            return False
-        start, high = facts.log_start_offset, facts.high_watermark
-        return start is not None and high is not None and start <= offset <= high
 
     async def produce(self, topic: str, request: ProduceRequest) -> DelayedProduce:
         """Produce the records (``acks=all``, idempotent); the finished operation once each has its
@@ -666,7 +523,7 @@ class Gateway:
         wait_ms = timeout_ms if timeout_ms is not None else self.settings.kafka.produce_timeout_ms
         for key, offset in targets.items():
             # The feed's high watermark when it follows the key, else one ListOffsets (shared).
-            high = await self._high_watermark(key)
+            high = await self.metadata.high_watermark(key)
             if unreachable_offset(offset, high, wait_ms):
                 raise RequestError(
                     416,
@@ -730,20 +587,3 @@ class Gateway:
             ) from None
         except PurgatoryClosedError:
             raise RequestError(503, "SHUTTING_DOWN", None, "the service is shutting down") from None
-
-
-def _kafka_error(exc: KafkaAdapterError, topic: str) -> RequestError:
-    """A Kafka error as the client's answer: its own mistake a 4xx naming the field, else 503.
-
-    Never a 500: whatever Kafka answered, the service itself is working.
-    """
-    if isinstance(exc, UnknownTopicError):
-        return RequestError(404, "UNKNOWN_TOPIC_OR_PARTITION", "topic", str(exc), value=topic)
-    if isinstance(exc, InvalidTopicError):
-        return RequestError(400, "INVALID_TOPIC_EXCEPTION", "topic", str(exc), value=topic)
-    if isinstance(exc, RecordTooLargeError):
-        # Larger than the topic's max.message.bytes (the producer's own limit is checked first).
-        return RequestError(413, "MESSAGE_TOO_LARGE", "records", str(exc))
-    if isinstance(exc, KafkaUnavailableError):
-        return RequestError(503, "KAFKA_UNAVAILABLE", None, str(exc))
-    return RequestError(503, "KAFKA_ERROR", None, f"Kafka refused the request: {exc}")

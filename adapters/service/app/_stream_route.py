@@ -92,7 +92,7 @@ class GatewayStreams:
         return await self.gateway.fetch(topic, partition, FetchParams(offset=offset, max_wait_ms=max_wait_ms))
 
     def known_end(self, topic: str, partition: int) -> int | None:
-        return self.gateway._known_high_watermark(partition_key(topic, partition))
+        return self.gateway.metadata.known_high_watermark(partition_key(topic, partition))
 
     def waiters(self) -> int:
         return self.gateway.waiting_requests()  # long polls by waiter: equal ones share one operation

@@ -57,175 +57,21 @@ import h11
 import structlog
 from starlette.responses import JSONResponse, Response
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.h11_impl import STATUS_PHRASES
 from uvicorn.protocols.utils import get_path_with_query_string
 
 from ....kafka import DelayedFetch
 from ...answers._errors import UNEXPECTED_ERROR_BODY, RequestError
 from ...answers._render import error_response, fetch_body_response
-from .._endpoint import LongPollEndpoint, PollWaits
+from .._endpoint import LongPollEndpoint
 from ._coalesced_timers import coalesced_timers
-from ._framing import StrictH11Connection
 from ._head_timeout import HeadTimeoutH11Protocol
+from ._parked import LazyFlowControl, Parked, PushbackConnection
 from ._sse import hand_over_stream
+from ._wire import ANSWER_CHUNK, http11_head, http11_ok, http11_response
 
 __all__ = ["LongPollH11Protocol", "http11_response", "long_poll_protocol"]
 
 _log = structlog.get_logger("purgatory.service")
-
-# An answer is handed to the transport at most this much at a time, and the next piece only once
-# the transport's buffer is empty again. asyncio (3.11) *copies* what the socket does not take at
-# once into a per-connection buffer: a whole 21 MB answer shared by 1,000 slow or idle clients
-# was 21 GB of copies (tools/bench/service/min_bytes_flood.py, the memory-runaway report). Piece by
-# piece, a connection's own bytes stay under one chunk; the shared answer is held once.
-ANSWER_CHUNK = 64 * 1024
-
-
-# What h11 adds last to a response on a connection that closes after it (its own spelling).
-_CLOSE_HEADER = (b"Connection", b"close")
-
-
-def http11_response(
-    response: Response, default_headers: list[tuple[bytes, bytes]], *, close: bool = False
-) -> bytes:
-    """The bytes uvicorn and h11 write for ``response`` on an HTTP/1.1 connection.
-
-    Status line with uvicorn's reason phrase, uvicorn's default headers (``date``, ``server``),
-    the response's headers in order, ``Connection: close`` when the connection closes after it
-    (``close``: the request asked to, or was HTTP/1.0), a blank line, the body (framed by its
-    Content-Length).
-    """
-    return http11_head(response, default_headers, close=close) + bytes(response.body)
-
-
-def http11_head(
-    response: Response, default_headers: list[tuple[bytes, bytes]], *, close: bool = False
-) -> bytes:
-    """:func:`http11_response` without the body: the status line, the headers and the blank line."""
-    status = response.status_code
-    head = [b"HTTP/1.1 %d %s\r\n" % (status, STATUS_PHRASES[status])]
-    closing = (_CLOSE_HEADER,) if close else ()
-    head += [b"%s: %s\r\n" % header for header in (*default_headers, *response.raw_headers, *closing)]
-    head.append(b"\r\n")
-    return b"".join(head)
-
-
-def _http11_ok(body: bytes, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A long poll's 200 as HTTP/1.1 bytes (a :class:`...answers._shared.SharedAnswer` keeps them)."""
-    return http11_response(fetch_body_response(body), default_headers)
-
-
-class _PushbackConnection(StrictH11Connection):
-    """h11's connection with one event pushed back: the protocol looks at a request head first,
-    and what it does not take, uvicorn's own loop reads again as if untouched."""
-
-    pushed_back: Any = None
-
-    def next_event(self) -> Any:
-        event = self.pushed_back
-        if event is not None:
-            self.pushed_back = None
-            return event
-        return super().next_event()
-
-
-class _Parked:
-    """One waiting long poll: its waiter (the gateway's), then its finished operation, and what its
-    answer needs.
-
-    The topic and partition are the operation's key's (the gateway shares one key per partition
-    between its waiters): not the request's own copies, held by every waiter.
-
-    An answer larger than :data:`ANSWER_CHUNK` is written a chunk at a time (``answer``, ``sent``:
-    see :meth:`LongPollH11Protocol._send`); the connection stays parked until its last byte left.
-    A large 200 is its head (``head``, written at once) and the rendered body itself, shared.
-    """
-
-    __slots__ = (
-        "answer",
-        "close",
-        "gateway",
-        "head",
-        "offset",
-        "op",
-        "pipelined",
-        "sent",
-        "target",
-        "version",
-        "waiter",
-    )
-
-    def __init__(
-        self,
-        gateway: PollWaits,
-        waiter: object,
-        offset: int | None,
-        target: str | None,
-        version: str = "1.1",
-        *,
-        close: bool = False,
-    ) -> None:
-        self.gateway = gateway  # its lifespan drops it from the app's state before draining
-        self.waiter = waiter  # the gateway's, for abandon_fetch
-        self.op: DelayedFetch | None = None  # the finished operation whose answer is this poll's
-        self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
-        self.close = close  # the connection closes after the answer (Connection: close, HTTP/1.0)
-        self.version = version  # the request's HTTP version, for the access log
-        self.pipelined = b""  # bytes the client sent after the request, for h11 after the answer
-        self.target = target  # path and query, for the access log only (None when it is off)
-        self.answer: memoryview | None = None  # the answer's bytes while they are being written
-        self.head: bytes | None = None  # a large 200's status line and headers, before ``answer``
-        self.sent = 0  # of them, how many the transport took
-
-
-class _LazyFlowControl:
-    """uvicorn's :class:`FlowControl`, slotted, whose ``asyncio.Event`` is made only once a write pauses.
-
-    An idle connection never needs the event, and each cost ~760 bytes (the event and its
-    waiters' deque) of every waiting long poll's connection; the instance dict of a subclass of
-    :class:`FlowControl` ~200 more, so this is a class of its own with the same interface
-    (uvicorn only calls these methods and reads ``write_paused``). Same behaviour: ``drain``
-    returns at once while writing is not paused, else waits for ``resume_writing``.
-    """
-
-    __slots__ = ("_transport", "_writable", "read_paused", "write_paused")
-
-    def __init__(self, transport: asyncio.Transport) -> None:  # no Event: see the class docstring
-        self._transport = transport
-        self._writable: asyncio.Event | None = None
-        self.read_paused = False
-        self.write_paused = False
-
-    def pause_reading(self) -> None:
-        if not self.read_paused:
-            self.read_paused = True
-            self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.read_paused:
-            self.read_paused = False
-            self._transport.resume_reading()
-
-    def _event(self) -> asyncio.Event:
-        if self._writable is None:
-            self._writable = asyncio.Event()
-            if not self.write_paused:
-                self._writable.set()
-        return self._writable
-
-    async def drain(self) -> None:
-        if self.write_paused:
-            await self._event().wait()
-
-    def pause_writing(self) -> None:
-        if not self.write_paused:
-            self.write_paused = True
-            self._event().clear()
-
-    def resume_writing(self) -> None:
-        if self.write_paused:
-            self.write_paused = False
-            self._event().set()
 
 
 class LongPollH11Protocol(HeadTimeoutH11Protocol):
@@ -239,7 +85,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
     (:meth:`_ensure_conn`, called wherever uvicorn's code would read ``conn``).
     """
 
-    _parked: _Parked | None = None
+    _parked: Parked | None = None
     _closing = False  # shutdown asked while parked: close after the answer (set on the instance)
     # The app's endpoint, handed over by the server that made this class (long_poll_protocol, or
     # LongPollHttp from the lifespan state): None, every request goes through the app.
@@ -251,7 +97,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         super().connection_made(transport)
         if self._route is not None:
             self.conn = self._fresh_connection()
-            self.flow = cast(FlowControl, _LazyFlowControl(transport))
+            self.flow = cast(FlowControl, LazyFlowControl(transport))
 
     @property
     def _route(self) -> LongPollEndpoint | None:
@@ -287,7 +133,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             if self._parked is not None:  # else an event stream took the connection over (._sse)
                 self._park_connection()
             return
-        assert isinstance(conn, _PushbackConnection)
+        assert isinstance(conn, PushbackConnection)
         conn.pushed_back = event
         super().handle_events()
 
@@ -366,7 +212,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         logged = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
         target = get_path_with_query_string(scope) if logged else None  # type: ignore[arg-type]
         http_version = "1.0" if version == b"1.0" else "1.1"  # interned: no string per waiter
-        self._parked = _Parked(gateway, waiter, params.offset, target, http_version, close=close)
+        self._parked = Parked(gateway, waiter, params.offset, target, http_version, close=close)
         return True
 
     # -- the answer ----------------------------------------------------------------------------
@@ -388,7 +234,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             parked.op = op
             self._answer(parked)
 
-    def _answer(self, parked: _Parked) -> None:
+    def _answer(self, parked: Parked) -> None:
         if self.transport.is_closing():
             return  # the client left: connection_lost lets go of it
         try:
@@ -407,7 +253,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             head, data = None, self._error_answer(self._unexpected(parked), parked)
         self._respond(parked, data, head)
 
-    async def _answer_after_offset_check(self, parked: _Parked) -> None:
+    async def _answer_after_offset_check(self, parked: Parked) -> None:
         try:
             assert parked.op is not None, "answered once its operation finished"
             await parked.gateway.check_fetch_offset(parked.op)
@@ -419,7 +265,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         if self._parked is parked and not self.transport.is_closing():
             self._respond(parked, data, head)
 
-    def _fetch_answer(self, parked: _Parked) -> tuple[bytes | None, bytes]:
+    def _fetch_answer(self, parked: Parked) -> tuple[bytes | None, bytes]:
         """The 200, as the route renders it: (None, its bytes) — the operation's shared answer,
         encoded once for the waiters answered with it — or, for a body past one write, (its head,
         the rendered body itself), the body held while written piece by piece: within the budget."""
@@ -433,14 +279,14 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         if len(body) <= ANSWER_CHUNK:
             if parked.close:  # rare (Connection: close, HTTP/1.0): its own bytes
                 return None, http11_response(fetch_body_response(body), default_headers, close=True)
-            return None, answer.http11(default_headers, _http11_ok)
+            return None, answer.http11(default_headers, http11_ok)
         parked.gateway.check_answer_fits(body)
         return http11_head(fetch_body_response(body), default_headers, close=parked.close), body
 
-    def _error_answer(self, response: Response, parked: _Parked) -> bytes:
+    def _error_answer(self, response: Response, parked: Parked) -> bytes:
         return http11_response(response, self.server_state.default_headers, close=parked.close)
 
-    def _unexpected(self, parked: _Parked) -> Response:
+    def _unexpected(self, parked: Parked) -> Response:
         """As the app's catch-all (``CatchAll``): a bug answered as a JSON 500, counted, logged."""
         route = self._route
         assert route is not None
@@ -448,7 +294,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         _log.exception("request_failed_unexpectedly", method="GET", path=parked.target, fast_path=True)
         return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
 
-    def _respond(self, parked: _Parked, data: bytes, head: bytes | None = None) -> None:
+    def _respond(self, parked: Parked, data: bytes, head: bytes | None = None) -> None:
         """Write the answer: ``data`` whole, or ``head`` (if any) then ``data`` piece by piece."""
         route = self._route
         if route is not None:
@@ -469,7 +315,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
             self.transport.write(head)  # a few hundred bytes: the body's pieces follow it
         self._send(parked)
 
-    def _send(self, parked: _Parked) -> None:
+    def _send(self, parked: Parked) -> None:
         """Hand ``parked``'s answer to the transport while its buffer is empty (see _respond)."""
         answer = parked.answer
         assert answer is not None, "only an answer being written is sent piece by piece"
@@ -498,7 +344,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         transport.set_write_buffer_limits()  # asyncio's defaults again, as uvicorn runs with
         self._answered(parked, parked.head or body[:12])  # type: ignore[index]  # bytes
 
-    def _send_if_parked(self, parked: _Parked) -> None:
+    def _send_if_parked(self, parked: Parked) -> None:
         if self._parked is parked and parked.answer is not None:
             self._send(parked)
 
@@ -508,7 +354,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         if parked is not None and parked.answer is not None:
             self._send(parked)
 
-    def _answered(self, parked: _Parked, data: bytes | memoryview) -> None:
+    def _answered(self, parked: Parked, data: bytes | memoryview) -> None:
         """The answer (``data``: its first bytes at least) is with the transport: the connection's
         steps after a response."""
         self._parked = None
@@ -572,11 +418,11 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         self._ensure_conn()
         super()._head_timed_out()
 
-    def _fresh_connection(self) -> _PushbackConnection:
+    def _fresh_connection(self) -> PushbackConnection:
         size = self.config.h11_max_incomplete_event_size
         if size is None:
-            return _PushbackConnection(h11.SERVER)
-        return _PushbackConnection(h11.SERVER, max_incomplete_event_size=size)
+            return PushbackConnection(h11.SERVER)
+        return PushbackConnection(h11.SERVER, max_incomplete_event_size=size)
 
     # -- connection life -----------------------------------------------------------------------
 

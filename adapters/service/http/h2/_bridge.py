@@ -3,18 +3,26 @@
 A request that is not a long poll the fast path serves (another route, a body, a refusal) is
 handed to the app as an ASGI exchange on its stream: ``receive`` gives its buffered body, then
 waits for the client to leave; ``send`` turns the app's messages into the stream's answer, which
-the session writes through ``h2`` (:meth:`H2Session.bridged_done`).
+the session writes through ``h2`` (:meth:`H2Bridge.bridged_done`). :class:`H2Bridge` is the
+session's half that starts and finishes these exchanges (a mixin of :class:`._long_poll.H2Session`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ._long_poll import H2Session
+import h2.errors
+import structlog
+from starlette.responses import JSONResponse
 
-__all__ = ["_Bridged"]
+from ...answers._errors import UNEXPECTED_ERROR_BODY, RequestError
+from ...answers._render import error_response
+from ._writer import H2AnswerWriter
+
+__all__ = ["H2Bridge", "_Bridged"]
+
+_log = structlog.get_logger("purgatory.service")
 
 # HTTP/1.1 connection-specific fields HTTP/2 forbids (RFC 9113 §8.2.2): dropped from ASGI answers.
 _CONNECTION_FIELDS = frozenset(
@@ -25,7 +33,7 @@ _CONNECTION_FIELDS = frozenset(
 class _Bridged:
     """One stream served by the ASGI app: its ``receive`` and ``send``, the answer sent when complete."""
 
-    def __init__(self, session: H2Session, stream_id: int, body: bytes) -> None:
+    def __init__(self, session: H2Bridge, stream_id: int, body: bytes) -> None:
         self.session = session
         self.stream_id = stream_id
         self.body: bytes | None = body  # None once handed to the app
@@ -68,3 +76,48 @@ class _Bridged:
                 self.complete = True
                 self.left.set()  # a receive still awaited (a disconnect watcher) returns
                 self.session.bridged_done(self)
+
+
+class H2Bridge(H2AnswerWriter):
+    """The session's streams the ASGI app serves: started as tasks, answered once complete."""
+
+    bridged: dict[int, _Bridged]
+
+    def _scope(self, pseudo: dict[bytes, bytes], headers: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
+        raise NotImplementedError  # the session's: the ASGI scope of a stream's request
+
+    def _bridge(
+        self, stream_id: int, pseudo: dict[bytes, bytes], headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        scope = self._scope(pseudo, headers)
+        if scope is None:
+            error = RequestError(400, "INVALID_REQUEST", "path", "the request path is not ASCII")
+            self._respond_with(stream_id, error_response(error))
+            return
+        exchange = _Bridged(self, stream_id, body)
+        self.bridged[stream_id] = exchange
+        task = self.loop.create_task(self._run_app(exchange, scope))
+        tasks = self.protocol.tasks  # uvicorn's graceful shutdown waits for these
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _run_app(self, exchange: _Bridged, scope: dict[str, Any]) -> None:
+        try:
+            await self.protocol.app(scope, exchange.receive, exchange.send)
+        except Exception:
+            _log.exception("h2_asgi_app_failed", path=scope.get("path"))
+            if exchange.status == 0 and not exchange.left.is_set():  # nothing sent yet: a JSON 500
+                exchange.status = 500
+                exchange.headers = list(JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500).raw_headers)
+                exchange.response = bytearray(JSONResponse(UNEXPECTED_ERROR_BODY).body)
+                exchange.complete = True
+                self.bridged_done(exchange)
+        finally:
+            if self.bridged.pop(exchange.stream_id, None) is not None and not self.transport.is_closing():
+                # The app returned without a complete answer: the stream cannot be answered now.
+                self._reset(exchange.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+
+    def bridged_done(self, exchange: _Bridged) -> None:
+        if self.bridged.pop(exchange.stream_id, None) is exchange:
+            self._respond(exchange.stream_id, exchange.status, exchange.headers, bytes(exchange.response))
+            self._close_if_done()

@@ -11,15 +11,17 @@ the connection is handed to an :class:`H2Session` (the ``h2`` library's state ma
 HPACK, flow control, stream states); anything else is HTTP/1.1 exactly as before. TLS with ALPN
 ``h2`` is not offered (the service's TLS stays HTTP/1.1): h2c is for clients that know.
 
-This module is the session (its waiters, their batched answers, its limits); the preface
-sniffing is :mod:`._prior_knowledge`, the patched ``h2`` connection :mod:`._connection`, the
-frame and header bounds before ``h2`` parses :mod:`._inbound`, the shared answer frames
+This module is the session: bytes in, requests taken or bridged, streams going away. How it
+answers (batched answers, flow control, the write backlog) is :mod:`._writer`; its waiting and
+arriving streams :mod:`._streams`; its bounds and the per-second abuse counters :mod:`._limits`;
+the preface sniffing :mod:`._prior_knowledge`, the patched ``h2`` connection :mod:`._connection`,
+the frame and header bounds before ``h2`` parses :mod:`._inbound`, the shared answer frames
 :mod:`._answers`, and the streams the ASGI app serves :mod:`._bridge`.
 
 A stream that is ``GET /topics/{t}/partitions/{p}/records`` without a body is checked with the
 same code as the HTTP/1.1 fast path (header limits, authentication, the route's own match, the
 topic policy, the query, :meth:`Gateway.fetch_then_call`: admission and its 429 + Retry-After,
-the ``max_wait_ms`` clamp, the same operation) and parked as an :class:`_H2Waiter` — a slotted
+the ``max_wait_ms`` clamp, the same operation) and parked as an :class:`H2Waiter` — a slotted
 record that *is* the operation's callback: no task, no future, no closure per waiter. Its answer
 is the route's 200 (the body bytes shared by every waiter answered the same), written as HEADERS
 + DATA on its stream, within the stream's and the connection's flow-control windows (what does
@@ -68,7 +70,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote
 
@@ -79,27 +80,28 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import structlog
-from starlette.responses import JSONResponse, Response
 
-from purgatory import Outcome
-
-from ....kafka import DelayedFetch, ErrorCode
 from ...answers._budget import HeldBodies
-from ...answers._errors import REQUEST_HEADER_FIELDS_TOO_LARGE, UNEXPECTED_ERROR_BODY, RequestError
-from ...answers._render import error_response, fetch_response
+from ...answers._errors import REQUEST_HEADER_FIELDS_TOO_LARGE, RequestError
+from ...answers._render import error_response
 from ...settings import ServiceSettings
-from .._endpoint import LongPollEndpoint, PollWaits
-from ..h1._long_poll import ANSWER_CHUNK
+from .._endpoint import LongPollEndpoint
 from ._answers import (
-    MAX_SHARED_BODY,
-    SharedFrames,
     SharedHeaderEncoder,
-    plain_answers_allowed,
-    record_plain_stream,
 )
-from ._bridge import _Bridged
+from ._bridge import H2Bridge, _Bridged
 from ._connection import H2ServerConnection, HeaderListTooLarge
 from ._inbound import InboundFrames
+from ._limits import (
+    BUFFERED_BODY_BYTES,
+    H2_IDLE_TIMEOUT_S,
+    MAX_BRIDGED_BODY_BYTES,
+    MAX_INCOMPLETE_REQUESTS,
+    READ_PAUSE_BACKLOG,
+    STREAM_HEADROOM,
+    AbuseCounters,
+)
+from ._streams import H2Request, H2Waiter
 
 __all__ = ["H2_PREFACE", "H2Session"]
 
@@ -108,117 +110,12 @@ _log = structlog.get_logger("purgatory.service")
 H2_PREFACE = (
     b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 §3.4: what a client with prior knowledge sends first
 )
-# A bridged request's body is read in full before the app runs: bounded (the produce route's own
-# limit is 1 MiB; the margin lets the app give its own 413 with the field named).
-MAX_BRIDGED_BODY_BYTES = 2 * 1024 * 1024
-# A connection's answers are handed to the transport only while less than this waits unsent in
-# its buffers. The client's flow-control windows alone do not bound it (a client may announce
-# 2^31-1 and read nothing), and asyncio copies what the socket does not take: 1,000 streams'
-# 21 MB answers would be 21 GB of copies (the memory-runaway report). The bodies stay shared.
-WRITE_BACKLOG = 256 * 1024
-# A connection whose transport holds more than this unsent is no longer read from until the
-# transport drains (resume_writing): what the service writes without being asked by a request —
-# PING and SETTINGS acknowledgements, RST_STREAMs, WINDOW_UPDATEs — is otherwise bounded only by
-# what the client sends, and a client that sends without reading made the service buffer every
-# acknowledgement (2,000,000 PINGs: +29 MB; the CVE-2019-9512 class). Twice WRITE_BACKLOG so the
-# answers, which stop at WRITE_BACKLOG, never pause it alone: only traffic the client drives does.
-READ_PAUSE_BACKLOG = 2 * WRITE_BACKLOG
-# The largest DATA frame written (a client may allow 16 MiB ones): what one frame may take the
-# connection's buffers past WRITE_BACKLOG.
-MAX_DATA_FRAME = 64 * 1024
-# Frames a client may send within one second that the service must act on while no request is
-# served by them (PING and SETTINGS to acknowledge, PRIORITY, empty DATA/HEADERS/CONTINUATION:
-# _h2_inbound.is_flood_frame), plus streams refused past SETTINGS_MAX_CONCURRENT_STREAMS, before
-# its connection is closed with GOAWAY ENHANCE_YOUR_CALM. Clients send a handful (a SETTINGS at
-# the start, a keep-alive PING every few seconds); 10,000 a second were acknowledged before.
-CONTROL_FRAMES_PER_SECOND = 1_000
-# A connection's streams whose request has not ended yet (HEADERS without END_STREAM, a body
-# still arriving): past this many a new one is refused (RST_STREAM REFUSED_STREAM: safe to retry).
-# A long poll ends its request with its HEADERS, so it never counts; this bounds what one
-# connection holds of requests that never finish (their header fields: at most
-# service.max_header_bytes each). HTTP/1.1 holds one such request per connection.
-MAX_INCOMPLETE_REQUESTS = 100
-# Request-body bytes one connection buffers before its client's flow-control window is no longer
-# given back: past this the client can send at most the connection's window (64 KiB) more until
-# a request ends, is refused or times out. Without it the window went back at once and one
-# connection could buffer MAX_BRIDGED_BODY_BYTES on each of its ~60,000 streams.
-BUFFERED_BODY_BYTES = 8 * 1024 * 1024
-# Streams a client may reset within one second while they are still being served (a waiting
-# long poll, a request arriving, a bridged exchange) and younger than RAPID_RESET_AGE_S, before
-# its connection is closed with GOAWAY ENHANCE_YOUR_CALM: each such stream cost the service a
-# request's work (parse, checks, an operation made and cancelled), and opening then resetting
-# streams at once costs the client nothing ("rapid reset", CVE-2023-44487). A proxy cancelling
-# long polls its own clients gave up on resets streams that have waited: those never count.
-RAPID_RESETS_PER_SECOND = 1_000
-RAPID_RESET_AGE_S = 1.0
-# Granularity of a stream's age: the highest stream id opened is noted once per this long.
-_STREAM_MARK_S = 0.25
-# A connection that opened no stream and holds none for this long is closed (GOAWAY NO_ERROR):
-# HTTP/1.1's idle connections close after uvicorn's keep-alive timeout, and an HTTP/2 one held a
-# socket forever (PINGs do not count). Long enough that a client between long polls keeps it.
-H2_IDLE_TIMEOUT_S = 60.0
-# SETTINGS_MAX_CONCURRENT_STREAMS is the process's waiter budget plus this: a client that has
-# filled the budget can still open streams and hear 429 + Retry-After (and reach /healthz),
-# instead of queueing unseen in its own connection pool.
-STREAM_HEADROOM = 100
-_STATUS = {status: str(status).encode() for status in range(100, 600)}
-_SHARED_FRAMES = SharedFrames()  # builds the operations' shared frames: one loop thread per process
 
 
-class _H2Waiter:
-    """One waiting long poll on a stream; the operation's callback (no closure, no task)."""
-
-    __slots__ = ("gateway", "handle", "offset", "op", "partition", "session", "stream_id", "topic")
-
-    def __init__(
-        self,
-        session: H2Session,
-        stream_id: int,
-        gateway: PollWaits,
-        topic: str,
-        partition: int,
-        offset: int | None,
-    ) -> None:
-        self.session = session
-        self.stream_id = stream_id
-        self.gateway = gateway
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset  # the offset asked for (None: the high watermark), for the answer's checks
-        self.handle: object = None  # the gateway's waiter, once fetch_then_call returned it
-        self.op: DelayedFetch | None = None  # the finished operation whose answer is this stream's
-
-    def __call__(self, op: DelayedFetch) -> None:
-        """The operation finished (on the loop: at once, or from the handoff's batch)."""
-        session = self.session
-        self.op = op
-        if session.waiters.get(self.stream_id) is self:
-            # Answered with the others the same drain finished on this connection (H2Session.answer_finished).
-            session.finished.append(self)
-            if not session._answer_scheduled:
-                session._answer_scheduled = True
-                session.loop.call_soon(session.answer_finished)
-        elif self.handle is None:
-            # Finished inside fetch_then_call, before the session recorded the waiter.
-            session.loop.call_soon(session.answer_if_waiting, self)
-
-
-class _H2Request:
-    """A stream whose request is still arriving: its header fields and body so far."""
-
-    __slots__ = ("body", "headers", "refused", "started")
-
-    def __init__(self, headers: list[tuple[bytes, bytes]], started: float) -> None:
-        self.headers = headers
-        self.body = bytearray()
-        self.refused = False  # answered 413 already: the rest of its body is dropped
-        self.started = started  # the loop's time its HEADERS arrived (it has body_read_timeout_ms to end)
-
-
-class H2Session:
+class H2Session(H2Bridge):
     """One HTTP/2 connection: ``h2``'s state machine, its waiting streams and its bridged ones.
 
-    ``waiters`` (stream id -> :class:`_H2Waiter`) are the parked long polls; ``requests`` the
+    ``waiters`` (stream id -> :class:`H2Waiter`) are the parked long polls; ``requests`` the
     streams whose request is still arriving; ``bridged`` the ones the ASGI app serves; ``blocked``
     the answers' bytes waiting for flow-control window. A stream is in at most one of them.
     """
@@ -257,11 +154,10 @@ class H2Session:
         self.conn.local_settings = h2.settings.Settings(client=False, initial_values=initial)
         # The frame headers walked before h2 buffers a byte (oversized frames, floods).
         self.inbound = InboundFrames(len(H2_PREFACE))
-        self._floods_since = 0.0  # start of the current second of counted flood frames
-        self._floods = 0
+        self.abuse = AbuseCounters()  # flood frames and rapid resets, per second
         self.read_paused = False  # reading paused past READ_PAUSE_BACKLOG, until the transport drains
-        self.waiters: dict[int, _H2Waiter] = {}
-        self.requests: dict[int, _H2Request] = {}
+        self.waiters: dict[int, H2Waiter] = {}
+        self.requests: dict[int, H2Request] = {}
         self.bridged: dict[int, _Bridged] = {}
         # Counted in the gateway's answer budget while held (._answer_budget).
         self.blocked = HeldBodies(None if endpoint is None else endpoint.answer_budget())
@@ -279,12 +175,6 @@ class H2Session:
         self.buffered = 0
         self.held_acks: deque[tuple[int, int]] = deque()
         self._request_timer: asyncio.TimerHandle | None = None
-        self._resets_since = 0.0  # start of the current second of counted resets (rapid reset)
-        self._resets = 0
-        # Stream ages without a timestamp per stream: [time, highest id opened since] every
-        # _STREAM_MARK_S; ids up to ``_old_id`` were opened at least RAPID_RESET_AGE_S ago.
-        self._id_marks: deque[list[float]] = deque()
-        self._old_id = 0
         # Idle connections: streams opened so far, and as of the last idle check.
         self._opened = 0
         self._opened_at_check = 0
@@ -295,7 +185,7 @@ class H2Session:
         self.out = bytearray()
         self._flush_scheduled = False
         # Waiters whose operation finished, to be answered together in one loop callback.
-        self.finished: list[_H2Waiter] = []
+        self.finished: list[H2Waiter] = []
         self._answer_scheduled = False
         self.conn.initiate_connection()
         self.flush()
@@ -353,13 +243,19 @@ class H2Session:
 
     def _flooded(self, frames: int) -> bool:
         """Count flood frames; past CONTROL_FRAMES_PER_SECOND, GOAWAY ENHANCE_YOUR_CALM and close (True)."""
-        now = self.loop.time()
-        if now - self._floods_since >= 1.0:
-            self._floods_since, self._floods = now, 0
-        self._floods += frames
-        if self._floods <= CONTROL_FRAMES_PER_SECOND:
+        count = self.abuse.flood(frames, self.loop.time())
+        if not count:
             return False
-        _log.warning("h2_control_flood", frames=self._floods, client=str(self.protocol.client)[:100])
+        _log.warning("h2_control_flood", frames=count, client=str(self.protocol.client)[:100])
+        self._go_away(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        return True
+
+    def _too_many_resets(self, stream_id: int) -> bool:
+        """Count a reset of a young served stream; past RAPID_RESETS_PER_SECOND, GOAWAY and close (True)."""
+        count = self.abuse.young_reset(stream_id, self.loop.time())
+        if not count:
+            return False
+        _log.warning("h2_rapid_reset", resets=count, client=str(self.protocol.client)[:100])
         self._go_away(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         return True
 
@@ -407,17 +303,12 @@ class H2Session:
         stream_id = event.stream_id
         self._opened += 1
         now = self.loop.time()
-        marks = self._id_marks
-        if marks and now - marks[-1][0] < _STREAM_MARK_S:
-            marks[-1][1] = stream_id
-        else:
-            marks.append([now, stream_id])
-            self._age_marks(now)
+        self.abuse.opened(stream_id, now)
         if self.closing or len(self.requests) >= MAX_INCOMPLETE_REQUESTS:
             # Shutting down (retry elsewhere), or too many unfinished requests (retry later).
             self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
-        self.requests[stream_id] = _H2Request(list(event.headers or ()), now)
+        self.requests[stream_id] = H2Request(list(event.headers or ()), now)
 
     def _data_received(self, event: h2.events.DataReceived) -> None:
         stream_id = event.stream_id
@@ -443,7 +334,7 @@ class H2Session:
             # Buffered enough: the window stays spent until requests leave (_forget_body).
             self.held_acks.append((stream_id, length))
 
-    def _forget_body(self, request: _H2Request) -> bytearray:
+    def _forget_body(self, request: H2Request) -> bytearray:
         """Take ``request``'s body out of the buffered count and give back the windows held for it."""
         body, request.body = request.body, bytearray()
         self.buffered -= len(body)
@@ -539,7 +430,7 @@ class H2Session:
         if poll is None:
             return False
         gateway, topic, partition, params = poll
-        waiter = _H2Waiter(self, stream_id, gateway, topic, partition, params.offset)
+        waiter = H2Waiter(self, stream_id, gateway, topic, partition, params.offset)
         try:
             handle = gateway.fetch_then_call(topic, partition, params, waiter)
         except RequestError:
@@ -549,276 +440,6 @@ class H2Session:
         waiter.handle = handle
         self.waiters[stream_id] = waiter
         return True
-
-    # -- answers -------------------------------------------------------------------------------
-
-    def answer_finished(self) -> None:
-        """Answer the waiters finished since the last call, then write them with one ``write``.
-
-        Why one call for many: a key event finishes thousands of long polls, most with the same
-        200. Answered one call chain each (the waiter, ``answer``, the frames lookup, the h2
-        state, the frames' bytes), the calls were most of the loop's ~5 µs per answer (py-spy,
-        10,000 streams); here the connection's checks are made once and the common answer is a
-        loop over the list. Anything else (an error, an expired poll, a window too small, the
-        connection's first header block) goes through :meth:`answer` and ``h2``, as before.
-        """
-        self._answer_scheduled = False
-        finished, self.finished = self.finished, []
-        waiters = self.waiters
-        conn = self.conn
-        plain = self._plain_possible()
-        default_headers = self.protocol.server_state.default_headers
-        streams = conn.streams
-        answered = 0
-        # Shared frames are copied into ``out``: past the write backlog, answers go through h2,
-        # whose bodies wait in ``blocked`` (shared, counted in the answer budget) instead.
-        room = WRITE_BACKLOG - self.transport.get_write_buffer_size()
-        for waiter in finished:
-            stream_id = waiter.stream_id
-            if waiters.get(stream_id) is not waiter:
-                continue  # the client reset the stream meanwhile: its op was cancelled
-            try:
-                op = waiter.op
-                assert op is not None
-                part = op.parts[0]
-                completed = op.outcome is Outcome.COMPLETED and op.error is None
-                if plain and completed and part.status is ErrorCode.NONE and len(self.out) < room:
-                    assert self.rendered is not None
-                    key = part.key
-                    answer = self.rendered.of(key.topic, key.partition, op)  # one per operation
-                    # A larger body goes through h2, a frame at a time (a frame's length has 24
-                    # bits, and a body past 16 MiB made every such answer a 500).
-                    frames = (
-                        answer.http2(default_headers, _SHARED_FRAMES.frames_for)
-                        if len(answer.body) <= MAX_SHARED_BODY
-                        else None
-                    )
-                    if frames is not None and record_plain_stream(conn, streams.get(stream_id), frames):
-                        del waiters[stream_id]
-                        # h2's own bytes first (a SETTINGS ack, an answer sent through it): in order.
-                        if conn._data_to_send:  # read first: data_to_send() makes two objects when empty
-                            self.out += conn.data_to_send()
-                        frames.write_to(self.out, stream_id)
-                        answered += 1
-                        continue
-                self.answer(waiter)
-                if not plain:  # the connection's first header block may have gone out through h2 now
-                    plain = self._plain_possible()
-            except Exception:
-                # A bug: this stream hears a 500 (as CatchAll answers one); the rest of the batch,
-                # taken off the list already, must still be answered.
-                if waiters.pop(stream_id, None) is waiter:
-                    self._respond_with(stream_id, self._unexpected())
-        _SHARED_FRAMES.answers += answered
-        if answered and self.route is not None:
-            self.route.count_answers(200, None, answered)
-        self.flush()
-        self._close_if_done()
-
-    def _plain_possible(self) -> bool:
-        """Whether this connection's answers may be the shared frames (their stream's state aside)."""
-        if self.rendered is None or self.transport.is_closing():
-            return False
-        return plain_answers_allowed(self.conn)
-
-    def answer_if_waiting(self, waiter: _H2Waiter) -> None:
-        if self.waiters.get(waiter.stream_id) is waiter:
-            self.finished.append(waiter)
-            self.answer_finished()
-
-    def answer(self, waiter: _H2Waiter) -> None:
-        """Answer a finished waiter through ``h2``, as the route does (and as the HTTP/1.1 fast path does)."""
-        del self.waiters[waiter.stream_id]
-        op = waiter.op
-        assert op is not None
-        if self.transport.is_closing():
-            return
-        try:
-            if waiter.gateway.fetch_finished(op, waiter.offset):
-                # An expired, empty poll whose offset the feed cannot vouch for: one ListOffsets.
-                task = self.loop.create_task(self._answer_after_offset_check(waiter, op))
-                self.protocol.tasks.add(task)
-                task.add_done_callback(self.protocol.tasks.discard)
-                return
-            response = self._fetch_response(waiter, op)
-        except Exception as exc:
-            response = self._failure_response(exc)
-        self._respond_with(waiter.stream_id, response)
-
-    async def _answer_after_offset_check(self, waiter: _H2Waiter, op: DelayedFetch) -> None:
-        try:
-            await waiter.gateway.check_fetch_offset(op)
-            response = self._fetch_response(waiter, op)
-        except Exception as exc:
-            response = self._failure_response(exc)
-        self._respond_with(waiter.stream_id, response)
-
-    def _failure_response(self, exc: Exception) -> Response:
-        """The answer when rendering one failed: a refusal's own, else (a bug) as :meth:`_unexpected`.
-
-        Called inside the ``except`` block, so the bug's log line carries its traceback.
-        """
-        if isinstance(exc, RequestError):
-            return error_response(exc)
-        return self._unexpected()
-
-    def _fetch_response(self, waiter: _H2Waiter, op: DelayedFetch) -> Response:
-        assert self.route is not None
-        response = fetch_response(self.route.rendered, waiter.topic, waiter.partition, op)
-        body = response.body
-        if len(body) > ANSWER_CHUNK:  # may wait in ``blocked`` for the client: within the answer budget
-            waiter.gateway.check_answer_fits(bytes(body))
-        return response
-
-    def _unexpected(self) -> Response:
-        """As the app's catch-all (``CatchAll``): a bug answered as a JSON 500, counted, logged."""
-        assert self.route is not None
-        self.route.count_unexpected_error()
-        _log.exception("request_failed_unexpectedly", method="GET", fast_path=True, http_version="2")
-        return JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500)
-
-    def _respond_with(self, stream_id: int, response: Response) -> None:
-        if self.route is not None:  # answered below the app: counted here, not by CountAnswers
-            self.route.count_answers(response.status_code, response.body)
-        self._respond(stream_id, response.status_code, response.raw_headers, bytes(response.body))
-
-    def _respond(
-        self, stream_id: int, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes
-    ) -> None:
-        if self.transport.is_closing():
-            return
-        block = [(b":status", _STATUS[status]), *self.protocol.server_state.default_headers, *headers]
-        try:
-            self.conn.send_headers(stream_id, block, end_stream=not body)
-            if body:
-                self._send_body(stream_id, memoryview(body), body)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            self.blocked.pop(stream_id, None)  # the client reset the stream meanwhile
-        self._schedule_flush()
-
-    def _backlog(self) -> int:
-        """Bytes written but not sent yet: the transport's buffer, ours, and h2's."""
-        return self.transport.get_write_buffer_size() + len(self.out) + len(self.conn._data_to_send)
-
-    def _send_body(self, stream_id: int, view: memoryview, whole: bytes | None = None) -> None:
-        """Send what the windows and the backlog allow; the rest waits in ``blocked`` for a
-        WINDOW_UPDATE, or for the transport to drain (:data:`WRITE_BACKLOG`)."""
-        conn = self.conn
-        while view:
-            if self._backlog() >= WRITE_BACKLOG:
-                self.blocked[stream_id] = view
-                self.backlogged = True
-                return
-            # At most MAX_DATA_FRAME a frame, whatever frame size the client allows: each frame
-            # is a copy, and the backlog is checked between frames.
-            size = min(
-                conn.local_flow_control_window(stream_id),
-                conn.max_outbound_frame_size,
-                MAX_DATA_FRAME,
-                len(view),
-            )
-            if size <= 0:
-                self.blocked[stream_id] = view
-                return
-            last = size == len(view)
-            # The shared body itself when it fits in one frame (the common answer): no copy.
-            chunk = whole if last and whole is not None and size == len(whole) else bytes(view[:size])
-            conn.send_data(stream_id, chunk, end_stream=last)
-            view = view[size:]
-        self.blocked.pop(stream_id, None)
-
-    def _unblock(self, stream_id: int) -> None:
-        streams = list(self.blocked) if stream_id == 0 else [stream_id]
-        for sid in streams:
-            # Left in ``blocked``: _send_body re-blocks or pops it (the same body: no budget work).
-            view = self.blocked.get(sid)
-            if view is None:
-                continue
-            try:
-                self._send_body(sid, view)
-            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-                self.blocked.pop(sid, None)
-        self._schedule_flush()
-
-    def _schedule_flush(self) -> None:
-        # One write per connection for all answers of a batch wake-up (the batch runs in one
-        # loop iteration; the flush after it).
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush_later)
-
-    def _flush_later(self) -> None:
-        self._flush_scheduled = False
-        self.flush()
-        self._close_if_done()
-
-    def flush(self) -> None:
-        out = self.out
-        out += self.conn.data_to_send()
-        if out:
-            self.out = bytearray()
-            if not self.transport.is_closing():
-                self.transport.write(out)
-        if self.backlogged and not self.protocol.flow.write_paused:
-            # The transport took the backlog without pausing (so no resume_writing will come):
-            # send on in the next iteration, after the loop's other work.
-            self.backlogged = False
-            self.loop.call_soon(self._unblock, 0)
-
-    def writing_resumed(self) -> None:
-        """The transport's buffer drained (resume_writing): reading goes on if the backlog paused
-        it, and streams held back by the backlog go on."""
-        if self.read_paused:
-            self.read_paused = False
-            self.protocol.flow.resume_reading()
-        if self.backlogged:
-            self.backlogged = False
-            self._unblock(0)
-
-    # -- the ASGI bridge -----------------------------------------------------------------------
-
-    def _bridge(
-        self, stream_id: int, pseudo: dict[bytes, bytes], headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> None:
-        scope = self._scope(pseudo, headers)
-        if scope is None:
-            error = RequestError(400, "INVALID_REQUEST", "path", "the request path is not ASCII")
-            self._respond_with(stream_id, error_response(error))
-            return
-        exchange = _Bridged(self, stream_id, body)
-        self.bridged[stream_id] = exchange
-        task = self.loop.create_task(self._run_app(exchange, scope))
-        tasks = self.protocol.tasks  # uvicorn's graceful shutdown waits for these
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    async def _run_app(self, exchange: _Bridged, scope: dict[str, Any]) -> None:
-        try:
-            await self.protocol.app(scope, exchange.receive, exchange.send)
-        except Exception:
-            _log.exception("h2_asgi_app_failed", path=scope.get("path"))
-            if exchange.status == 0 and not exchange.left.is_set():  # nothing sent yet: a JSON 500
-                exchange.status = 500
-                exchange.headers = list(JSONResponse(UNEXPECTED_ERROR_BODY, status_code=500).raw_headers)
-                exchange.response = bytearray(JSONResponse(UNEXPECTED_ERROR_BODY).body)
-                exchange.complete = True
-                self.bridged_done(exchange)
-        finally:
-            if self.bridged.pop(exchange.stream_id, None) is not None and not self.transport.is_closing():
-                # The app returned without a complete answer: the stream cannot be answered now.
-                self._reset(exchange.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
-
-    def bridged_done(self, exchange: _Bridged) -> None:
-        if self.bridged.pop(exchange.stream_id, None) is exchange:
-            self._respond(exchange.stream_id, exchange.status, exchange.headers, bytes(exchange.response))
-            self._close_if_done()
-
-    def _reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
-        try:
-            self.conn.reset_stream(stream_id, code)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            return
-        self._schedule_flush()
 
     # -- streams and the connection going away --------------------------------------------------
 
@@ -838,26 +459,6 @@ class H2Session:
             exchange.left.set()  # the app's disconnect watcher cancels its wait
         blocked = self.blocked.pop(stream_id, None)
         return waiter is not None or request is not None or exchange is not None or blocked is not None
-
-    def _age_marks(self, now: float) -> None:
-        marks = self._id_marks
-        while marks and marks[0][0] + _STREAM_MARK_S <= now - RAPID_RESET_AGE_S:
-            self._old_id = int(marks.popleft()[1])
-
-    def _too_many_resets(self, stream_id: int) -> bool:
-        """Count a reset of a young served stream; past RAPID_RESETS_PER_SECOND, GOAWAY and close (True)."""
-        now = self.loop.time()
-        self._age_marks(now)
-        if stream_id <= self._old_id:
-            return False  # it had been served for a while: a client giving up, not a rapid reset
-        if now - self._resets_since >= 1.0:
-            self._resets_since, self._resets = now, 0
-        self._resets += 1
-        if self._resets <= RAPID_RESETS_PER_SECOND:
-            return False
-        _log.warning("h2_rapid_reset", resets=self._resets, client=str(self.protocol.client)[:100])
-        self._go_away(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
-        return True
 
     def _idle_check(self) -> None:
         """Close the connection if it opened no stream since the last check and holds none."""
