@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import structlog
 from purgatory.adapters.kafka.settings import KafkaSettings
-from purgatory.adapters.service.app._gateway import unreachable_offset
+from purgatory.adapters.service.app._metadata import unreachable_offset
 from purgatory.adapters.service.http.h1._framing import head_problem
 from purgatory.adapters.service.settings import ServiceSettings
 from structlog.testing import capture_logs

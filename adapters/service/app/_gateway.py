@@ -69,7 +69,6 @@ from ...kafka import (
     ErrorCode,
     KafkaCalls,
     KafkaPurgatory,
-    ProducerRecord,
     RecordIdentity,
     RecordSender,
     SharedReadReader,
@@ -84,9 +83,9 @@ from ...kafka.settings import BOOTSTRAP_ENV
 from ..answers._budget import AnswerBudget, memory_budget_exceeded
 from ..answers._errors import RequestError
 from ..scaleout._scaleout import ScaleOut
-from ._metadata import TopicMetadata
+from ._metadata import TopicMetadata, unknown_partition, unreachable_offset
 from ._poll_groups import GROUP_WAIT_FACTOR, PollGroups, PollWaiter, equal_polls
-from ._requests import FetchParams, ProduceRequest
+from ._requests import FetchParams, ProduceRequest, producer_records
 
 __all__ = ["FETCH_PURGATORY", "PRODUCE_PURGATORY", "Gateway", "resolve_bootstrap"]
 
@@ -108,22 +107,6 @@ FETCH_ATTEMPT_THREADS = 4
 # default unless kafka.client_config sets it): checked for every record before any is appended,
 # so a request is refused whole (413) rather than half appended.
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
-# GET /replicated waits for offsets past the high watermark by design: appended (acks=1) and not
-# yet on every in-sync replica. How far the log end is past the high watermark no client can ask
-# (ListOffsets answers the high watermark), so an offset is "past the log end" when no partition
-# could have appended it nor append it before the wait ends: the fastest partitions append ~1-2M
-# small records/s, 10x that is the rate bound, over the longest a lagging follower stays in sync
-# (replica.lag.time.max.ms, Kafka's default 30 s) plus the wait itself. Past that: 416 at once,
-# as a fetch past the high watermark, instead of a waiter held for its whole timeout.
-MAX_PARTITION_APPEND_RATE = 10_000_000  # records per second
-REPLICA_LAG_MAX_S = 30
-
-
-def unreachable_offset(offset: int, high_watermark: int, wait_ms: int) -> bool:
-    """True when ``offset`` lies further past ``high_watermark`` than any partition could have
-    appended, or append within ``wait_ms`` (see MAX_PARTITION_APPEND_RATE)."""
-    reach = MAX_PARTITION_APPEND_RATE * (REPLICA_LAG_MAX_S * 1000 + wait_ms) // 1000
-    return offset - high_watermark > reach
 
 
 def resolve_bootstrap(settings: Settings, bootstrap_servers: str | None = None) -> str:
@@ -465,30 +448,7 @@ class Gateway:
         """Produce the records (``acks=all``, idempotent); the finished operation once each has its
         delivery report, or at ``timeout_ms`` with the ones not reported ``REQUEST_TIMED_OUT``."""
         count = await self.partitions(topic)
-        records = []
-        for i, record in enumerate(request.records):
-            # Encoded once: the size check and the record share the bytes.
-            value = None if record.value is None else record.value.encode()
-            key = None if record.key is None else record.key.encode()
-            size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
-            if size > self.message_max_bytes:
-                larger = "key" if key is not None and (value is None or len(key) > len(value)) else "value"
-                raise RequestError(
-                    413,
-                    "MESSAGE_TOO_LARGE",
-                    f"records[{i}].{larger}",
-                    f"record {i} has {size} bytes of key and value, more than the producer's "
-                    f"message.max.bytes ({self.message_max_bytes}); nothing was appended",
-                )
-            if record.partition is not None and record.partition >= count:
-                raise RequestError(
-                    404,
-                    "UNKNOWN_TOPIC_OR_PARTITION",
-                    f"records[{i}].partition",
-                    f"topic {topic!r} has {count} partition(s): partition {record.partition} does not exist",
-                    value=record.partition,
-                )
-            records.append(ProducerRecord(topic, value, key, record.partition))
+        records = producer_records(topic, request, count, self.message_max_bytes)
         with self._admitted():
             # Watched first, then sent (KafkaPurgatory.produce_async): a refusal sends nothing.
             return await self.kafka.produce_async(records, delay_ms=request.timeout_ms)
@@ -512,13 +472,7 @@ class Gateway:
         count = await self.partitions(topic)
         for partition in offsets:
             if partition >= count:
-                raise RequestError(
-                    404,
-                    "UNKNOWN_TOPIC_OR_PARTITION",
-                    "offsets",
-                    f"topic {topic!r} has {count} partition(s): partition {partition} does not exist",
-                    value=partition,
-                )
+                raise unknown_partition(topic, count, partition, "offsets")
         targets = {TopicPartitionKey(topic, p): o for p, o in offsets.items()}
         wait_ms = timeout_ms if timeout_ms is not None else self.settings.kafka.produce_timeout_ms
         for key, offset in targets.items():

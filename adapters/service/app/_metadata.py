@@ -32,7 +32,7 @@ from ...kafka import (
 )
 from ..answers._errors import RequestError
 
-__all__ = ["METADATA_MAX_AGE_S", "TopicMetadata", "kafka_error"]
+__all__ = ["METADATA_MAX_AGE_S", "TopicMetadata", "kafka_error", "unknown_partition", "unreachable_offset"]
 
 # Topic metadata (partition count) is cached this long: new partitions appear within it, and a
 # burst of requests on one topic costs one DescribeTopics. Unknown topics are never cached (the
@@ -111,13 +111,7 @@ class TopicMetadata:
     async def check_partition(self, topic: str, partition: int, field: str) -> None:
         count = await self.partitions(topic)
         if partition >= count:
-            raise RequestError(
-                404,
-                "UNKNOWN_TOPIC_OR_PARTITION",
-                field,
-                f"topic {topic!r} has {count} partition(s): partition {partition} does not exist",
-                value=partition,
-            )
+            raise unknown_partition(topic, count, partition, field)
 
     async def high_watermark(self, key: TopicPartitionKey) -> int:
         """The partition's high watermark: the feed's when it follows the key, else one ListOffsets.
@@ -211,3 +205,32 @@ def kafka_error(exc: KafkaAdapterError, topic: str) -> RequestError:
     if isinstance(exc, KafkaUnavailableError):
         return RequestError(503, "KAFKA_UNAVAILABLE", None, str(exc))
     return RequestError(503, "KAFKA_ERROR", None, f"Kafka refused the request: {exc}")
+
+
+def unknown_partition(topic: str, count: int, partition: int, field: str) -> RequestError:
+    """The 404 of a partition the topic does not have, naming the request's ``field``."""
+    return RequestError(
+        404,
+        "UNKNOWN_TOPIC_OR_PARTITION",
+        field,
+        f"topic {topic!r} has {count} partition(s): partition {partition} does not exist",
+        value=partition,
+    )
+
+
+# GET /replicated waits for offsets past the high watermark by design: appended (acks=1) and not
+# yet on every in-sync replica. How far the log end is past the high watermark no client can ask
+# (ListOffsets answers the high watermark), so an offset is "past the log end" when no partition
+# could have appended it nor append it before the wait ends: the fastest partitions append ~1-2M
+# small records/s, 10x that is the rate bound, over the longest a lagging follower stays in sync
+# (replica.lag.time.max.ms, Kafka's default 30 s) plus the wait itself. Past that: 416 at once,
+# as a fetch past the high watermark, instead of a waiter held for its whole timeout.
+MAX_PARTITION_APPEND_RATE = 10_000_000  # records per second
+REPLICA_LAG_MAX_S = 30
+
+
+def unreachable_offset(offset: int, high_watermark: int, wait_ms: int) -> bool:
+    """True when ``offset`` lies further past ``high_watermark`` than any partition could have
+    appended, or append within ``wait_ms`` (see MAX_PARTITION_APPEND_RATE)."""
+    reach = MAX_PARTITION_APPEND_RATE * (REPLICA_LAG_MAX_S * 1000 + wait_ms) // 1000
+    return offset - high_watermark > reach

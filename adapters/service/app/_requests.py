@@ -23,9 +23,10 @@ from pydantic import (
 )
 from starlette.datastructures import QueryParams
 
-from ...kafka import LEGAL_TOPIC_RULE, is_legal_topic
+from ...kafka import LEGAL_TOPIC_RULE, ProducerRecord, is_legal_topic
 from ..answers._errors import RequestError, from_validation_error
 from ._auth import TopicPolicy
+from ._metadata import unknown_partition
 
 __all__ = [
     "MAX_FETCH_BYTES",
@@ -211,3 +212,30 @@ def fetch_params(query: QueryParams) -> FetchParams:
         return FetchParams.model_validate(dict(query))
     except ValidationError as exc:
         raise from_validation_error(exc, where="query") from None
+
+
+def producer_records(
+    topic: str, request: ProduceRequest, count: int, message_max_bytes: int
+) -> list[ProducerRecord]:
+    """The request's records to produce to ``topic`` (``count`` partitions), each checked first:
+    a record over the producer's ``message.max.bytes`` is a 413 and a partition the topic does not
+    have a 404, both naming the record, before any is appended (a request is refused whole)."""
+    records = []
+    for i, record in enumerate(request.records):
+        # Encoded once: the size check and the record share the bytes.
+        value = None if record.value is None else record.value.encode()
+        key = None if record.key is None else record.key.encode()
+        size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+        if size > message_max_bytes:
+            larger = "key" if key is not None and (value is None or len(key) > len(value)) else "value"
+            raise RequestError(
+                413,
+                "MESSAGE_TOO_LARGE",
+                f"records[{i}].{larger}",
+                f"record {i} has {size} bytes of key and value, more than the producer's "
+                f"message.max.bytes ({message_max_bytes}); nothing was appended",
+            )
+        if record.partition is not None and record.partition >= count:
+            raise unknown_partition(topic, count, record.partition, f"records[{i}].partition")
+        records.append(ProducerRecord(topic, value, key, record.partition))
+    return records
