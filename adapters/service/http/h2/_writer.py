@@ -28,7 +28,13 @@ from ...answers._render import error_response, fetch_response
 from ...answers._shared import SharedAnswers
 from .._endpoint import LongPollEndpoint
 from ..h1._wire import ANSWER_CHUNK
-from ._answers import MAX_SHARED_BODY, SharedFrames, plain_answers_allowed, record_plain_stream
+from ._answers import (
+    MAX_SHARED_BODY,
+    SharedAnswerFrames,
+    SharedFrames,
+    plain_answers_allowed,
+    record_plain_stream,
+)
 from ._connection import H2ServerConnection
 from ._limits import MAX_DATA_FRAME, WRITE_BACKLOG
 from ._streams import H2Waiter
@@ -84,6 +90,10 @@ class H2AnswerWriter:
         # Shared frames are copied into ``out``: past the write backlog, answers go through h2,
         # whose bodies wait in ``blocked`` (shared, counted in the answer budget) instead.
         room = WRITE_BACKLOG - self.transport.get_write_buffer_size()
+        # The waiters of one coalesced group share their operation, so consecutive waiters mostly
+        # have the same one: its frames (or None: not shareable) are looked up once per run.
+        last_op: DelayedFetch | None = None
+        frames: SharedAnswerFrames | None = None
         for waiter in finished:
             stream_id = waiter.stream_id
             if waiters.get(stream_id) is not waiter:
@@ -91,27 +101,21 @@ class H2AnswerWriter:
             try:
                 op = waiter.op
                 assert op is not None
-                part = op.parts[0]
-                completed = op.outcome is Outcome.COMPLETED and op.error is None
-                if plain and completed and part.status is ErrorCode.NONE and len(self.out) < room:
-                    assert self.rendered is not None
-                    key = part.key
-                    answer = self.rendered.of(key.topic, key.partition, op)  # one per operation
-                    # A larger body goes through h2, a frame at a time (a frame's length has 24
-                    # bits, and a body past 16 MiB made every such answer a 500).
-                    frames = (
-                        answer.http2(default_headers, _SHARED_FRAMES.frames_for)
-                        if len(answer.body) <= MAX_SHARED_BODY
-                        else None
-                    )
-                    if frames is not None and record_plain_stream(conn, streams.get(stream_id), frames):
-                        del waiters[stream_id]
-                        # h2's own bytes first (a SETTINGS ack, an answer sent through it): in order.
-                        if conn._data_to_send:  # read first: data_to_send() makes two objects when empty
-                            self.out += conn.data_to_send()
-                        frames.write_to(self.out, stream_id)
-                        answered += 1
-                        continue
+                if op is not last_op:
+                    last_op, frames = op, self._shared_frames(op, default_headers)
+                if (
+                    plain
+                    and frames is not None
+                    and len(self.out) < room
+                    and record_plain_stream(conn, streams.get(stream_id), frames)
+                ):
+                    del waiters[stream_id]
+                    # h2's own bytes first (a SETTINGS ack, an answer sent through it): in order.
+                    if conn._data_to_send:  # read first: data_to_send() makes two objects when empty
+                        self.out += conn.data_to_send()
+                    frames.write_to(self.out, stream_id)
+                    answered += 1
+                    continue
                 self.answer(waiter)
                 if not plain:  # the connection's first header block may have gone out through h2 now
                     plain = self._plain_possible()
@@ -125,6 +129,21 @@ class H2AnswerWriter:
             self.route.count_answers(200, None, answered)
         self.flush()
         self._close_if_done()
+
+    def _shared_frames(self, op: DelayedFetch, default_headers: Any) -> SharedAnswerFrames | None:
+        """``op``'s answer as shared frames, or None when it is not a plain 200 that fits them."""
+        part = op.parts[0]
+        if not (op.outcome is Outcome.COMPLETED and op.error is None and part.status is ErrorCode.NONE):
+            return None
+        assert self.rendered is not None
+        key = part.key
+        answer = self.rendered.of(key.topic, key.partition, op)  # one per operation
+        # A larger body goes through h2, a frame at a time (a frame's length has 24 bits, and a
+        # body past 16 MiB made every such answer a 500).
+        if len(answer.body) > MAX_SHARED_BODY:
+            return None
+        frames: SharedAnswerFrames = answer.http2(default_headers, _SHARED_FRAMES.frames_for)
+        return frames
 
     def _plain_possible(self) -> bool:
         """Whether this connection's answers may be the shared frames (their stream's state aside)."""
