@@ -330,7 +330,16 @@ class PollGroups:
             return  # left (or answered): exactly once
         waiter.callback = None
         waiter.op = None  # no cycle left to the collector: op -> its callback -> waiter -> op
-        self._count(waiter.key, self.per_key.get(waiter.key, 1) - 1)
+        # _count(key, count - 1), inline: this runs once per answer of a burst (10,000 at once).
+        per_key = self.per_key
+        key = waiter.key
+        count = per_key.get(key)
+        if count is not None:
+            self.waiters -= 1
+            if count > 1:
+                per_key[key] = count - 1
+            else:
+                del per_key[key]
         if waiter.joined_ns and self.journal is not None and op.outcome is not None:
             joined = cast(
                 "DelayedOperation", _JoinedWaiter(op, waiter.joined_ns)
