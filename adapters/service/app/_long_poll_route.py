@@ -56,20 +56,14 @@ class LongPollRoute(LongPollEndpoint):
         """``scope``'s event stream checked and admitted as the ASGI route does; None: the app's
         (a refusal is answered there, with the same checks). Taken only where the app's hub serves
         it without scale-out (the route refuses streams then)."""
-        if self.stream_route is None or not self.authenticator.admits(scope):
+        matched = None if self.stream_route is None else self._matched(self.stream_route, scope)
+        if matched is None:
             return None
-        match, child = self.stream_route.matches(scope)
-        if match is not Match.FULL:
-            return None
-        state = self.app.state
-        gateway: Gateway | None = getattr(state, "gateway", None)
+        state, gateway, topic, partition = matched
         hub = getattr(state, "stream_hub", None)
-        if gateway is None or not gateway.serving or hub is None or gateway.scaleout is not None:
+        if hub is None or gateway.scaleout is not None:
             return None
         try:
-            path_params = child["path_params"]
-            topic = checked_topic(str(path_params["topic"]), state.topic_policy)
-            partition = checked_partition(str(path_params["partition"]))
             offset = start_offset(scope["headers"], QueryParams(scope["query_string"]))
             hub.admit(topic, partition)
         except (RequestError, ValidationError):
@@ -102,23 +96,36 @@ class LongPollRoute(LongPollEndpoint):
         the partition, the query. Shared by the HTTP/1.1 and HTTP/2 fast paths; each
         then submits with its own callback (admission's 429 is :meth:`Gateway.fetch_then_call`'s).
         """
+        matched = self._matched(self.route, scope)
+        if matched is None:
+            return None
+        _, gateway, topic, partition = matched
+        try:
+            params = fetch_params(QueryParams(scope["query_string"]))
+        except (RequestError, ValidationError):
+            return None  # the ASGI path answers it, with the same checks
+        return CheckedPoll(gateway, topic, partition, params)
+
+    def _matched(self, route: Route, scope: dict[str, Any]) -> tuple[Any, Gateway, str, int] | None:
+        """What both fast routes check first: authenticated, ``route`` matched in full, the gateway
+        serving, the topic (its policy) and the partition valid: ``(app state, gateway, topic,
+        partition)``; None: the app's to answer (it refuses with the same checks)."""
         if not self.authenticator.admits(scope):
             return None
-        match, child = self.route.matches(scope)
+        match, child = route.matches(scope)
         if match is not Match.FULL:
             return None
         state = self.app.state
         gateway: Gateway | None = getattr(state, "gateway", None)
         if gateway is None or not gateway.serving:
             return None
+        path_params = child["path_params"]
         try:
-            path_params = child["path_params"]
             topic = checked_topic(str(path_params["topic"]), state.topic_policy)
             partition = checked_partition(str(path_params["partition"]))
-            params = fetch_params(QueryParams(scope["query_string"]))
-        except (RequestError, ValidationError):
-            return None  # the ASGI path answers it, with the same checks
-        return CheckedPoll(gateway, topic, partition, params)
+        except RequestError:
+            return None
+        return state, gateway, topic, partition
 
     @property
     def rendered(self) -> SharedAnswers:

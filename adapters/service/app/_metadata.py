@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,20 @@ class TopicMetadata:
         self.calls = calls
         self.timeout_s = timeout_s  # one metadata call's deadline: the view's request timeout + margin
         self._topics: dict[str, _TopicMeta] = {}
-        self._describing: dict[str, asyncio.Future[dict[TopicKey, Any]]] = {}
-        self._hw_requests: dict[TopicPartitionKey, asyncio.Future[dict[TopicPartitionKey, int]]] = {}
+        # Calls in flight by what they ask: concurrent requests for one topic or partition share one.
+        self._in_flight: dict[Hashable, asyncio.Future[Any]] = {}
+
+    def _shared_call(
+        self, name: Hashable, call: Callable[[list[Any]], Any], arg: Any, what: str
+    ) -> Awaitable[Any]:
+        """``call([arg])`` on the metadata pool, one in flight per ``name`` however many await it
+        (shielded: one caller giving up does not cancel the others' answer)."""
+        pending = self._in_flight.get(name)
+        if pending is None:
+            pending = asyncio.ensure_future(self.calls.run(call, [arg], timeout_s=self.timeout_s, what=what))
+            self._in_flight[name] = pending
+            pending.add_done_callback(lambda _: self._in_flight.pop(name, None))
+        return asyncio.shield(pending)
 
     async def partitions(self, topic: str) -> int:
         """The topic's partition count (cached); a 404 :class:`RequestError` if it does not exist."""
@@ -65,21 +78,8 @@ class TopicMetadata:
             return cached
         now = time.monotonic()
         key = TopicKey(topic)
-        # One DescribeTopics per topic however many requests arrive while it is in flight.
-        pending = self._describing.get(topic)
-        if pending is None:
-            pending = asyncio.ensure_future(
-                self.calls.run(
-                    self.view.topics,
-                    [key],
-                    timeout_s=self.timeout_s,
-                    what=f"DescribeTopics({topic!r})",
-                )
-            )
-            self._describing[topic] = pending
-            pending.add_done_callback(lambda _: self._describing.pop(topic, None))
         try:
-            facts = await asyncio.shield(pending)
+            facts = await self._shared_call(key, self.view.topics, key, f"DescribeTopics({topic!r})")
         except UnknownTopicError:
             self._topics.pop(topic, None)
             raise RequestError(
@@ -123,20 +123,9 @@ class TopicMetadata:
         known = self.known_high_watermark(key)
         if known is not None:
             return known
-        pending = self._hw_requests.get(key)
-        if pending is None:
-            pending = asyncio.ensure_future(
-                self.calls.run(
-                    self.view.high_watermarks,
-                    [key],
-                    timeout_s=self.timeout_s,
-                    what=f"ListOffsets({key.label})",
-                )
-            )
-            self._hw_requests[key] = pending
-            pending.add_done_callback(lambda _: self._hw_requests.pop(key, None))
         try:
-            return (await asyncio.shield(pending))[key]
+            highs = await self._shared_call(key, self.view.high_watermarks, key, f"ListOffsets({key.label})")
+            return int(highs[key])
         except KafkaAdapterError as exc:
             raise kafka_error(exc, key.topic) from None
 

@@ -8,7 +8,7 @@ the field, never an allocation or a wait without end).
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -42,6 +42,7 @@ __all__ = [
     "checked_partition",
     "checked_topic",
     "fetch_params",
+    "query_params",
 ]
 
 # A long poll is held open this long at most: under the 60 s idle timeout of common HTTP proxies
@@ -98,6 +99,9 @@ QueryInt = Annotated[int, BeforeValidator(_ascii_digits)]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_Query = TypeVar("_Query", bound=_Strict)
 
 
 class FetchParams(_Strict):
@@ -204,14 +208,19 @@ def checked_partition(raw: str) -> int:
     return int(raw)
 
 
-def fetch_params(query: QueryParams) -> FetchParams:
-    """The long poll's query as :class:`FetchParams`, else a 400 naming the first bad field."""
+def query_params(model: type[_Query], query: QueryParams) -> _Query:
+    """A route's query as its ``model``, else a 400 naming the first bad field (or a repeated one)."""
     if len(query) != len(query.multi_items()):
         _single_known_parameters(query, None)
     try:
-        return FetchParams.model_validate(dict(query))
+        return model.model_validate(dict(query))
     except ValidationError as exc:
         raise from_validation_error(exc, where="query") from None
+
+
+def fetch_params(query: QueryParams) -> FetchParams:
+    """The long poll's query as :class:`FetchParams`, else a 400 naming the first bad field."""
+    return query_params(FetchParams, query)
 
 
 def producer_records(

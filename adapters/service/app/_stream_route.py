@@ -20,18 +20,18 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pydantic import Field, ValidationError
+from pydantic import Field
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ...kafka import DelayedFetch
 from ...kafka.facts._keys import partition_key
-from ..answers._errors import RequestError, from_validation_error
+from ..answers._errors import RequestError
 from ..stream import StreamHub, StreamSink, overflow_event, resume_offset
 from ..stream._framing import LAST_EVENT_ID, retry_field
 from ._gateway import Gateway
-from ._requests import MAX_OFFSET, FetchParams, QueryInt, _single_known_parameters, _Strict
+from ._requests import MAX_OFFSET, FetchParams, QueryInt, _Strict, query_params
 from ._routes import _gateway, _partition, _topic  # the long poll's own checks
 
 __all__ = [
@@ -59,12 +59,7 @@ class StreamParams(_Strict):
 
 def stream_params(query: QueryParams) -> StreamParams:
     """The stream's query as :class:`StreamParams`, else a 400 naming the first bad field."""
-    if len(query) != len(query.multi_items()):
-        _single_known_parameters(query, None)
-    try:
-        return StreamParams.model_validate(dict(query))
-    except ValidationError as exc:
-        raise from_validation_error(exc, where="query") from None
+    return query_params(StreamParams, query)
 
 
 def start_offset(headers: list[tuple[bytes, bytes]], query: QueryParams) -> int | None:
