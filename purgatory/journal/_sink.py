@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 
 from ._event import JournalEvent
 
-__all__ = ["JournalSink"]
+__all__ = ["JournalSink", "MemoryJournalSink"]
 
 
 @runtime_checkable
@@ -27,3 +27,19 @@ class JournalSink(Protocol):
 
     def close(self) -> None:
         """Flush and release resources; no ``write`` follows."""
+
+
+class MemoryJournalSink:
+    """A sink that keeps every event in ``events``, in order: for tests and examples."""
+
+    def __init__(self) -> None:
+        self.events: list[JournalEvent] = []
+
+    def write(self, events: Sequence[JournalEvent]) -> None:
+        self.events.extend(events)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

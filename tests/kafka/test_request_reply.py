@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -35,28 +35,12 @@ from purgatory.adapters.kafka import (
 from purgatory.adapters.kafka.reply._responder import COMMIT_MAX_DELAY_S
 from purgatory.adapters.kafka.settings import KafkaSettings
 
-from purgatory.journal import EventType, Journal, JournalEvent
+from purgatory.journal import EventType, Journal, MemoryJournalSink
 
 from .conftest import WAIT_S, wait_until
 from .kafka_fixtures import TopicFactory
 
 REPLY_PARTITIONS = 2
-
-
-class ListSink:
-    """Journal sink keeping the events in memory."""
-
-    def __init__(self) -> None:
-        self.events: list[JournalEvent] = []
-
-    def write(self, events: Sequence[JournalEvent]) -> None:
-        self.events.extend(events)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _connect(settings: KafkaSettings, reply_topic: str, group: str | None = None) -> KafkaPurgatory:
@@ -121,7 +105,7 @@ def test_late_reply_after_expiry_is_ignored_counted_and_journaled(
     requester: KafkaPurgatory, kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
 ) -> None:
     topic = kafka_topic_factory(prefix="slow")
-    sink = ListSink()
+    sink = MemoryJournalSink()
     journal = Journal([sink])
     journal.attach(requester.replies().purgatory)
     release = threading.Event()

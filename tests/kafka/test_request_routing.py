@@ -30,7 +30,7 @@ from purgatory.adapters.kafka import (
 from purgatory.adapters.kafka.settings import KafkaSettings
 
 from purgatory import DelayedOperationPurgatory, Outcome
-from purgatory.journal import Journal, JournalEvent
+from purgatory.journal import Journal, MemoryJournalSink
 from purgatory.testing import MockTimer
 
 REPLIES = "replies"
@@ -150,27 +150,13 @@ def test_bad_arguments_name_the_field(options: dict[str, Any], field: str) -> No
 # -- ReplyRouter ---------------------------------------------------------------------------------
 
 
-class ListSink:
-    def __init__(self) -> None:
-        self.events: list[JournalEvent] = []
-
-    def write(self, events: Any) -> None:
-        self.events.extend(events)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def test_each_way_a_request_finishes_is_journaled_and_counted_with_its_answer_code(
     purgatory: DelayedOperationPurgatory[Any], timer: MockTimer
 ) -> None:
     from purgatory.adapters.kafka import KafkaUnavailableError
     from purgatory.adapters.kafka._metrics import ANSWERS
 
-    sink = ListSink()
+    sink = MemoryJournalSink()
     journal = Journal([sink]).attach(purgatory)
     before = ANSWERS.snapshot()
     answered = _submitted(purgatory)
@@ -279,7 +265,7 @@ def test_an_awaited_request_answered_through_the_router_leaves_no_reference_cycl
 def test_router_tells_late_duplicate_unknown_and_malformed_replies_apart(
     purgatory: DelayedOperationPurgatory[Any], timer: MockTimer
 ) -> None:
-    sink = ListSink()
+    sink = MemoryJournalSink()
     journal = Journal([sink]).attach(purgatory)
     router = _router(purgatory, {0})
     answered, expired = _request(router), _request(router, timeout_ms=50)

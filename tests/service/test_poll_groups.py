@@ -23,7 +23,7 @@ from purgatory.adapters.service.app._poll_groups import ANSWER_SLICE, PollGroups
 
 from purgatory import Outcome, PurgatoryFullError
 from purgatory._operation_core import extras_of
-from purgatory.journal import Journal
+from purgatory.journal import Journal, MemoryJournalSink
 from tests.kafka.test_offset_index import KEY, _facts, feed_on_mock_timer
 
 AT = 5
@@ -295,24 +295,8 @@ def test_one_answer_is_rendered_per_group_operation(rig: Rig) -> None:
     assert answer.http11([(b"date", b"tomorrow")], lambda body, h: b"x" + body) is not encoded[0]
 
 
-class _ListSink:
-    """A journal sink keeping the events in memory (JournalSink's three calls)."""
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def write(self, events: Any) -> None:
-        self.events.extend(events)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def test_the_journal_records_one_answered_fetch_per_waiter(rig: Rig) -> None:
-    sink = _ListSink()
+    sink = MemoryJournalSink()
     journal = Journal([sink], flush_interval_s=0.01).attach(rig.purgatory)
     try:
         rig.groups.journal = journal

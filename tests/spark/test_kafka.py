@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from purgatory import DelayedOperationPurgatory, MockTimer
-from purgatory.journal import EventType, Journal, JournalEvent
+from purgatory.journal import EventType, Journal, JournalEvent, MemoryJournalSink
 from purgatory.journal.synthetic import DEFAULT_START_MS, synthetic_events
 
 from ..core.ops import MockDelayedOperation
@@ -29,22 +29,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 STREAM_TIMEOUT_S = 240  # one available-now run on local[2]: a few micro-batches of a few seconds
 WATERMARK_MS = 5 * WINDOW_MS
-
-
-class CollectingSink:
-    """Keeps what the journal wrote, so the test knows the exact events sent to Kafka too."""
-
-    def __init__(self) -> None:
-        self.events: list[JournalEvent] = []
-
-    def write(self, events: Sequence[JournalEvent]) -> None:
-        self.events.extend(events)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _send(bootstrap: str, topic: str, events: Sequence[JournalEvent]) -> KafkaJournalSink:
@@ -68,7 +52,7 @@ def test_journal_to_kafka_then_batch_analysis_keeps_each_operation_in_order(
 ) -> None:
     topic = kafka_topic_factory(3, prefix="journal")  # type: ignore[operator]
     # A real purgatory journaled to Kafka (and to a collecting sink, to know the exact events).
-    collected = CollectingSink()
+    collected = MemoryJournalSink()
     kafka_sink = KafkaJournalSink({"bootstrap.servers": kafka_bootstrap}, topic)
     journal = Journal([kafka_sink, collected], flush_interval_s=0.01)
     purgatory: DelayedOperationPurgatory[MockDelayedOperation] = DelayedOperationPurgatory(
