@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -115,3 +116,22 @@ async def until(predicate: Callable[[], bool], what: str, timeout_s: float = WAI
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for: {what}")
         await asyncio.sleep(0.01)
+
+
+def exchange_until_closed(port: int, request: bytes, timeout_s: float) -> bytes:
+    """Send ``request`` on a new connection and read until the server closes it (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(request)
+        received = b""
+        while True:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                raise AssertionError(
+                    f"the connection was not closed within {timeout_s} s: {received!r}"
+                ) from None
+            if not chunk:
+                return received
+            received += chunk

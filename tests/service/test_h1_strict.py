@@ -27,7 +27,7 @@ from structlog.testing import capture_logs
 
 from purgatory.settings import Settings
 
-from .conftest import WAIT_S, Served, serving
+from .conftest import WAIT_S, Served, exchange_until_closed, serving
 
 pytestmark = pytest.mark.kafka
 
@@ -42,22 +42,7 @@ def served(request: pytest.FixtureRequest, kafka_settings: KafkaSettings) -> Ite
 
 
 def _exchange_until_closed(port: int, request: bytes, timeout_s: float = ANSWER_BOUND_S) -> bytes:
-    """Send ``request`` and read until the server closes the connection (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
-        sock.sendall(request)
-        received = b""
-        while True:
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                raise AssertionError(
-                    f"the connection was not closed within {timeout_s} s: {received!r}"
-                ) from None
-            if not chunk:
-                return received
-            received += chunk
+    return exchange_until_closed(port, request, timeout_s)
 
 
 def _statuses(received: bytes) -> list[int]:

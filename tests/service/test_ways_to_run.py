@@ -42,7 +42,7 @@ from uvicorn.server import ServerState
 
 from purgatory.settings import Settings
 
-from .conftest import WAIT_S, Served, serving
+from .conftest import WAIT_S, Served, exchange_until_closed, serving
 
 pytestmark = pytest.mark.kafka
 
@@ -192,20 +192,7 @@ def served(kafka_settings: KafkaSettings) -> Iterator[Served]:
 
 
 def _exchange_until_closed(port: int, request: bytes, timeout_s: float = WAIT_S) -> bytes:
-    """Send ``request`` and read until the server closes the connection (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
-        sock.sendall(request)
-        received = b""
-        while True:
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                raise AssertionError(f"not closed within {timeout_s} s: {received!r}") from None
-            if not chunk:
-                return received
-            received += chunk
+    return exchange_until_closed(port, request, timeout_s)
 
 
 def _cached_topic(served: Served, kafka_topic_factory: Any) -> str:
