@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from ...kafka import DelayedFetch, FetchedRecord
 
-__all__ = ["SharedAnswer", "SharedAnswers", "fetch_body"]
+__all__ = ["SharedAnswer", "SharedAnswers", "fetch_body", "record_json"]
 
 # Bodies past one write (the fast paths' ANSWER_CHUNK) are held while written and released to
 # forget(); a few are tracked at once (see SharedAnswers._large).
@@ -53,7 +53,7 @@ def _json_bytes(content: Any) -> bytes:
     return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
-def _record_json(record: FetchedRecord) -> dict[str, Any]:
+def record_json(record: FetchedRecord) -> dict[str, Any]:
     out: dict[str, Any] = {"offset": record.offset, "timestamp_ms": record.timestamp_ms}
     for name, data in (("key", record.key), ("value", record.value)):
         if data is None:
@@ -79,7 +79,7 @@ def _fetch_json(topic: str, partition: int, op: DelayedFetch, *, with_records: b
         "next_offset": records[-1].offset + 1 if records else part.fetch_offset,
     }
     if with_records:
-        content["records"] = [_record_json(r) for r in records]
+        content["records"] = [record_json(r) for r in records]
     content["error"] = str(op.error) if op.error is not None else None
     return content
 
@@ -108,7 +108,7 @@ def fetch_body(topic: str, partition: int, op: DelayedFetch) -> bytes:
     group_bytes = 0
     first = True
     for record in op.parts[0].records:
-        group.append(_record_json(record))
+        group.append(record_json(record))
         group_bytes += record.size
         if group_bytes >= RENDER_GROUP_BYTES:
             first = _write_group(out, group, first)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ...kafka import FetchedRecord
 from ..answers._errors import RequestError
-from ..answers._shared import _record_json
+from ..answers._shared import record_json
 
 __all__ = [
     "LAST_EVENT_ID",
@@ -55,7 +55,7 @@ def records_event(topic: str, partition: int, records: Sequence[FetchedRecord]) 
         "topic": topic,
         "partition": partition,
         "next_offset": next_offset,
-        "records": [_record_json(r) for r in records],
+        "records": [record_json(r) for r in records],
     }
     return b"id: %d\ndata: %s\n\n" % (next_offset, _json(data))
 
