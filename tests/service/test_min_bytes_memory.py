@@ -301,7 +301,8 @@ def test_distinct_min_bytes_waiters_are_answered_early_past_the_gathered_budget(
         assert _metric(url, "purgatory_service_gathered_early_answers_total") >= 1
         assert _metric(url, "purgatory_service_gathered_bytes") == 0, "given back once answered"
         print(
-            f"gathered: peak {peak:.0f} B of {GATHER_BUDGET}, all {len(answers)} answered {seconds:.1f} s after the first produce"
+            f"gathered: peak {peak:.0f} B of {GATHER_BUDGET}, "
+            f"{len(answers)} answered {seconds:.1f} s after the first produce"
         )
     finally:
         service.stop()
