@@ -237,3 +237,10 @@ def test_fetches_without_min_bytes_or_answered_by_their_first_read_take_nothing(
     _append(view, feed, reader, AT)
     assert plain.outcome is one_byte.outcome is Outcome.COMPLETED
     assert (ledger.peak_bytes, plain.gathered, one_byte.gathered) == (0, None, None)
+
+
+def test_a_gathered_bound_without_shared_reads_is_refused_by_name() -> None:
+    from purgatory.adapters.kafka import KafkaPurgatory
+
+    with pytest.raises(ValueError, match=r"gathered_max_bytes.*shared_reads=True"):
+        KafkaPurgatory.connect(KafkaSettings(bootstrap_servers="127.0.0.1:1"), gathered_max_bytes=1 << 20)

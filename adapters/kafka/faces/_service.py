@@ -224,6 +224,10 @@ class KafkaPurgatory(_Lifecycle, _RequestReply, _Submission):
                 "KafkaPurgatory needs a Kafka cluster: set PURGATORY_KAFKA_BOOTSTRAP (what `purgatory "
                 "kafka up` prints) or kafka.bootstrap_servers, or pass bootstrap_servers="
             )
+        if gathered_max_bytes is not None and not shared_reads:
+            raise ValueError(
+                "gathered_max_bytes bounds the shared reader's records: it needs shared_reads=True"
+            )
         if full is not None and configure_logging:
             _configure_logging(full)
         if metrics:
