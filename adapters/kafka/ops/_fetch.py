@@ -99,7 +99,10 @@ class DelayedFetch(KafkaOperation):
     A fetch offset below the log start or above the high watermark finishes the fetch at once
     with ``OFFSET_OUT_OF_RANGE`` and an :class:`InvalidOffsetError` (Kafka's behaviour); an
     unknown partition with ``UNKNOWN_TOPIC_OR_PARTITION``. ``records`` holds what was read per
-    partition (on expiry: whatever had arrived), at most ``max_bytes`` per partition.
+    partition (on expiry: whatever had arrived), at most ``max_bytes`` per partition. What a fetch
+    holds while it waits for ``min_bytes`` counts against its reader's :class:`GatheredRecords`
+    when it has one (``SharedReadReader(gathered_max_bytes=)``): a fetch whose next read would
+    pass that bound is answered at once, with what it has (``facts/_gathered.py``).
 
     Attributes:
         parts: one :class:`PartitionRead` per partition, in the order given (key, fetch offset,
