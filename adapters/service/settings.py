@@ -82,6 +82,12 @@ class ServiceSettings(Section):
         "long poll is answered 429 MEMORY_BUDGET_EXCEEDED with Retry-After, and so is a waiting one "
         "whose answer would pass it (docs/operations/limits.md).",
     )
+    gathered_budget_bytes: PositiveInt = Field(
+        128 * 1024 * 1024,
+        description="Bound on the records long polls waiting for min_bytes hold, all together (each "
+        "read shared by equal waiters counted once). A waiting poll whose next read would pass it is "
+        "answered at once with the records it has (docs/operations/limits.md).",
+    )
     http2: bool = Field(
         True,
         description="Accept HTTP/2 with prior knowledge (h2c, the connection preface) on the same port "

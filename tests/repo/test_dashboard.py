@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 from purgatory.adapters.kafka._metrics import AnswerCounts, KafkaCollector
+from purgatory.adapters.kafka.facts._gathered import GatheredRecords
 from purgatory.adapters.service.app._metrics import Answers, ServiceCollector
 
 from purgatory import DelayedOperation, DelayedOperationPurgatory
@@ -98,7 +99,7 @@ def _exposed_after_a_few_operations() -> set[str]:
     answers.count(200)
     answers.count(503, b'{"error": "NOT_ENOUGH_REPLICAS"}')
     gateway: Any = SimpleNamespace(
-        reader=SimpleNamespace(kafka_reads=1, shared_hits=0, cached_bytes=0),
+        reader=SimpleNamespace(kafka_reads=1, shared_hits=0, cached_bytes=0, gathered=GatheredRecords(1)),
         feed=SimpleNamespace(
             stats=SimpleNamespace(polls=3, failures=1, last_success=time.monotonic()),
             unavailable=None,

@@ -202,3 +202,107 @@ def test_long_polls_past_the_answer_budget_are_answered_429_memory_budget_exceed
         assert status == 200, "the budget is given back once the unread connection closed"
     finally:
         service.stop()
+
+
+# The same attack with waiters that are not equal (issue 31, item 1's last part): each asks a
+# different min_bytes near the 16 MiB limit, so each is its own operation (equal long polls share
+# one: issue 30), gathering the records produced in batches. What they hold is counted once per
+# read shared by them (service.gathered_budget_bytes, facts/_gathered.py); past the budget the
+# waiters are answered at once with what they have — 200 with records, not a 5xx, not lost, long
+# before their max_wait_ms. A 3 MiB budget here: three 1 MB batches fit, the fourth does not.
+GATHER_WAITERS = 40
+GATHER_BATCHES = 8  # 8 MB in all: under every waiter's min_bytes
+GATHER_BUDGET = 3 * 1024 * 1024
+GATHER_MAX_WAIT_MS = 30_000
+
+
+def _metric(url: str, name: str) -> float:
+    import httpx
+
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_distinct_min_bytes_waiters_are_answered_early_past_the_gathered_budget(kafka_bootstrap: str) -> None:
+    import asyncio
+    import time
+    import uuid
+
+    import httpx
+    from confluent_kafka import Producer
+    from purgatory.adapters.kafka.local import free_port
+    from purgatory.tools.bench.service.fanout import ServiceProcess, long_polls_waiting
+
+    from tests.kafka.kafka_fixtures import create_topic
+
+    topic = create_topic(kafka_bootstrap, f"gathered-{uuid.uuid4().hex[:8]}", 1, 1, None)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "log_level": 0})
+    producer.produce(topic, b"written-before", partition=0)  # the polls wait at offset 1
+    assert producer.flush(30) == 0
+    port = free_port()
+    service = ServiceProcess(
+        kafka_bootstrap, port, env={"PURGATORY_SERVICE__GATHERED_BUDGET_BYTES": str(GATHER_BUDGET)}
+    )
+    url = f"http://127.0.0.1:{port}"
+    peaks: list[float] = []
+
+    async def attack() -> tuple[list[httpx.Response], float]:
+        limits = httpx.Limits(max_connections=GATHER_WAITERS + 1)
+        async with httpx.AsyncClient(timeout=GATHER_MAX_WAIT_MS / 1000 + 30, limits=limits) as client:
+            polls = [
+                asyncio.create_task(
+                    client.get(
+                        f"{url}/topics/{topic}/partitions/0/records",
+                        params={
+                            "offset": 1,
+                            "max_wait_ms": GATHER_MAX_WAIT_MS,
+                            "min_bytes": 16_000_000 - i,
+                            "max_bytes": 16 * 1024 * 1024,
+                        },
+                    )
+                )
+                for i in range(GATHER_WAITERS)
+            ]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if long_polls_waiting((await client.get(f"{url}/healthz")).json()) == GATHER_WAITERS:
+                    break
+                await asyncio.sleep(0.1)
+            produced_at = time.monotonic()
+            for n in range(GATHER_BATCHES):
+                for _ in range(10):
+                    producer.produce(topic, b"v" * RECORD_BYTES, partition=0)
+                assert producer.flush(30) == 0
+                # Until the waiters read this batch (held, or answered early): batches apart.
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline and not all(p.done() for p in polls):
+                    held = await asyncio.to_thread(_metric, url, "purgatory_service_gathered_bytes")
+                    peaks.append(held)
+                    if held >= (n + 1) * 10 * RECORD_BYTES or any(p.done() for p in polls):
+                        break
+                    await asyncio.sleep(0.05)
+            answers = await asyncio.wait_for(asyncio.gather(*polls), GATHER_MAX_WAIT_MS / 1000 + 30)
+            return answers, time.monotonic() - produced_at
+
+    try:
+        service.wait_ready()
+        answers, seconds = asyncio.run(attack())
+        statuses = sorted({a.status_code for a in answers})
+        assert statuses == [200], f"every waiter answered 200 (not a 5xx, not lost): {statuses}"
+        assert seconds < GATHER_MAX_WAIT_MS / 1000, f"answered early, not at max_wait_ms: {seconds:.1f} s"
+        for answer in answers:
+            records = answer.json()["records"]
+            assert 0 < len(records) < GATHER_BATCHES * 10, "with the records it gathered, short of min_bytes"
+        peak = _metric(url, "purgatory_service_gathered_peak_bytes")
+        assert 0 < peak <= GATHER_BUDGET, f"gathered bytes within the budget: peak {peak}"
+        assert max(peaks) <= GATHER_BUDGET
+        assert _metric(url, "purgatory_service_gathered_early_answers_total") >= 1
+        assert _metric(url, "purgatory_service_gathered_bytes") == 0, "given back once answered"
+        print(
+            f"gathered: peak {peak:.0f} B of {GATHER_BUDGET}, "
+            f"{len(answers)} answered {seconds:.1f} s after the first produce"
+        )
+    finally:
+        service.stop()

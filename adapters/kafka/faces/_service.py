@@ -201,6 +201,7 @@ class KafkaPurgatory(_Lifecycle, _RequestReply, _Submission):
         configure_logging: bool = True,
         metrics: bool = True,
         shared_reads: bool = False,
+        gathered_max_bytes: int | None = None,
     ) -> KafkaPurgatory:
         """Build everything and start the feed; cheap (clients connect on first use).
 
@@ -211,6 +212,9 @@ class KafkaPurgatory(_Lifecycle, _RequestReply, _Submission):
         ``metrics``: register the Prometheus collector (``prometheus-client`` installed).
         ``shared_reads``: read records through a :class:`SharedReadReader` (bounded memory, see
         its module), which the push feed's tail also fills; for many long polls per partition.
+        ``gathered_max_bytes`` (with ``shared_reads``): bound on the records fetches waiting for
+        ``min_bytes`` hold, all together (``facts/_gathered.py``); a fetch whose next read would
+        pass it is answered at once with what it has. ``None``: not bounded.
         """
         full = load_settings() if settings is None else settings if isinstance(settings, Settings) else None
         kafka = full.kafka if full is not None else settings
@@ -220,13 +224,21 @@ class KafkaPurgatory(_Lifecycle, _RequestReply, _Submission):
                 "KafkaPurgatory needs a Kafka cluster: set PURGATORY_KAFKA_BOOTSTRAP (what `purgatory "
                 "kafka up` prints) or kafka.bootstrap_servers, or pass bootstrap_servers="
             )
+        if gathered_max_bytes is not None and not shared_reads:
+            raise ValueError(
+                "gathered_max_bytes bounds the shared reader's records: it needs shared_reads=True"
+            )
         if full is not None and configure_logging:
             _configure_logging(full)
         if metrics:
             _register_metrics()
         view = ClusterView(kafka, bootstrap_servers=bootstrap_servers)
-        reader = (SharedReadReader if shared_reads else RecordReader)(
-            kafka, bootstrap_servers=bootstrap_servers
+        reader = (
+            SharedReadReader(
+                kafka, bootstrap_servers=bootstrap_servers, gathered_max_bytes=gathered_max_bytes
+            )
+            if shared_reads
+            else RecordReader(kafka, bootstrap_servers=bootstrap_servers)
         )
         # Long polls on one partition share their reads (one Kafka read answers them all), and
         # in push mode the feed's tail fills the shared reader with every watched partition's

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 from ..clients._clients import READ_TIMEOUT_S, FetchedRecord, RecordReader
 from ..settings import KafkaSettings
+from ._gathered import GatheredRecords
 from ._keys import TopicPartitionKey
 
 __all__ = ["SPANS_PER_PARTITION", "SPAN_MAX_BYTES", "TOTAL_MAX_BYTES", "SharedReadReader"]
@@ -103,8 +104,12 @@ class SharedReadReader(RecordReader):
         *,
         bootstrap_servers: str | None = None,
         total_max_bytes: int | None = None,
+        gathered_max_bytes: int | None = None,
     ) -> None:
         super().__init__(settings, bootstrap_servers=bootstrap_servers)
+        # Records fetches waiting for min_bytes keep past this cache's spans (_gathered): bounded
+        # by gathered_max_bytes, or not counted at all (None: the library's default).
+        self.gathered = GatheredRecords(gathered_max_bytes) if gathered_max_bytes is not None else None
         # All spans: TOTAL_MAX_BYTES unless a smaller cache is wanted (KafkaPurgatory's read-back).
         self._total_max = TOTAL_MAX_BYTES if total_max_bytes is None else total_max_bytes
         self._span_max = min(SPAN_MAX_BYTES, self._total_max)

@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from ..clients._clients import LOG_END, FetchedRecord, RecordReader
 from ..clients._errors import InvalidOffsetError, KafkaAdapterError, KafkaUnavailableError
 from ..facts._facts import FactSource
+from ..facts._gathered import POINTER_BYTES, GatheredRecords, Holding
 from ..facts._keys import KafkaKey, TopicPartitionKey
+from ..facts._record_cache import SharedReadReader
 from ._operations import (
     KafkaOperation,
     _require_offsets,
@@ -51,16 +53,19 @@ class PartitionRead:
         self.records: Sequence[FetchedRecord] = ()  # a list once something was read
         self.status = ErrorCode.NONE
 
-    def add(self, batch: list[FetchedRecord]) -> None:
+    def add(self, batch: list[FetchedRecord]) -> int:
         """Keep ``batch`` (read at ``read_from``) and move past it.
 
         ``batch`` is kept as it is, never changed: the shared record cache hands every long poll
         of a key event the same list (SharedReadReader, "the last answer, shared"), and the
-        service renders one answer per list. A second read makes a new list.
+        service renders one answer per list. A second read makes a new list. Returns the
+        batch's bytes of keys and values.
         """
         self.records = [*self.records, *batch] if self.records else batch
-        self.bytes_read += _size_of(batch)
+        size = _size_of(batch)
+        self.bytes_read += size
         self.read_from = batch[-1].offset + 1
+        return size
 
 
 # The last batch sized by _size_of and its size: a key event adds the same batch to thousands of
@@ -94,7 +99,10 @@ class DelayedFetch(KafkaOperation):
     A fetch offset below the log start or above the high watermark finishes the fetch at once
     with ``OFFSET_OUT_OF_RANGE`` and an :class:`InvalidOffsetError` (Kafka's behaviour); an
     unknown partition with ``UNKNOWN_TOPIC_OR_PARTITION``. ``records`` holds what was read per
-    partition (on expiry: whatever had arrived), at most ``max_bytes`` per partition.
+    partition (on expiry: whatever had arrived), at most ``max_bytes`` per partition. What a fetch
+    holds while it waits for ``min_bytes`` counts against its reader's :class:`GatheredRecords`
+    when it has one (``SharedReadReader(gathered_max_bytes=)``): a fetch whose next read would
+    pass that bound is answered at once, with what it has (``facts/_gathered.py``).
 
     Attributes:
         parts: one :class:`PartitionRead` per partition, in the order given (key, fetch offset,
@@ -107,7 +115,7 @@ class DelayedFetch(KafkaOperation):
     ``result()`` returns these as a :class:`FetchResult` once finished.
     """
 
-    __slots__ = ("max_bytes", "min_bytes", "min_records", "parts", "reader")
+    __slots__ = ("gathered", "max_bytes", "min_bytes", "min_records", "parts", "reader")
 
     needs_log_start = True  # a fetch offset below the log start is out of range
 
@@ -139,6 +147,8 @@ class DelayedFetch(KafkaOperation):
         self.min_records = min_records
         self.min_bytes = min_bytes
         self.max_bytes = max_bytes
+        # What it took from the reader's GatheredRecords while waiting for min_bytes (_hold).
+        self.gathered: Holding | None = None
 
     @property
     def fetch_offsets(self) -> dict[TopicPartitionKey, int]:
@@ -191,10 +201,19 @@ class DelayedFetch(KafkaOperation):
             return self.force_complete() if enough_known else False
         if self.min_bytes is None:
             return self.force_complete() if available >= self.min_records else False
-        return self.force_complete() if self._read_new() >= self.min_bytes else False
+        fresh: list[tuple[list[FetchedRecord], int]] = []
+        if self._read_new(fresh) >= self.min_bytes:
+            return self.force_complete()
+        # Short of min_bytes: it waits on, holding what it read. Past the process's bound on
+        # such records it is answered now, with what it has (Kafka's answer to a fetch that
+        # cannot grow); the records read are its answer then, not gathered ones.
+        return self.force_complete() if fresh and not self._hold(fresh) else False
 
-    def _read_new(self) -> int:
-        """Read what arrived since the last read, up to ``max_bytes`` per partition; total bytes held."""
+    def _read_new(self, fresh: list[tuple[list[FetchedRecord], int]] | None = None) -> int:
+        """Read what arrived since the last read, up to ``max_bytes`` per partition; total bytes held.
+
+        Each batch read and its size go to ``fresh`` when given.
+        """
         total = 0
         for part in self.parts:
             high, start = part.high_watermark, part.read_from
@@ -202,9 +221,51 @@ class DelayedFetch(KafkaOperation):
             if high is not None and high > start and room > 0:
                 batch = self.reader.read(part.key, start, high, max_bytes=room)
                 if batch:
-                    part.add(batch)
+                    size = part.add(batch)
+                    if fresh is not None:
+                        fresh.append((batch, size))
             total += part.bytes_read
         return total
+
+    def _hold(self, fresh: list[tuple[list[FetchedRecord], int]]) -> bool:
+        """Count ``fresh`` in the reader's :class:`GatheredRecords` (if it has one); False if refused.
+
+        The holding is stored before the finished check: ``on_complete`` (which may run on the
+        timer's thread now, without ``op.lock``) either sees it and gives it back — a take after
+        that is refused — or ran before the store, and then this sees the op finished.
+        """
+        reader = self.reader
+        ledger = reader.gathered if isinstance(reader, SharedReadReader) else None
+        if ledger is None:
+            return True
+        holding = self.gathered
+        if holding is None:
+            holding = self.gathered = Holding()
+        if self.is_completed():
+            return True  # finished meanwhile: it holds nothing for long
+        taken = [(batch, GatheredRecords.cost(batch, size)) for batch, size in fresh]
+        return ledger.take(holding, taken, POINTER_BYTES * self._own_references(holding, fresh))
+
+    def _own_references(self, holding: Holding, fresh: list[tuple[list[FetchedRecord], int]]) -> int:
+        """References in this fetch's own lists: a partition's records joined from two batches or more."""
+        own = 0
+        for part in self.parts:
+            records = part.records
+            if (
+                records
+                and not any(records is b for b in holding.batches)
+                and not any(records is b for b, _ in fresh)
+            ):
+                own += len(records)
+        return own
+
+    def on_complete(self) -> None:
+        holding = self.gathered
+        if holding is not None:  # it waited for min_bytes holding records: they are answers now
+            reader = self.reader
+            if isinstance(reader, SharedReadReader) and reader.gathered is not None:
+                reader.gathered.give_back(holding)
+        super().on_complete()
 
     def _respond_moved(self) -> None:
         for part in self.parts:  # NONE here means "no error yet", not "answered"

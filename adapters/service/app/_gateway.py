@@ -140,6 +140,7 @@ class Gateway:
             configure_logging=False,
             metrics=False,
             shared_reads=True,
+            gathered_max_bytes=settings.service.gathered_budget_bytes,
         )
         try:
             self._set_up(settings)

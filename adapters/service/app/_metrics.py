@@ -145,6 +145,25 @@ class ServiceCollector(Collector):
         )
         cache.add_metric([], gateway.reader.cached_bytes)
         yield cache
+        gathered = gateway.reader.gathered
+        if gathered is not None:
+            held = GaugeMetricFamily(
+                "purgatory_service_gathered_bytes",
+                "Records long polls waiting for min_bytes hold (bound: service.gathered_budget_bytes).",
+            )
+            held.add_metric([], gathered.held_bytes)
+            yield held
+            peak = GaugeMetricFamily(
+                "purgatory_service_gathered_peak_bytes", "The most purgatory_service_gathered_bytes has been."
+            )
+            peak.add_metric([], gathered.peak_bytes)
+            yield peak
+            early = CounterMetricFamily(
+                "purgatory_service_gathered_early_answers",
+                "Long polls answered short of min_bytes: their next read would pass the gathered budget.",
+            )
+            early.add_metric([], gathered.refusals)
+            yield early
         stats = gateway.feed.stats
         polls = CounterMetricFamily("purgatory_service_feed_polls", "Change feed polls (one batch each).")
         polls.add_metric([], stats.polls)

@@ -170,6 +170,7 @@ async def _flood(
     min_bytes: int,
     max_bytes: int,
     rss_cap: int,
+    distinct: bool = False,
 ) -> FloodResult:
     started = time.monotonic()
     url = service.url
@@ -179,9 +180,15 @@ async def _flood(
     sampler = asyncio.create_task(_sample(service, start_rss, rss_cap, result, stop))
     health = asyncio.create_task(_health(url, result, stop))
     loop = asyncio.get_running_loop()
-    query = f"offset=1&max_wait_ms={MAX_WAIT_MS}&min_bytes={min_bytes}&max_bytes={max_bytes}"
-    path = f"/topics/{topic}/partitions/0/records?{query}"
-    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+
+    def request(i: int) -> bytes:
+        # distinct: waiter i asks min_bytes - i, so each is its own operation (equal long polls
+        # share one): the worst case of the records gathered toward min_bytes.
+        wanted = min_bytes - i if distinct else min_bytes
+        query = f"offset=1&max_wait_ms={MAX_WAIT_MS}&min_bytes={wanted}&max_bytes={max_bytes}"
+        path = f"/topics/{topic}/partitions/0/records?{query}"
+        return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+
     answers: list[asyncio.Future[int]] = []
     closers: list[asyncio.BaseTransport] = []
     try:
@@ -191,9 +198,9 @@ async def _flood(
                 extra_query=f"&min_bytes={min_bytes}&max_bytes={max_bytes}", keep_bodies=False,
             )  # fmt: skip
         else:
-            for _ in range(waiters):
+            for i in range(waiters):
                 done: asyncio.Future[int] = loop.create_future()
-                protocol = _Reading(request, done, mode == "read")
+                protocol = _Reading(request(i), done, mode == "read")
                 opened, _ = await loop.create_connection(protocol.itself, "127.0.0.1", port)
                 closers.append(opened)
                 answers.append(done)
@@ -257,8 +264,14 @@ def flood(
     rss_cap_mb: int = 3_000,
     env: dict[str, str] | None = None,
     bootstrap: str | None = None,
+    distinct: bool = False,
 ) -> FloodResult:
-    """One run of the attack (module docstring); the service is started and stopped here."""
+    """One run of the attack (module docstring); the service is started and stopped here.
+
+    ``distinct`` (HTTP/1.1 modes): waiter i asks ``min_bytes - i`` (one operation each).
+    """
+    if distinct and mode == "h2":
+        raise ValueError("distinct min_bytes: HTTP/1.1 modes only (idle, read)")
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -284,7 +297,7 @@ def flood(
                 _flood(
                     service, port, topic, mode=mode, waiters=waiters, records=records,
                     record_bytes=record_bytes, batch=batch, min_bytes=min_bytes, max_bytes=max_bytes,
-                    rss_cap=rss_cap_mb * 2**20,
+                    rss_cap=rss_cap_mb * 2**20, distinct=distinct,
                 )
             )  # fmt: skip
         finally:
@@ -308,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-bytes", type=int, default=16 * 1024 * 1024)
     parser.add_argument("--rss-cap-mb", type=int, default=3_000, help="kill the service past this growth")
     parser.add_argument("--limit-mb", type=int, default=1_024, help="pass: peak RSS growth under this")
+    parser.add_argument(
+        "--distinct", action="store_true", help="waiter i asks min_bytes - i (idle, read): one operation each"
+    )
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the service (repeatable)")
     args = parser.parse_args(argv)
     failed = False
     with provide_cluster(load_settings().kafka) as cluster:
@@ -315,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             result = flood(
                 mode=mode, waiters=args.waiters, records=args.records, record_bytes=args.record_bytes,
                 batch=args.batch, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
-                rss_cap_mb=args.rss_cap_mb, bootstrap=cluster.bootstrap_servers,
+                rss_cap_mb=args.rss_cap_mb, bootstrap=cluster.bootstrap_servers, distinct=args.distinct,
+                env=dict(each.split("=", 1) for each in args.env),
             )  # fmt: skip
             ok = (
                 not result.killed_at_cap
