@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
+from purgatory.adapters.kafka.facts._gathered import GatheredRecords, Holding
 from purgatory.adapters.service.app._metrics import Answers, CountAnswers, ServiceCollector, error_code_of
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, PlainTextResponse
@@ -67,10 +68,18 @@ def test_http11_answers_written_below_the_app_are_counted() -> None:
 
 
 def _gateway(*, unavailable: str | None, last_success: float) -> Any:
+    gathered = GatheredRecords(100)
+    assert gathered.take(Holding(), [], own_bytes=6), "6 bytes held toward min_bytes"
+    assert not gathered.take(Holding(), [], own_bytes=200), "one fetch answered early"
     stats = SimpleNamespace(polls=7, failures=2, last_success=last_success)
     feed = SimpleNamespace(stats=stats, unavailable=unavailable, watched_keys=lambda: frozenset())
     return SimpleNamespace(
-        reader=SimpleNamespace(kafka_reads=1, shared_hits=2, cached_bytes=3),
+        reader=SimpleNamespace(
+            kafka_reads=1,
+            shared_hits=2,
+            cached_bytes=3,
+            gathered=gathered,
+        ),
         feed=feed,
         view=SimpleNamespace(requests_sent=3),
         task_free_fetches=4,
@@ -92,6 +101,9 @@ def test_feed_health_reports_the_outage_and_the_age_of_the_last_refresh() -> Non
     assert 30.0 <= float(age_line.split()[1]) < 60.0, "the age counts from the last successful refresh"
     assert 'purgatory_service_answers_total{error="KAFKA_UNAVAILABLE",status="503"} 1.0' in text
     assert "purgatory_service_record_cache_bytes 3.0" in text, "the record cache's bytes, a gauge"
+    assert "purgatory_service_gathered_bytes 6.0" in text, "bytes held toward min_bytes, a gauge"
+    assert "purgatory_service_gathered_peak_bytes 6.0" in text
+    assert "purgatory_service_gathered_early_answers_total 1.0" in text
 
 
 def test_answers_are_exported_before_the_gateway_starts() -> None:
