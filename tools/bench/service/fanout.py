@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import os
 import resource
@@ -65,6 +66,7 @@ from ..measure import ChildServer, cpu_seconds, percentile, rss_bytes
 from .burst_probe import BurstProbe
 from .h1_client import AnswerReader, H1LongPoll, open_long_polls
 from .h2_client import H2LongPoll, open_h2_long_polls
+from .node_client import ForeignPoll, NodeLongPolls, node_available
 
 __all__ = ["FanoutResult", "fanout", "long_polls_waiting", "run_case"]
 
@@ -111,6 +113,7 @@ class FanoutResult:
     # A /healthz and a produce sent as the burst of answers begins (BurstProbe): send -> answered.
     burst_healthz_ms: float = float("nan")
     burst_produce_ms: float = float("nan")
+    client: str = "ours"  # who sent and read the long polls: ours (h1_client, h2_client) or node
 
 
 def _raise_fd_limit(needed: int) -> int:
@@ -267,14 +270,22 @@ async def _run_case_async(
     http2_streams: int = 0,
     connection_close: bool = False,
     probe_topic: str | None = None,
+    client: str = "ours",
 ) -> FanoutResult:
     port = int(service.url.rsplit(":", 1)[1])
     deadline = time.monotonic() + timeout_s
     rss0 = rss_bytes(service.pid)
     started = time.monotonic()
-    polls: list[H1LongPoll] | list[H2LongPoll]
-    reader: AnswerReader | None = None
-    if http2_streams:
+    polls: list[H1LongPoll] | list[H2LongPoll] | list[ForeignPoll]
+    reader: AnswerReader | NodeLongPolls | None = None
+    if client == "node":
+        reader = NodeLongPolls(
+            port, topic, waiters, partitions, MAX_WAIT_MS, offset=WAIT_AT, http2_streams=http2_streams,
+            timeout_s=timeout_s,
+        )  # fmt: skip
+        polls = reader.polls
+        await asyncio.to_thread(reader.wait_opened)
+    elif http2_streams:
         polls = await open_h2_long_polls(
             port, topic, waiters, partitions, MAX_WAIT_MS, http2_streams, offset=WAIT_AT
         )
@@ -291,8 +302,9 @@ async def _run_case_async(
         )  # fmt: skip
     finally:
         if reader is not None:
-            reader.stop()
-            await asyncio.to_thread(reader.join)
+            reader.stop()  # Node's: stopped by its PID
+            if isinstance(reader, AnswerReader):
+                await asyncio.to_thread(reader.join)
         for poll in polls:
             poll.close()
 
@@ -307,8 +319,8 @@ async def _measure_case(
     deadline: float,
     started: float,
     rss0: int,
-    polls: list[H1LongPoll] | list[H2LongPoll],
-    reader: AnswerReader | None,
+    polls: list[H1LongPoll] | list[H2LongPoll] | list[ForeignPoll],
+    reader: AnswerReader | NodeLongPolls | None,
     http2_streams: int,
     probe_topic: str,
 ) -> FanoutResult:
@@ -331,11 +343,14 @@ async def _measure_case(
     produced_ns: dict[int, int] = {}
     # Sends a /healthz and a produce as the first answers arrive (issue 30: answered within 100 ms).
     port = int(service.url.rsplit(":", 1)[1])
-    probe = BurstProbe(port, probe_topic, polls, max(1.0, deadline - time.monotonic()))
+    node = reader if isinstance(reader, NodeLongPolls) else None
+    # Node's answers reach this process only at its end: the probe watches its first-answer line.
+    watched = [node.first] if node is not None else polls
+    probe = BurstProbe(port, probe_topic, watched, max(1.0, deadline - time.monotonic()))
     probe.start()
     cpu_before_produce = cpu_seconds(service.pid)
     loop_cpu_before_produce = cpu_seconds(service.pid, service.pid)
-    client_cpu_before = time.process_time()
+    client_cpu_before = node.client_cpu_s() if node is not None else time.process_time()
     for partition in range(partitions):
         produced_ns[partition] = time.monotonic_ns()
         producer.produce(topic, b"fanout", partition=partition)
@@ -350,7 +365,7 @@ async def _measure_case(
     answer_cpu_s = cpu_seconds(service.pid) - cpu_before_produce
     answer_loop_cpu_s = cpu_seconds(service.pid, service.pid) - loop_cpu_before_produce
     # ... and the client's: reading 50,000 answers shares the same two cores.
-    client_cpu_s = time.process_time() - client_cpu_before
+    client_cpu_s = (node.cpu_s if node is not None else time.process_time()) - client_cpu_before
     await asyncio.to_thread(probe.join)
     lags: list[float] = []
     completed = expired = errors = 0
@@ -388,6 +403,7 @@ async def _measure_case(
         answer_first_ms=lags[0] if lags else float("nan"),
         burst_healthz_ms=probe.healthz_ms,
         burst_produce_ms=probe.produce_ms,
+        client="node" if node is not None else "ours",
     )
 
 
@@ -403,6 +419,7 @@ def run_case(
     server: str = "serve",
     http2_streams: int = 0,
     connection_close: bool = False,
+    client: str = "ours",
 ) -> FanoutResult:
     """One case on a fresh topic and a fresh service process (see the module docstring)."""
     topic = _create_topic(bootstrap, partitions)
@@ -426,6 +443,7 @@ def run_case(
                 http2_streams,
                 connection_close,
                 probe_topic,
+                client,
             )
             return asyncio.run(case)
     finally:
@@ -460,6 +478,7 @@ def _median(runs: list[FanoutResult]) -> FanoutResult:
         answer_first_ms=statistics.median(r.answer_first_ms for r in runs),
         burst_healthz_ms=statistics.median(r.burst_healthz_ms for r in runs),
         burst_produce_ms=statistics.median(r.burst_produce_ms for r in runs),
+        client=runs[0].client,
     )
 
 
@@ -542,6 +561,15 @@ def fanout(
             help="HTTP/1.1 long polls that send Connection: close (the service closes after each answer).",
         ),
     ] = False,
+    clients: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--client",
+            help="Who sends and reads the long polls: ours (the bench's raw-socket and frame-reader "
+            "clients) or node (Node's own http/http2 stacks, node_client.py); repeatable. Default: both "
+            "when node is on PATH.",
+        ),
+    ] = None,
     sse: Annotated[
         bool,
         typer.Option(
@@ -557,6 +585,13 @@ def fanout(
 
         fanout_sse(waiters or [10_000], idle, repeats, case_timeout, server, server_arg, service_python, out)
         return
+    if clients is None:
+        clients = ["ours", "node"] if node_available() else ["ours"]
+    for client in clients:
+        if client not in ("ours", "node"):
+            raise typer.BadParameter(f"--client must be ours or node, got {client!r}", param_hint="--client")
+        if client == "node" and not node_available():
+            raise typer.BadParameter("--client node needs node on PATH", param_hint="--client")
     if server not in ("serve", "uvicorn", "uvicorn-fast"):
         raise typer.BadParameter(
             f"--server must be serve, uvicorn or uvicorn-fast, got {server!r}", param_hint="--server"
@@ -592,34 +627,34 @@ def fanout(
             f"{'done':>7} {'expired':>7} {'errors':>6} "
             f"{'no-task':>7} {'cli/ans':>8} {'healthz':>8} {'produce':>8}  load"
         )
-        for count in counts:
-            for parts in partition_counts:
-                runs = [
-                    run_case(
-                        cluster.bootstrap_servers,
-                        count,
-                        parts,
-                        idle_s=idle,
-                        timeout_s=case_timeout,
-                        server_args=tuple(server_arg or ()),
-                        service_python=service_python,
-                        server=server,
-                        http2_streams=streams_per_connection if http2 else 0,
-                        connection_close=connection_close,
-                    )
-                    for _ in range(repeats)
-                ]
-                result = _median(runs)
-                results.append(result)
-                all_runs.extend(runs)
-                for i, run in enumerate(runs, 1):
-                    typer.echo(f"  run {i}: " + _row(run))
-                typer.echo(f"  median: {_row(result)}")
+        for count, parts, client in itertools.product(counts, partition_counts, clients):
+            runs = [
+                run_case(
+                    cluster.bootstrap_servers,
+                    count,
+                    parts,
+                    idle_s=idle,
+                    timeout_s=case_timeout,
+                    server_args=tuple(server_arg or ()),
+                    service_python=service_python,
+                    server=server,
+                    http2_streams=streams_per_connection if http2 else 0,
+                    connection_close=connection_close,
+                    client=client,
+                )
+                for _ in range(repeats)
+            ]
+            result = _median(runs)
+            results.append(result)
+            all_runs.extend(runs)
+            for i, run in enumerate(runs, 1):
+                typer.echo(f"  {client:<4} {i}: " + _row(run))
+            typer.echo(f"  {client:<4} md: {_row(result)}")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fanout-{time.strftime('%Y%m%dT%H%M%S')}.json"
     document = {"medians": [asdict(r) for r in results], "runs": [asdict(r) for r in all_runs]}
     path.write_text(json.dumps(document, indent=2))
-    missed = [f"N={r.waiters}/P={r.partitions}: {m}" for r in results for m in _missed(r)]
+    missed = [f"N={r.waiters}/P={r.partitions} ({r.client}): {m}" for r in results for m in _missed(r)]
     if not any(r.waiters >= TARGET_N for r in results):
         missed.append(f"N={TARGET_N} not measured (at most {max(counts)} waiters ran)")
     typer.echo(f"targets missed: {'; '.join(missed)}" if missed else "all targets met")
