@@ -167,3 +167,28 @@ def test_connect_without_settings_reads_the_variable_kafka_up_prints(
         assert kp.settings.bootstrap_servers == kafka_bootstrap
         op = kp.produce([ProducerRecord(topic, b"x", partition=0)], delay_ms=10_000)
         assert op.wait(WAIT_S) and op.result().succeeded
+
+
+async def test_a_fetch_right_after_a_produce_reads_it_and_takes_the_log_end_as_in_range(
+    kafka_settings: KafkaSettings, kafka_topic_factory: TopicFactory
+) -> None:
+    # Kafka's fetch checks its offset against the log itself: after a produce answered offset n,
+    # n + 1 is the log end (in range), and a fetch of n that does not wait has the record. The
+    # change feed reports the append a few ms after the produce's answer.
+    key = TopicPartitionKey(kafka_topic_factory(1), 0)
+    async with KafkaPurgatory.connect(_settings(kafka_settings)) as kp:
+        await asyncio.wait_for(kp.fetch({key: 0}, max_wait_ms=0), WAIT_S)  # the feed follows the key
+        for i in range(20):
+            value = f"ryw-{i}".encode()
+            produced = await asyncio.wait_for(
+                kp.produce([ProducerRecord(key.topic, value, partition=0)]), WAIT_S
+            )
+            assert produced.succeeded, produced
+            offset = produced.appended[key]
+            at_end = await asyncio.wait_for(kp.fetch({key: offset + 1}, max_wait_ms=i % 3), WAIT_S)
+            assert at_end.statuses == {key: ErrorCode.NONE}, (i, at_end)
+            assert at_end.records[key] == []
+            mine = await asyncio.wait_for(kp.fetch({key: offset}, max_wait_ms=0), WAIT_S)
+            assert [r.value for r in mine.records[key]] == [value], (i, mine)
+        beyond = await asyncio.wait_for(kp.fetch({key: offset + 50}, max_wait_ms=30_000), WAIT_S)
+        assert beyond.statuses == {key: ErrorCode.OFFSET_OUT_OF_RANGE}, "past the end: at once, as Kafka"

@@ -7,6 +7,7 @@ Kafka calls run on the purgatory's bounded :class:`KafkaCalls` pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -15,7 +16,7 @@ from purgatory import DelayedOperationPurgatory, Outcome
 
 from ..clients._admin import BROKER_DEFAULT
 from ..clients._clients import ProducerRecord
-from ..clients._errors import KafkaUnavailableError
+from ..clients._errors import KafkaAdapterError, KafkaUnavailableError
 from ..facts._feed import ChangeFeed
 from ..facts._keys import TopicPartitionKey
 from ..ops._fetch import DEFAULT_FETCH_MAX_BYTES, DelayedFetch
@@ -124,6 +125,9 @@ class AsyncKafkaPurgatory:
             max_bytes=max_bytes,
             max_wait_ms=max_wait_ms,
         )
+        if op.past_the_facts():  # the facts may lag a produce just answered (check_ends)
+            with contextlib.suppress(KafkaAdapterError):  # unanswered: the facts decide
+                await self._admin(self.sync.check_ends, op, what="ListOffsets")
         await self.sync.watch(op)
         return op.result()
 

@@ -63,6 +63,7 @@ deadline; ``aclose`` (which closes that pool) drains on the default executor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -429,15 +430,36 @@ class KafkaPurgatory(_Lifecycle, _RequestReply, _Submission):
 
     def fetch(self, fetch_offsets: Mapping[TopicPartitionKey, int], **options: Any) -> DelayedFetch:
         """Submit a long poll :class:`DelayedFetch` (min_records, min_bytes, max_bytes, max_wait_ms)."""
-        return self.submit(DelayedFetch(self.feed, self.reader, fetch_offsets, **options))
+        op = DelayedFetch(self.feed, self.reader, fetch_offsets, **options)
+        self.check_ends(op)
+        return self.submit(op)
 
     async def fetch_async(
         self, fetch_offsets: Mapping[TopicPartitionKey, int], **options: Any
     ) -> DelayedFetch:
         """asyncio: submit a long poll and await it; the finished op."""
         op = DelayedFetch(self.feed, self.reader, fetch_offsets, **options)
+        if op.past_the_facts():
+            with contextlib.suppress(KafkaAdapterError):  # unanswered: the facts decide
+                await self.calls.run(self.check_ends, op, timeout_s=ADMIN_TIMEOUT_S + 1.0, what="ListOffsets")
         await self.watch(op)
         return op
+
+    def check_ends(self, op: DelayedFetch) -> None:
+        """Ask Kafka the high watermarks of the partitions ``op`` fetches past the facts' end.
+
+        A produce answered offset ``n``, then a fetch from ``n + 1`` (the log's end): the feed may
+        not have reported the append yet, and the facts alone would answer
+        ``OFFSET_OUT_OF_RANGE``. One ListOffsets, only for such partitions; if Kafka does not
+        answer, the facts decide as before (:meth:`DelayedFetch.past_the_facts`).
+        """
+        keys = op.past_the_facts()
+        if not keys:
+            return
+        try:
+            op.checked_ends(self.view.high_watermarks(keys))
+        except KafkaAdapterError:
+            return
 
     def commit_barrier(
         self, group: str, targets: Mapping[TopicPartitionKey, int], timeout_ms: int | None = None

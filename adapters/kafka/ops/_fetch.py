@@ -42,7 +42,16 @@ class PartitionRead:
     empty tuple until something is read.
     """
 
-    __slots__ = ("bytes_read", "fetch_offset", "high_watermark", "key", "read_from", "records", "status")
+    __slots__ = (
+        "bytes_read",
+        "checked_end",
+        "fetch_offset",
+        "high_watermark",
+        "key",
+        "read_from",
+        "records",
+        "status",
+    )
 
     def __init__(self, key: TopicPartitionKey, fetch_offset: int) -> None:
         self.key = key
@@ -52,6 +61,10 @@ class PartitionRead:
         self.high_watermark: int | None = None  # last one checked in range (None: not known yet)
         self.records: Sequence[FetchedRecord] = ()  # a list once something was read
         self.status = ErrorCode.NONE
+        # A high watermark Kafka itself gave (ListOffsets) after the facts were read, when the
+        # caller checked an offset past the facts' end (-1: none). Facts below it lag: the
+        # fetch waits for them rather than answering OFFSET_OUT_OF_RANGE (DelayedFetch.try_complete).
+        self.checked_end = -1
 
     def add(self, batch: list[FetchedRecord]) -> int:
         """Keep ``batch`` (read at ``read_from``) and move past it.
@@ -165,6 +178,29 @@ class DelayedFetch(KafkaOperation):
     def watch_keys(self) -> tuple[KafkaKey, ...]:
         return tuple(part.key for part in self.parts)
 
+    def past_the_facts(self) -> list[TopicPartitionKey]:
+        """Partitions whose fetch offset is past the high watermark the facts report now.
+
+        The facts lag Kafka by a few ms (the feed reports an append after its produce was
+        answered), so such an offset may be the log's end. Whoever submits the fetch may ask
+        Kafka (ListOffsets) and hand the ends to :meth:`checked_ends` before submitting it:
+        then the fetch waits for the facts rather than answering ``OFFSET_OUT_OF_RANGE``.
+        """
+        out = []
+        for part in self.parts:
+            facts = self.facts.partition(part.key)
+            high = None if facts is None or facts.error is not None else facts.high_watermark
+            if high is not None and part.fetch_offset > high:
+                out.append(part.key)
+        return out
+
+    def checked_ends(self, high_watermarks: Mapping[TopicPartitionKey, int]) -> None:
+        """High watermarks Kafka gave for :meth:`past_the_facts`'s partitions (before submitting)."""
+        for part in self.parts:
+            high = high_watermarks.get(part.key)
+            if high is not None:
+                part.checked_end = high
+
     def try_complete(self) -> bool:
         available = 0
         known = 0
@@ -182,6 +218,10 @@ class DelayedFetch(KafkaOperation):
             if high is None:
                 continue
             if offset > high or (start is not None and offset < start):
+                if high < offset <= part.checked_end:
+                    # The facts lag an end Kafka gave since (a produce answered a moment ago,
+                    # its append not reported yet): the offset is in range; wait for the facts.
+                    continue
                 part.status = ErrorCode.OFFSET_OUT_OF_RANGE
                 return self._fail(
                     InvalidOffsetError(
@@ -301,6 +341,30 @@ class DelayedFetch(KafkaOperation):
             if batch:
                 part.add(batch)
 
+    def _read_to_log_end(self) -> None:
+        """A fetch that does not wait reads what the log holds now, past any reported high watermark.
+
+        Kafka answers ``max_wait_ms`` 0 with one read of the log: a record whose ``acks=all``
+        produce was answered is in it. The feed reports an append a few ms after it, so a read
+        bounded by the facts answered empty a poll sent right after the produce's answer (read
+        your own write), on the fast path more often than through ASGI. A waiting fetch needs no
+        such read: the feed's report of the append completes it. The consumer never reads past
+        the high watermark; a partition reported with an error is not read (the read would wait
+        out its timeout on it); ``max_bytes`` bounds the rest, as in :meth:`_read_unreported`.
+        """
+        for part in self.parts:
+            if part.status is not ErrorCode.NONE:
+                continue
+            facts = self.facts.partition(part.key)
+            if facts is not None and facts.error is not None:
+                continue
+            room = self.max_bytes - part.bytes_read
+            if room <= 0:
+                continue
+            batch = self.reader.read(part.key, part.read_from, _LOG_END, max_bytes=room)
+            if batch:
+                part.add(batch)
+
     def _respond(self) -> None:
         if self.shutting_down or isinstance(self.error, KafkaUnavailableError):
             # Nothing decided these partitions (the records read so far stay): say why. Reading
@@ -315,8 +379,11 @@ class DelayedFetch(KafkaOperation):
         try:
             # Expiry runs without op.lock; the feed thread may be reading in try_complete.
             with self.lock:
-                self._read_new()
-                self._read_unreported()
+                if self.delay_ms == 0:
+                    self._read_to_log_end()
+                else:
+                    self._read_new()
+                    self._read_unreported()
         except KafkaAdapterError as exc:
             self.error = exc
 

@@ -268,24 +268,45 @@ class Gateway:
         await self.metadata.check_partition(topic, partition, "partition")
         key = partition_key(topic, partition)  # one key object per partition, shared by its waiters
         offset = params.offset
+        checked_end = -1
         if offset is None:  # "new records only": start at the high watermark
             offset = await self.metadata.high_watermark(key)
+        else:
+            checked_end = await self._checked_end(key, offset)
         metadata_s = time.monotonic() - started
         if self.scaleout is not None:
-            op = self._fetch_op(key, offset, params)
+            op = self._fetch_op(key, offset, params, checked_end=checked_end)
             self.scaleout.place(op)
             # Cancelling this await (the client left) finishes the op as CANCELLED inside
             # purgatory.watch.
             await self._watch(op)
         else:
-            op = await self._wait_in_group(key, offset, params)
+            op = await self._wait_in_group(key, offset, params, checked_end)
         if self.fetch_finished(op, params.offset):
             # One metadata budget per long poll, before and after its wait together: the answer
             # bound (request_timeout_ms + max_wait_ms + one read) holds however slow each call was.
             await self.check_fetch_offset(op, budget_s=max(0.0, self._metadata_timeout_s - metadata_s))
         return op
 
-    async def _wait_in_group(self, key: TopicPartitionKey, offset: int, params: FetchParams) -> DelayedFetch:
+    async def _checked_end(self, key: TopicPartitionKey, offset: int) -> int:
+        """``offset`` when it is past the end the change feed reported and Kafka says it is in
+        range after all (416 when it is not), else -1 (the facts decide).
+
+        The feed reports an append a few ms after the produce's answer: a client that produced
+        and then polls from the next offset asks for the log's end, which the facts may still put
+        one past the high watermark. Kafka's fetch validates the offset against the log itself;
+        here one ListOffsets does, only for offsets past the facts' end. The fetch then waits
+        for the facts to catch up (``PartitionRead.checked_end``) instead of answering 416.
+        """
+        known = self.metadata.known_high_watermark(key)
+        if known is None or offset <= known:
+            return -1
+        await self.metadata.check_offset_in_range(key, offset, self._metadata_timeout_s)
+        return offset
+
+    async def _wait_in_group(
+        self, key: TopicPartitionKey, offset: int, params: FetchParams, checked_end: int = -1
+    ) -> DelayedFetch:
         """Wait as one of the equal long polls' group (:mod:`._poll_groups`): its answer's operation.
 
         O(1) per waiter: joined on the loop, no re-check of the other waiters on the key (a new
@@ -299,7 +320,7 @@ class Gateway:
                 answered.set_result(op)
 
         with self._admitted():
-            waiter = self._join(key, offset, params, answer)
+            waiter = self._join(key, offset, params, answer, checked_end)
         try:
             return await answered
         except asyncio.CancelledError:
@@ -312,11 +333,12 @@ class Gateway:
         offset: int,
         params: FetchParams,
         callback: Callable[[DelayedFetch], None],
+        checked_end: int = -1,
     ) -> PollWaiter:
         """Join (or start) the group of the long polls equal to this one; its operations are made here."""
 
         def make_op(wait_ms: int) -> DelayedFetch:
-            return self._fetch_op(key, offset, params, wait_ms)
+            return self._fetch_op(key, offset, params, wait_ms, checked_end=checked_end)
 
         equal = equal_polls(key, offset, params.min_records, params.min_bytes, params.max_bytes)
         wait_ms = self._clamped_wait_ms(params.max_wait_ms)
@@ -363,9 +385,10 @@ class Gateway:
         if known is None or partition >= known:
             return None
         key = partition_key(topic, partition)  # one key object per partition, shared by its waiters
-        offset = params.offset if params.offset is not None else self.metadata.known_high_watermark(key)
-        if offset is None:
-            return None
+        known_end = self.metadata.known_high_watermark(key)
+        offset = params.offset if params.offset is not None else known_end
+        if offset is None or (known_end is not None and offset > known_end):
+            return None  # past the facts' end: fetch() asks Kafka whether it is in range (_checked_end)
         self._check_answer_budget()
         with self._admitted():
             waiter = self._join(key, offset, params, callback)
@@ -388,9 +411,15 @@ class Gateway:
         self.polls.leave(waiter)
 
     def _fetch_op(
-        self, key: TopicPartitionKey, offset: int, params: FetchParams, wait_ms: int | None = None
+        self,
+        key: TopicPartitionKey,
+        offset: int,
+        params: FetchParams,
+        wait_ms: int | None = None,
+        *,
+        checked_end: int = -1,
     ) -> DelayedFetch:
-        return (OffLoopFetch if self.scaleout is None else OwnedFetch)(
+        op = (OffLoopFetch if self.scaleout is None else OwnedFetch)(
             self.feed,
             self.reader,
             {key: offset},
@@ -401,6 +430,8 @@ class Gateway:
             loop_thread=self._loop_thread(),
             attempts=self._attempts,
         )
+        op.parts[0].checked_end = checked_end
+        return op
 
     def _loop_thread(self) -> int:
         """This thread's ident, as one int object for every op made here (a new one is 32 B each)."""
