@@ -244,3 +244,27 @@ def test_a_gathered_bound_without_shared_reads_is_refused_by_name() -> None:
 
     with pytest.raises(ValueError, match=r"gathered_max_bytes.*shared_reads=True"):
         KafkaPurgatory.connect(KafkaSettings(bootstrap_servers="127.0.0.1:1"), gathered_max_bytes=1 << 20)
+
+
+def test_a_refused_submission_gives_back_what_its_first_try_took(rig: Any) -> None:
+    from purgatory import PurgatoryFullError
+
+    view, feed, purgatory, timer, reader = rig
+    ledger = reader.gathered
+    assert ledger is not None
+    (waiting,) = _waiting(feed, purgatory, reader, 1, max_wait_ms=1_000)  # the feed follows KEY
+    _append(view, feed, reader, AT)
+    assert ledger.held_bytes == BATCH_COST
+    purgatory.max_pending = 1
+    # Another offset: its first try reads another list of the records there, and holds it.
+    op = DelayedFetch(feed, reader, {KEY: AT + 5}, min_bytes=1_000_000, max_wait_ms=60_000)
+    with pytest.raises(PurgatoryFullError):
+        purgatory.try_complete_else_watch(op, op.watch_keys())
+    assert ledger.held_bytes > BATCH_COST, "the first try ran before the refusal, and took its records"
+    op.on_refused()  # what KafkaPurgatory's submit, watch and watch_then_call do on a refusal
+    assert ledger.held_bytes == BATCH_COST, "nothing kept for an op nothing will finish"
+    op.on_refused()
+    assert ledger.held_bytes == BATCH_COST, "once"
+    timer.advance_clock(1_001)
+    assert waiting.outcome is Outcome.EXPIRED
+    assert (ledger.held_bytes, ledger.batches) == (0, 0)

@@ -136,7 +136,7 @@ class _Submission:
         except BaseException as exc:
             # Refused (PurgatoryFullError, closed, try_complete raised): make sure the feed does
             # not keep polling the op's keys (a no-op when the purgatory released them already).
-            self.feed.on_finished(purgatory.name, op)
+            self._refused(purgatory.name, op)
             if isinstance(exc, PurgatoryClosedError) and self._shutting_down(op):
                 return op
             raise
@@ -166,10 +166,17 @@ class _Submission:
         try:
             return await purgatory.watch(op, op.watch_keys())
         except BaseException as exc:
-            self.feed.on_finished(purgatory.name, op)  # as in submit(); a no-op once finished
+            self._refused(purgatory.name, op)  # as in submit(); a no-op once finished
             if isinstance(exc, PurgatoryClosedError) and self._shutting_down(op):
                 return self._outcome(op)
             raise
+
+    def _refused(self, purgatory: str, op: KafkaOperation) -> None:
+        """A submission refused (PurgatoryFullError, closed, try_complete raised): the feed stops
+        following the op's keys, and the op lets go of what its first try took (on_refused)."""
+        self.feed.on_finished(purgatory, op)
+        if not op.is_completed():
+            op.on_refused()
 
     @staticmethod
     def _outcome(op: KafkaOperation) -> Outcome:
@@ -189,7 +196,7 @@ class _Submission:
         try:
             purgatory.watch_then_call(op, op.watch_keys(), callback, loop)
         except BaseException:
-            self.feed.on_finished(purgatory.name, op)  # as in submit(); a no-op once finished
+            self._refused(purgatory.name, op)  # as in submit(); a no-op once finished
             raise
 
     def _watch_then_call_or_refuse(

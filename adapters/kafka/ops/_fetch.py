@@ -300,12 +300,20 @@ class DelayedFetch(KafkaOperation):
         return own
 
     def on_complete(self) -> None:
+        self._give_back_gathered()  # it waited for min_bytes holding records: they are answers now
+        super().on_complete()
+
+    def on_refused(self) -> None:
+        # The first try of a refused submission may have taken gathered bytes (min_bytes): no
+        # finish will give them back, and the budget would shrink by them for good.
+        self._give_back_gathered()
+
+    def _give_back_gathered(self) -> None:
         holding = self.gathered
-        if holding is not None:  # it waited for min_bytes holding records: they are answers now
+        if holding is not None:
             reader = self.reader
             if isinstance(reader, SharedReadReader) and reader.gathered is not None:
-                reader.gathered.give_back(holding)
-        super().on_complete()
+                reader.gathered.give_back(holding)  # once: a holding given back stays so
 
     def _respond_moved(self) -> None:
         for part in self.parts:  # NONE here means "no error yet", not "answered"

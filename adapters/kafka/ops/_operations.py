@@ -310,6 +310,10 @@ class KafkaOperation(DelayedOperation):
                         event.set()
         return event
 
+    def on_refused(self) -> None:
+        """Its submission was refused (``PurgatoryFullError``, closed) after its first try ran:
+        nothing will finish it, so it lets go of what that try took. Nothing here; see DelayedFetch."""
+
     def _respond_moved(self) -> None:
         """Answer the partitions still waiting ``NOT_LEADER_OR_FOLLOWER`` (no Kafka read: they moved)."""
         statuses: dict[TopicPartitionKey, ErrorCode | None] | None = getattr(self, "statuses", None)
