@@ -33,7 +33,9 @@ Figures:
 Every wait is bounded (``--case-timeout``) and the service is stopped by its PID (SIGTERM, then
 SIGKILL) whatever happens. The machine may be shared: the load average is printed with each case.
 Targets (2 cores, client and service sharing them): N = 50,000 held with 0 unexpected expiries,
-<= 4 KB per waiter, idle CPU <= 5 % of a core, p99 <= 50 ms for 10,000 waiters on one partition.
+<= 4 KB per waiter, idle CPU <= 5 % of a core, p99 <= 50 ms (HTTP/2) and
+<= 150 ms (HTTP/1.1) for 10,000 waiters on one partition. ``--client node`` runs the same case with
+Node's own HTTP stacks (:mod:`.node_client`), so the figures do not rest on our clients' shortcuts.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ CLIENT_GC_THRESHOLD0 = (
 TARGET_N = 50_000
 TARGET_BYTES_PER_WAITER = 4096
 TARGET_IDLE_CPU_PCT = 5.0
-TARGET_P99_MS = 50.0
+TARGET_P99_MS = 50.0  # over HTTP/2 (issue 30)
+TARGET_P99_H1_MS = 150.0  # over HTTP/1.1, one connection per long poll (issue 30)
 TARGET_P99_AT = (10_000, 1)  # (waiters, partitions) the p99 target applies to
 
 
@@ -367,6 +370,8 @@ async def _measure_case(
     # ... and the client's: reading 50,000 answers shares the same two cores.
     client_cpu_s = (node.cpu_s if node is not None else time.process_time()) - client_cpu_before
     await asyncio.to_thread(probe.join)
+    if node is not None and node.errors:
+        print(f"note: the Node client's own errors: {node.errors}", file=sys.stderr)
     lags: list[float] = []
     completed = expired = errors = 0
     for poll in polls:
@@ -505,8 +510,9 @@ def _missed(result: FanoutResult) -> list[str]:
         missed.append(f"{result.rss_per_waiter_bytes:.0f} B/waiter > {TARGET_BYTES_PER_WAITER}")
     if result.idle_cpu_pct > TARGET_IDLE_CPU_PCT:
         missed.append(f"idle CPU {result.idle_cpu_pct:.1f}% > {TARGET_IDLE_CPU_PCT}%")
-    if (result.waiters, result.partitions) == TARGET_P99_AT and not result.answer_p99_ms <= TARGET_P99_MS:
-        missed.append(f"p99 {result.answer_p99_ms:.1f} ms > {TARGET_P99_MS} ms")
+    target = TARGET_P99_MS if result.http2_streams else TARGET_P99_H1_MS
+    if (result.waiters, result.partitions) == TARGET_P99_AT and not result.answer_p99_ms <= target:
+        missed.append(f"p99 {result.answer_p99_ms:.1f} ms > {target} ms")
     return missed
 
 

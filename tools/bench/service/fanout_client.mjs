@@ -8,8 +8,9 @@
 //   "opened <n>"            every request sent (registration is the bench's to see, in /healthz);
 //   "first <ns>"            the first answer's last byte, process.hrtime (CLOCK_MONOTONIC, as
 //                           Python's time.monotonic_ns), so the bench's burst probe can start;
-//   {"answers": [...], "cpu_us": n}   at the end: [waiter, status, answered ns as a string,
-//                           outcome] each, and Node's user+system CPU over its life.
+//   {"answers": [...], "cpu_us": n, "errors": {...}}   at the end: [waiter, status, answered ns
+//                           as a string, outcome] each, Node's user+system CPU over its life,
+//                           and the client-side errors by message (a refused connect, say).
 // It ends when every waiter is answered, at deadlineMs, or when stdin closes (the bench is
 // done with it); nothing is written while answers arrive but the one "first" line.
 import http from "node:http";
@@ -20,6 +21,7 @@ const CONNECT_CONCURRENCY = 256; // connects in flight: below the service's list
 const CONNECTIONS_PER_SOURCE_IP = 20000; // under one source IP's ephemeral ports
 
 const answers = new Array(args.waiters);
+const errors = {}; // error message -> count: why a waiter was answered by an error, not the service
 let unanswered = args.waiters;
 let finished = false;
 
@@ -35,6 +37,12 @@ function answered(i, status, body) {
   answers[i] = [status, now, body];
   unanswered -= 1;
   if (unanswered === 0) finish();
+}
+
+function failed(i, status, error) {
+  const message = String(error && (error.code || error.message)).slice(0, 100);
+  errors[message] = (errors[message] || 0) + 1;
+  answered(i, status, "");
 }
 
 function outcome(body) {
@@ -54,12 +62,13 @@ function finish() {
     if (a !== undefined) rows.push([i, a[0], a[1].toString(), a[0] === 200 ? outcome(a[2]) : null]);
   }
   const cpu = process.cpuUsage();
-  const document = { answers: rows, cpu_us: cpu.user + cpu.system };
+  const document = { answers: rows, cpu_us: cpu.user + cpu.system, errors };
   process.stdout.write(JSON.stringify(document) + "\n", () => process.exit(0));
 }
 
 function openH1() {
-  // One connection per long poll (agent: false), as a browser's or a proxy's would be.
+  // One kept-alive connection per long poll (each request finds every pooled socket busy), as a
+  // browser's or a proxy's would be: keep-alive, not Connection: close (agent: false sends that).
   let next = 0;
   let inFlight = 0;
   let sent = 0;
@@ -72,7 +81,12 @@ function openH1() {
         port: args.port,
         path: path(i),
         agent: false,
-        localAddress: `127.0.0.${2 + Math.floor(i / CONNECTIONS_PER_SOURCE_IP)}`,
+        headers: { connection: "keep-alive" },
+        // Past the first 20,000, other source addresses: one has ~28k ephemeral ports. Not for
+        // the first ones: a bound source address makes the kernel pick the port at bind(), a
+        // search that slows down quadratically with the ports in use (TIME_WAIT included: the
+        // second run of 10,000 registered at 266/s), where connect() picks it cheaply.
+        localAddress: i < CONNECTIONS_PER_SOURCE_IP ? undefined : `127.0.0.${1 + Math.floor(i / CONNECTIONS_PER_SOURCE_IP)}`,
       });
       request.on("socket", (socket) => {
         const sentOne = () => {
@@ -89,7 +103,7 @@ function openH1() {
         response.on("data", (chunk) => chunks.push(chunk));
         response.on("end", () => answered(i, response.statusCode, Buffer.concat(chunks).toString()));
       });
-      request.on("error", () => answered(i, -1, ""));
+      request.on("error", (error) => failed(i, -1, error));
       request.end();
     }
   };
@@ -117,7 +131,7 @@ function openH2() {
       });
       stream.on("data", (chunk) => chunks.push(chunk));
       stream.on("end", () => answered(i, status, Buffer.concat(chunks).toString()));
-      stream.on("error", () => answered(i, -2, ""));
+      stream.on("error", (error) => failed(i, -2, error));
       stream.on("close", () => answered(i, status || -1, Buffer.concat(chunks).toString()));
       sent += 1;
     }

@@ -79,6 +79,7 @@ class NodeLongPolls:
         self.polls = [ForeignPoll(i % partitions) for i in range(waiters)]
         self.first = ForeignPoll(0)  # answered_ns set at Node's first answer: the burst probe watches it
         self.cpu_s = 0.0  # Node's user+system CPU over its whole life, from its final line
+        self.errors: dict[str, int] = {}  # Node's own errors (connect refused, reset) by message
         self._deadline = time.monotonic() + timeout_s + STOP_TIMEOUT_S
         self._opened = threading.Event()
         self._ended = threading.Event()
@@ -127,6 +128,8 @@ class NodeLongPolls:
             poll.answered_ns = int(answered_ns)
             poll.body = json.dumps({"outcome": outcome}).encode()
         self.cpu_s = float(document.get("cpu_us", 0)) / 1e6  # type: ignore[arg-type]
+        errors = document.get("errors")
+        self.errors = dict(errors) if isinstance(errors, dict) else {}
         self._ended.set()
 
     def join(self) -> None:
