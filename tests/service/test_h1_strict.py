@@ -88,6 +88,40 @@ def test_an_ambiguous_request_head_is_400_and_the_connection_closed(
     assert b"connection: close" in received.lower()
 
 
+RECORD = b'{"records":[{"value":"a"}]}'
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        pytest.param(b"0\r\nx-t: 1\n\r\n", id="bare-lf-trailer-field"),
+        pytest.param(b"0\r\n\n", id="bare-lf-blank-line"),
+        pytest.param(b"0\r\nx-t: 1\r\n 2\r\n\r\n", id="obs-fold-trailer"),
+        pytest.param(b"2\n{}\r\n0\r\n\r\n", id="bare-lf-chunk-size"),
+    ],
+)
+def test_a_chunked_body_with_a_bare_lf_or_a_fold_in_its_trailers_is_400_and_closed(
+    served: Served, kafka_topic_factory: Any, chunks: bytes
+) -> None:
+    # The head's rules hold for a chunked body's lines too: h11 would take these (a bare LF ends
+    # a trailer section for it), a proxy in front may not — the bytes after would be another request.
+    topic = kafka_topic_factory(1)
+    head = (
+        f"POST /topics/{topic}/records HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        "transfer-encoding: chunked\r\n\r\n"
+    ).encode()
+    received = _exchange_until_closed(
+        served.port, head + chunks + b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n"
+    )
+    assert _statuses(received) == [400], f"one 400, then closed: {received!r}"
+    well_formed = _exchange_until_closed(
+        served.port,
+        head.replace(b"HTTP/1.1\r\n", b"HTTP/1.1\r\nconnection: close\r\n", 1)
+        + b"%x\r\n%s\r\n0\r\nx-t: 1\r\n\r\n" % (len(RECORD), RECORD),
+    )
+    assert _statuses(well_formed) == [200], f"CRLF trailers are still read: {well_formed!r}"
+
+
 def test_a_long_poll_with_a_bare_lf_is_400_on_either_path(served: Served, kafka_topic_factory: Any) -> None:
     topic = kafka_topic_factory(1)
     request = f"GET /topics/{topic}/partitions/0/records?offset=0&max_wait_ms=0 HTTP/1.1\r\nhost: x\n\r\n"
