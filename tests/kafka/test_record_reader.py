@@ -53,6 +53,7 @@ class _FakeConsumer:
         self.highs = deque(highs)
         self.high = highs[0]
         self.consumes = 0
+        self.queries = 0  # get_watermark_offsets asked of the broker (not librdkafka's cache)
 
     def assign(self, partitions: Any) -> None:
         pass
@@ -69,7 +70,8 @@ class _FakeConsumer:
     def get_watermark_offsets(
         self, partition: Any, timeout: float | None = None, cached: bool = False
     ) -> tuple[int, int]:
-        assert cached, "the reader asks librdkafka's cache, not the broker (no request per read)"
+        if not cached:  # a read to LOG_END asks the broker where the end is, once
+            self.queries += 1
         return 0, self.high
 
     def close(self) -> None:
@@ -118,7 +120,16 @@ def test_a_read_to_the_log_end_ends_at_the_end_of_log() -> None:
     consumer = _FakeConsumer([[_Message(0), _Message(1, eof=True)]], highs=[1])
     reader = _reader(consumer)
     assert [r.offset for r in reader.read(KEY, 0, LOG_END, max_bytes=1 << 20)] == [0]
-    assert consumer.consumes == 1
+    assert (consumer.consumes, consumer.queries) == (1, 1), "the end asked once, then read up to it"
+
+
+def test_a_read_to_the_log_end_at_the_end_is_one_query_and_no_consume() -> None:
+    # A fetch that does not wait, at the end of the log (the common case): consuming until the
+    # end-of-log event waited a whole consume slice (20 ms) per read.
+    consumer = _FakeConsumer([[_Message(5, eof=True)]], highs=[5])
+    reader = _reader(consumer)
+    assert reader.read(KEY, 5, LOG_END, max_bytes=1 << 20) == []
+    assert (consumer.consumes, consumer.queries, reader.stalled_reads) == (0, 1, 0)
 
 
 @pytest.mark.kafka

@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from purgatory._loop_handoff import release_burst
 
@@ -251,9 +251,15 @@ class RecordReader:
                 return []  # it stalled a moment ago (perhaps while this read waited for the lock)
             consumer = self._get()
             self.reads += 1
+            deadline = time.monotonic() + timeout_s  # one read's bound, the end's query included
+            if end >= LOG_END:
+                end = _log_end(consumer, key, timeout_s)
+                if end <= start:
+                    return []  # nothing past start: answered by one ListOffsets
             consumer.assign([TopicPartition(key.topic, key.partition, start)])
             try:
-                out, complete = _consume_range(consumer, key, start, end, max_bytes, timeout_s)
+                left_s = max(0.0, deadline - time.monotonic())
+                out, complete = _consume_range(consumer, key, start, end, max_bytes, left_s)
             finally:
                 consumer.unassign()
             if complete:
@@ -270,6 +276,24 @@ class RecordReader:
             consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
+
+
+def _log_end(consumer: Consumer, key: TopicPartitionKey, timeout_s: float) -> int:
+    """The partition's high watermark now (one ListOffsets to its leader), or :data:`LOG_END`
+    when the leader does not say (the read then runs to its end of log, as before).
+
+    A read "to the log's end" (a fetch that does not wait) that consumes until its end-of-log
+    event waited a whole consume slice (20 ms) for it: librdkafka's consume returns after its
+    count or its timeout, and an end of log is one event. With the end known, a read at the end
+    costs one round trip, and a read of records ends at its last one.
+    """
+    try:
+        _low, high = consumer.get_watermark_offsets(
+            TopicPartition(key.topic, key.partition), timeout=timeout_s, cached=False
+        )
+    except KafkaException:
+        return LOG_END
+    return int(high) if high is not None and high >= 0 else LOG_END
 
 
 def _high_watermark_below(consumer: Consumer, key: TopicPartitionKey, end: int) -> bool:
