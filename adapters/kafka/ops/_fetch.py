@@ -342,12 +342,7 @@ class DelayedFetch(KafkaOperation):
                 continue
             if self.facts.partition(part.key) is not None:
                 continue  # reported, with an error or no high watermark: nothing known to read
-            room = self.max_bytes - part.bytes_read
-            if room <= 0:
-                continue
-            batch = self.reader.read(part.key, part.read_from, _LOG_END, max_bytes=room)
-            if batch:
-                part.add(batch)
+            self._read_to_end(part)
 
     def _read_to_log_end(self) -> None:
         """A fetch that does not wait reads what the log holds now, past any reported high watermark.
@@ -366,9 +361,12 @@ class DelayedFetch(KafkaOperation):
             facts = self.facts.partition(part.key)
             if facts is not None and facts.error is not None:
                 continue
-            room = self.max_bytes - part.bytes_read
-            if room <= 0:
-                continue
+            self._read_to_end(part)
+
+    def _read_to_end(self, part: PartitionRead) -> None:
+        """Read ``part`` from where it stopped to the log's end, within its room under ``max_bytes``."""
+        room = self.max_bytes - part.bytes_read
+        if room > 0:
             batch = self.reader.read(part.key, part.read_from, _LOG_END, max_bytes=room)
             if batch:
                 part.add(batch)
