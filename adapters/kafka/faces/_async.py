@@ -7,7 +7,6 @@ Kafka calls run on the purgatory's bounded :class:`KafkaCalls` pool.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -16,10 +15,10 @@ from purgatory import DelayedOperationPurgatory, Outcome
 
 from ..clients._admin import BROKER_DEFAULT
 from ..clients._clients import ProducerRecord
-from ..clients._errors import KafkaAdapterError, KafkaUnavailableError
+from ..clients._errors import KafkaUnavailableError
 from ..facts._feed import ChangeFeed
 from ..facts._keys import TopicPartitionKey
-from ..ops._fetch import DEFAULT_FETCH_MAX_BYTES, DelayedFetch
+from ..ops._fetch import DEFAULT_FETCH_MAX_BYTES
 from ..ops._metadata_waits import DelayedConsumerCommit, DelayedDeleteRecords, DelayedTopicReady
 from ..ops._results import (
     CommitResult,
@@ -116,19 +115,13 @@ class AsyncKafkaPurgatory:
     ) -> FetchResult:
         """Long poll: answer once ``min_records`` (or ``min_bytes``) arrived past the offsets, or at
         ``max_wait_ms`` (default ``kafka.fetch_max_wait_ms``) with whatever arrived."""
-        op = DelayedFetch(
-            self.sync.feed,
-            self.sync.reader,
+        op = await self.sync.fetch_async(
             fetch_offsets,
             min_records=min_records,
             min_bytes=min_bytes,
             max_bytes=max_bytes,
             max_wait_ms=max_wait_ms,
         )
-        if op.past_the_facts():  # the facts may lag a produce just answered (check_ends)
-            with contextlib.suppress(KafkaAdapterError):  # unanswered: the facts decide
-                await self._admin(self.sync.check_ends, op, what="ListOffsets")
-        await self.sync.watch(op)
         return op.result()
 
     async def wait_committed(

@@ -274,8 +274,7 @@ class DelayedFetch(KafkaOperation):
         timer's thread now, without ``op.lock``) either sees it and gives it back — a take after
         that is refused — or ran before the store, and then this sees the op finished.
         """
-        reader = self.reader
-        ledger = reader.gathered if isinstance(reader, SharedReadReader) else None
+        ledger = self._ledger()
         if ledger is None:
             return True
         holding = self.gathered
@@ -310,10 +309,14 @@ class DelayedFetch(KafkaOperation):
 
     def _give_back_gathered(self) -> None:
         holding = self.gathered
-        if holding is not None:
-            reader = self.reader
-            if isinstance(reader, SharedReadReader) and reader.gathered is not None:
-                reader.gathered.give_back(holding)  # once: a holding given back stays so
+        ledger = self._ledger()
+        if holding is not None and ledger is not None:
+            ledger.give_back(holding)  # once: a holding given back stays so
+
+    def _ledger(self) -> GatheredRecords | None:
+        """The reader's bound on gathered records (only a SharedReadReader has one, if given)."""
+        reader = self.reader
+        return reader.gathered if isinstance(reader, SharedReadReader) else None
 
     def _respond_moved(self) -> None:
         for part in self.parts:  # NONE here means "no error yet", not "answered"
