@@ -92,10 +92,13 @@ async def _ask(port: int, request: bytes) -> bytes:
         await conn.close()
 
 
-def _produce(port: int, topic: str, *values: str) -> None:
+def _produce(port: int, topic: str, *values: str) -> int:
+    """Produce ``values`` through the service; the offset of the first."""
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=WAIT_S) as client:
         answer = client.post(f"/topics/{topic}/records", json={"records": [{"value": v} for v in values]})
         assert answer.status_code == 200, answer.text
+        offset: int = answer.json()["records"][0]["offset"]
+        return offset
 
 
 def _warm(port: int, topic: str, *headers: str) -> None:
@@ -169,19 +172,13 @@ def test_a_zero_wait_long_poll_right_after_a_produce_answers_the_acknowledged_re
     for served in (fast, slow):
         _warm(served.port, topic)
     before = fast.taken
-    with httpx.Client(timeout=WAIT_S) as client:
-        for served in (fast, slow):
-            for i in range(10):
-                value = f"read-your-write-{served.port}-{i}"
-                produced = client.post(
-                    f"http://127.0.0.1:{served.port}/topics/{topic}/records",
-                    json={"records": [{"value": value}]},
-                )
-                assert produced.status_code == 200, produced.text
-                offset = produced.json()["records"][0]["offset"]
-                path = f"/topics/{topic}/partitions/0/records?offset={offset}&max_wait_ms=0"
-                answer = asyncio.run(_ask(served.port, _get(path)))
-                assert f'"value":"{value}"'.encode() in answer, (served.port, i, answer)
+    for served in (fast, slow):
+        for i in range(10):
+            value = f"read-your-write-{served.port}-{i}"
+            offset = _produce(served.port, topic, value)
+            path = f"/topics/{topic}/partitions/0/records?offset={offset}&max_wait_ms=0"
+            answer = asyncio.run(_ask(served.port, _get(path)))
+            assert f'"value":"{value}"'.encode() in answer, (served.port, i, answer)
     assert fast.taken - before == 10, "the fast service's zero-wait polls took the fast path"
 
 
@@ -193,20 +190,14 @@ def test_a_long_poll_from_the_log_end_right_after_a_produce_is_in_range_not_416(
     topic = kafka_topic_factory(1)  # type: ignore[operator]
     for served in (fast, slow):
         _warm(served.port, topic)
-    with httpx.Client(timeout=WAIT_S) as client:
-        for served in (fast, slow):
-            for i in range(20):
-                produced = client.post(
-                    f"http://127.0.0.1:{served.port}/topics/{topic}/records",
-                    json={"records": [{"value": "v"}]},
-                )
-                assert produced.status_code == 200, produced.text
-                offset = produced.json()["records"][0]["offset"]
-                wait_ms = 0 if i % 2 else 20
-                path = f"/topics/{topic}/partitions/0/records?offset={offset + 1}&max_wait_ms={wait_ms}"
-                at_end = asyncio.run(_ask(served.port, _get(path)))
-                assert at_end.startswith(b"HTTP/1.1 200 "), (served.port, i, at_end)
-                assert b'"records":[]' in at_end, "nothing past the end"
+    for served in (fast, slow):
+        for i in range(20):
+            offset = _produce(served.port, topic, "v")
+            wait_ms = 0 if i % 2 else 20
+            path = f"/topics/{topic}/partitions/0/records?offset={offset + 1}&max_wait_ms={wait_ms}"
+            at_end = asyncio.run(_ask(served.port, _get(path)))
+            assert at_end.startswith(b"HTTP/1.1 200 "), (served.port, i, at_end)
+            assert b'"records":[]' in at_end, "nothing past the end"
         # Past the end by more than the feed can lag: 416 at once, as Kafka answers.
         beyond = _get(f"/topics/{topic}/partitions/0/records?offset={offset + 50}&max_wait_ms=30000")
         started = time.monotonic()

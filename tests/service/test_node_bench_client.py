@@ -19,6 +19,8 @@ import h2.events
 import pytest
 from purgatory.tools.bench.service.node_client import NodeLongPolls, node_available
 
+from .test_bench_client import _Server  # the loopback HTTP/1.1 server that answers when told
+
 pytestmark = pytest.mark.skipif(not node_available(), reason="node is not on PATH")
 
 WAIT_S = 20.0
@@ -30,18 +32,6 @@ def _h1_answer(status: int, body: bytes) -> bytes:
     return b"HTTP/1.1 %d %s\r\ncontent-length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body)
 
 
-class _H1Server(asyncio.Protocol):
-    connections: list[_H1Server]
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        self.request = b""
-        self.connections.append(self)
-
-    def data_received(self, data: bytes) -> None:
-        self.request += data
-
-
 async def _wait_for(condition: object, what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not condition():  # type: ignore[operator]
@@ -50,9 +40,9 @@ async def _wait_for(condition: object, what: str) -> None:
 
 
 async def test_node_sends_each_long_poll_on_its_own_connection_and_times_each_answer() -> None:
-    connections: list[_H1Server] = []
+    connections: list[_Server] = []
     server = await asyncio.get_running_loop().create_server(
-        type("Server", (_H1Server,), {"connections": connections}), "127.0.0.1", 0
+        type("Server", (_Server,), {"connections": connections}), "127.0.0.1", 0
     )
     port = server.sockets[0].getsockname()[1]
     client = NodeLongPolls(port, "orders", 3, 2, 30_000, offset=1, http2_streams=0, timeout_s=WAIT_S)
