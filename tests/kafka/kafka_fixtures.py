@@ -439,7 +439,9 @@ class RecordAppender:
         from confluent_kafka import Consumer, TopicPartition
         from purgatory.adapters.kafka import ClusterView, client_config
 
-        view = ClusterView(settings)
+        # Read after the faults: every broker answers, so wait as long as any step (not settings' 2 s,
+        # which a loaded machine's first ListOffsets outlasted).
+        view = ClusterView(settings, request_timeout_ms=int(WAIT_S * 1000))
         try:
             end = view.high_watermarks([key])[key]
         finally:

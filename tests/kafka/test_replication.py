@@ -57,7 +57,9 @@ def test_produce_completes_only_after_followers_replicate(
     kafka_cluster3: LocalKafkaCluster, replicated: tuple[KafkaPurgatory, TopicPartitionKey]
 ) -> None:
     kp, key = replicated
-    view = ClusterView(kp.settings)
+    # Not the fixture's 2 s admin timeout: this is the cluster's first admin client of the run, and
+    # its first leader lookup on a freshly started 3-broker cluster took longer than that on CI.
+    view = ClusterView(kp.settings, request_timeout_ms=int(WAIT_S * 1000))
     try:
         before = view.high_watermarks([key])[key]
         for node in FOLLOWERS:
