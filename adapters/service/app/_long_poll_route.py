@@ -139,8 +139,8 @@ class LongPollRoute(LongPollEndpoint):
     def count_answers(self, status: int, body: bytes | memoryview | None = None, n: int = 1) -> None:
         self.app.state.answers.count(status, body, n)
 
-    def count_http11(self, data: bytes) -> None:
-        self.app.state.answers.count_http11(data)
+    def count_http11(self, data: bytes, n: int = 1) -> None:
+        self.app.state.answers.count_http11(data, n)
 
     def count_unexpected_error(self) -> None:
         self.app.state.unexpected_errors.count += 1

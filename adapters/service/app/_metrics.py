@@ -70,11 +70,11 @@ class Answers:
         key = (status, error_code_of(status, body))
         self._counts[key] = self._counts.get(key, 0) + n
 
-    def count_http11(self, data: bytes) -> None:
-        """Count one HTTP/1.1 answer written as bytes (status line, headers, body)."""
+    def count_http11(self, data: bytes, n: int = 1) -> None:
+        """Count ``n`` HTTP/1.1 answers written as ``data`` (status line, headers, body)."""
         status = int(data[9:12])  # b"HTTP/1.1 200 ..."
         body = data[data.find(b"\r\n\r\n") + 4 :] if status >= 400 else None
-        self.count(status, body)
+        self.count(status, body, n)
 
     def snapshot(self) -> dict[tuple[int, str], int]:
         return dict(self._counts)

@@ -120,8 +120,8 @@ class LongPollEndpoint(ABC):
         """Count answers given below the app (the app's own middleware counts its own)."""
 
     @abstractmethod
-    def count_http11(self, data: bytes) -> None:
-        """Count one HTTP/1.1 answer written as bytes."""
+    def count_http11(self, data: bytes, n: int = 1) -> None:
+        """Count ``n`` HTTP/1.1 answers written as these bytes."""
 
     @abstractmethod
     def count_unexpected_error(self) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ._burst import BurstTimeout
 from ._coalesced_timers import CoalescedTimeout, coalesced_timers
 from ._framing import StrictH11Connection, refusal_response
 
@@ -50,7 +51,8 @@ class HeadTimeoutH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         # h11 refusing ambiguous framing, bare LFs, obs-fold and unknown versions (._h1_framing).
         self.conn = self._strict_connection()
-        self._head_timer: CoalescedTimeout | None = None
+        # Its own timeout, or one shared with the connections of an answer burst (._burst).
+        self._head_timer: CoalescedTimeout | BurstTimeout | None = None
         self._head_bytes = 0  # bytes of the head awaited now (0: the client has sent nothing)
 
     def _strict_connection(self) -> StrictH11Connection:

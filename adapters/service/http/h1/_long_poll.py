@@ -63,6 +63,7 @@ from ....kafka import DelayedFetch
 from ...answers._errors import UNEXPECTED_ERROR_BODY, RequestError
 from ...answers._render import error_response, fetch_body_response
 from .._endpoint import LongPollEndpoint
+from ._burst import answer_burst
 from ._coalesced_timers import coalesced_timers
 from ._head_timeout import HeadTimeoutH11Protocol
 from ._parked import LazyFlowControl, Parked, PushbackConnection
@@ -226,7 +227,10 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
                 self.loop.call_soon(self._answer_early, op)
             return
         parked.op = op
-        self._answer(parked)
+        if parked.close or parked.target is not None:
+            self._answer(parked)  # not plain (._burst): answered now, on its own
+        else:
+            answer_burst(self.loop).add(self)  # written with the burst's others (._burst)
 
     def _answer_early(self, op: DelayedFetch) -> None:
         parked = self._parked
@@ -252,6 +256,19 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         except Exception:
             head, data = None, self._error_answer(self._unexpected(parked), parked)
         self._respond(parked, data, head)
+
+    def _plain_answer(self, parked: Parked) -> bytes | None:
+        """The 200 of ``parked``'s finished operation as one write of shared bytes — what a burst
+        writes (._burst) — or None when it is anything else (an error, an offset to check, a body
+        past one write): then :meth:`_answer` answers it."""
+        assert parked.op is not None, "answered once its operation finished"
+        try:
+            if parked.gateway.fetch_finished(parked.op, parked.offset):
+                return None
+            head, data = self._fetch_answer(parked)
+        except Exception:
+            return None  # _answer meets it again and answers it (a 4xx, or a 500 for a bug)
+        return data if head is None else None
 
     async def _answer_after_offset_check(self, parked: Parked) -> None:
         try:
