@@ -165,12 +165,34 @@ class PollGroup:
     def _answer_from(self, pending: list[PollWaiter], start: int, op: DelayedFetch) -> None:
         owner = self.owner
         end = min(start + ANSWER_SLICE, len(pending))
+        # PollGroups.answer for a slice at once: the slice's waiters are counted out in one step
+        # (they share the group's partition) before any callback runs, as answer() does for one.
+        callbacks: list[Answered] = []
+        joined: list[int] = []
+        taken = 0
         for i in range(start, end):
             waiter = pending[i]
             if waiter.group is self:
                 waiter.group = None
-                self.live -= 1
-                owner.answer(waiter, op)
+                taken += 1
+                callback = waiter.callback
+                if callback is None:
+                    continue  # left (its remove() was not called: only leave() clears it first)
+                waiter.callback = None
+                waiter.op = None  # no cycle left to the collector: op -> its callback -> waiter -> op
+                callbacks.append(callback)
+                if waiter.joined_ns:
+                    joined.append(waiter.joined_ns)
+        self.live -= taken
+        if callbacks:
+            owner.answered(pending[start].key, len(callbacks), op, joined)
+            for callback in callbacks:
+                try:
+                    callback(op)
+                except Exception as exc:  # one waiter's bug: the rest of the group is still answered
+                    owner.loop.call_exception_handler(
+                        {"message": "long-poll callback failed", "exception": exc, "callback": callback}
+                    )
         if end < len(pending):
             owner.loop.call_soon(self._answer_from, pending, end, op)
 
@@ -337,6 +359,25 @@ class PollGroups:
             )  # what the journal reads of one
             self.journal.record_unsubmitted(self.purgatory, joined, op.watch_keys())
         callback(op)
+
+    def answered(self, key: Hashable, n: int, op: DelayedFetch, joined_ns: list[int]) -> None:
+        """:meth:`answer`'s counting for ``n`` waiters on ``key`` answered with ``op`` at once (their
+        callbacks are about to run): out of the counts, and the joined ones journaled."""
+        per_key = self.per_key
+        count = per_key.get(key)
+        if count is not None:
+            n = min(n, count)
+            self.waiters -= n
+            if count > n:
+                per_key[key] = count - n
+            else:
+                del per_key[key]
+        journal = self.journal
+        if journal is not None and joined_ns and op.outcome is not None:
+            keys = op.watch_keys()
+            for ns in joined_ns:
+                waiter = cast("DelayedOperation", _JoinedWaiter(op, ns))  # what the journal reads of one
+                journal.record_unsubmitted(self.purgatory, waiter, keys)
 
     def expire(self, group: PollGroup, waiter: PollWaiter) -> None:
         """``waiter``'s own deadline passed before its group finished."""
