@@ -35,6 +35,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._fanout_writes import fanout_writes
+
 if TYPE_CHECKING:
     from ._long_poll import LongPollH11Protocol
 
@@ -58,11 +60,12 @@ class BurstTimeout:
 class AnswerBurst:
     """The connections of one loop whose answers are due, written together (module docstring)."""
 
-    __slots__ = ("__weakref__", "_due", "_loop")
+    __slots__ = ("__weakref__", "_due", "_loop", "_writes")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._due: list[LongPollH11Protocol] = []
+        self._writes = fanout_writes(loop)
 
     def add(self, protocol: LongPollH11Protocol) -> None:
         """``protocol``'s parked long poll is answered in the burst's next run."""
@@ -84,6 +87,7 @@ class AnswerBurst:
         state: object = None
         served: _Served | None = None
         ref = weakref.ref
+        writes: list[tuple[asyncio.Transport, bytes]] = []  # made together once every answer is known
         for protocol in due:
             parked = protocol._parked
             if parked is None:
@@ -103,7 +107,7 @@ class AnswerBurst:
                 transport = protocol.transport
                 if transport.is_closing():
                     continue  # the client left: connection_lost lets go of it
-                transport.write(data)
+                writes.append((transport, data))
                 protocol._parked = None
                 if protocol.server_state is not state or served is None:
                     state = protocol.server_state
@@ -131,6 +135,7 @@ class AnswerBurst:
                     {"message": "long-poll answer failed", "exception": exc, "protocol": protocol}
                 )
                 protocol.transport.close()
+        self._writes.write(writes)
         for each in servers.values():
             each.done(self._loop)
 
