@@ -82,11 +82,13 @@ def _send_share(share: list[tuple[int, bytes]]) -> list[int]:
 class FanoutWrites:
     """Many transports' writes at once, shared among the loop's thread and helpers (module docstring)."""
 
-    __slots__ = ("__weakref__", "_helpers", "_threads")
+    __slots__ = ("__weakref__", "_helpers", "_threads", "direct", "shared")
 
     def __init__(self, threads: int = SEND_THREADS) -> None:
         self._threads = max(1, threads)
         self._helpers: ThreadPoolExecutor | None = None  # made on the first shared burst
+        self.direct = 0  # writes made by descriptor (tests, and the bench's probes, read them)
+        self.shared = 0  # of them, calls whose writes were shared among threads
 
     def write(self, writes: list[tuple[asyncio.Transport, bytes]]) -> None:
         """Write each pair's bytes to its transport, in full or buffered by it (module docstring)."""
@@ -102,10 +104,12 @@ class FanoutWrites:
             transport.write(data)
         if not direct:
             return
+        self.direct += len(direct)
         threads = self._threads if len(direct) >= MIN_SHARED_WRITES else 1
         size = -(-len(direct) // threads)  # ceiling: the loop's share is the first
         futures: list[Future[list[int]]] = []
         if threads > 1:
+            self.shared += 1
             helpers = self._helpers
             if helpers is None:
                 helpers = self._helpers = ThreadPoolExecutor(

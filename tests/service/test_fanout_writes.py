@@ -1,0 +1,137 @@
+"""FanoutWrites: a burst's writes shared among threads arrive whole and in order on every socket,
+and what a socket does not take (a full buffer, a client gone) ends as ``transport.write`` ends it.
+
+Real loopback TCP connections served by an asyncio server on 127.0.0.1; the writes are made
+from a loop callback, as the answer burst makes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from purgatory.adapters.service.http._fanout_writes import MIN_SHARED_WRITES, FanoutWrites
+
+
+class _Sink(asyncio.Protocol):
+    """A server side whose transport the test writes to; it records its connection's end."""
+
+    def __init__(self, made: asyncio.Queue[_Sink]) -> None:
+        self._made = made
+        self.transport: asyncio.Transport | None = None
+        self.lost = asyncio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._made.put_nowait(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.set()
+
+
+@asynccontextmanager
+async def _connections(n: int) -> AsyncIterator[list[tuple[_Sink, socket.socket]]]:
+    """``n`` loopback connections: (server side, client socket), the client sockets blocking."""
+    made: asyncio.Queue[_Sink] = asyncio.Queue()
+    server = await asyncio.get_running_loop().create_server(lambda: _Sink(made), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pairs: list[tuple[_Sink, socket.socket]] = []
+    try:
+        for _ in range(n):
+            client = socket.create_connection(("127.0.0.1", port))
+            pairs.append((await asyncio.wait_for(made.get(), 10), client))
+        yield pairs
+    finally:
+        for sink, client in pairs:
+            client.close()
+            assert sink.transport is not None
+            sink.transport.abort()
+        server.close()
+        await server.wait_closed()
+
+
+def _transports(pairs: list[tuple[_Sink, socket.socket]]) -> list[asyncio.Transport]:
+    transports = [sink.transport for sink, _ in pairs]
+    assert all(t is not None for t in transports)
+    return transports  # type: ignore[return-value]
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    sock.settimeout(10)
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = sock.recv(n - len(chunks))
+        assert chunk, f"the connection ended after {len(chunks)} of {n} bytes"
+        chunks += chunk
+    return bytes(chunks)
+
+
+def test_shared_writes_reach_every_socket_whole() -> None:
+    async def scenario() -> None:
+        n = 4 * MIN_SHARED_WRITES
+        async with _connections(n) as pairs:
+            writes = FanoutWrites(threads=3)
+            try:
+                answers = [b"answer %d " % i * 20 for i in range(n)]
+                writes.write(list(zip(_transports(pairs), answers, strict=True)))
+                assert writes.direct == n and writes.shared == 1, "not written by descriptor, in shares"
+                for (_, client), answer in zip(pairs, answers, strict=True):
+                    assert await asyncio.to_thread(_read_exactly, client, len(answer)) == answer
+            finally:
+                writes.close()
+
+    asyncio.run(scenario())
+
+
+def test_what_a_full_socket_does_not_take_is_buffered_by_the_transport_in_order() -> None:
+    """A client that reads nothing yet: the socket takes part of a large write, the transport the
+    rest, and once the client reads it gets every byte in order — then a later write after them."""
+
+    async def scenario() -> None:
+        async with _connections(MIN_SHARED_WRITES) as pairs:
+            big = bytes(range(256)) * (16 * 1024)  # 4 MiB: past any loopback socket buffer
+            writes = FanoutWrites(threads=2)
+            try:
+                writes.write([(transport, big) for transport in _transports(pairs)])
+                sink, client = pairs[0]
+                assert sink.transport is not None
+                assert sink.transport.get_write_buffer_size() > 0, "the socket took it all: nothing tested"
+                # Bytes already buffered: the next write must go behind them, through the transport.
+                writes.write([(sink.transport, b"after")])
+                received = await asyncio.to_thread(_read_exactly, client, len(big) + 5)
+                assert received[: len(big)] == big and received[len(big) :] == b"after"
+            finally:
+                writes.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_client_gone_before_the_write_closes_its_connection_and_not_the_others() -> None:
+    async def scenario() -> None:
+        async with _connections(MIN_SHARED_WRITES) as pairs:
+            gone_sink, gone_client = pairs[0]
+            assert gone_sink.transport is not None
+            # The loop must not see the reset by reading: the write is what meets it.
+            gone_sink.transport.pause_reading()
+            server_fd = gone_sink.transport.get_extra_info("socket").fileno()
+            # An abortive close (RST): the server side's next write fails (ECONNRESET or EPIPE).
+            gone_client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            gone_client.close()
+            readable, _, _ = await asyncio.to_thread(select.select, [server_fd], [], [], 10)
+            assert readable, "the reset did not arrive"
+            writes = FanoutWrites(threads=2)
+            try:
+                writes.write([(transport, b"x") for transport in _transports(pairs)])
+                await asyncio.wait_for(gone_sink.lost.wait(), 10)
+                for sink, client in pairs[1:]:
+                    assert not sink.lost.is_set()
+                    assert await asyncio.to_thread(_read_exactly, client, 1) == b"x"
+            finally:
+                writes.close()
+
+    asyncio.run(scenario())
