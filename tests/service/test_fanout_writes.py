@@ -14,6 +14,8 @@ import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
+from purgatory.adapters.service.http import _fanout_writes as fanout
 from purgatory.adapters.service.http._fanout_writes import MIN_SHARED_WRITES, FanoutWrites
 
 
@@ -71,7 +73,10 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(chunks)
 
 
-def test_shared_writes_reach_every_socket_whole() -> None:
+@pytest.mark.parametrize("chunk", [fanout.CHUNK_WRITES, MIN_SHARED_WRITES], ids=["one chunk", "chunks"])
+def test_shared_writes_reach_every_socket_whole(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fanout, "CHUNK_WRITES", chunk)
+
     async def scenario() -> None:
         n = 4 * MIN_SHARED_WRITES
         async with _connections(n) as pairs:
@@ -79,7 +84,8 @@ def test_shared_writes_reach_every_socket_whole() -> None:
             try:
                 answers = [b"answer %d " % i * 20 for i in range(n)]
                 writes.write(list(zip(_transports(pairs), answers, strict=True)))
-                assert writes.direct == n and writes.shared == 1, "not written by descriptor, in shares"
+                assert writes.direct == n, "not written by descriptor"
+                assert writes.shared == -(-n // chunk), "not shared among threads, a share per chunk"
                 for (_, client), answer in zip(pairs, answers, strict=True):
                     assert await asyncio.to_thread(_read_exactly, client, len(answer)) == answer
             finally:

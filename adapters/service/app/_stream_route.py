@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -28,6 +29,7 @@ from starlette.responses import Response, StreamingResponse
 from ...kafka import DelayedFetch
 from ...kafka.facts._keys import partition_key
 from ..answers._errors import RequestError
+from ..http._fanout_writes import fanout_writes
 from ..stream import StreamHub, StreamSink, overflow_event, resume_offset
 from ..stream._framing import LAST_EVENT_ID, retry_field
 from ._gateway import Gateway
@@ -103,7 +105,13 @@ def stream_hub(gateway: Gateway) -> StreamHub:
         max_streams=admission.max_waiters,
         max_streams_per_key=admission.max_waiters_per_key,
         retry_after_s=admission.retry_after_s,
+        write_all=_fanout_write,
     )
+
+
+def _fanout_write(writes: list[tuple[Any, bytes]]) -> None:
+    """A group's event to its streams' transports, the sends shared among threads."""
+    fanout_writes(asyncio.get_running_loop()).write(writes)
 
 
 class QueueSink(StreamSink):

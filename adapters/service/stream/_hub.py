@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
@@ -82,6 +83,11 @@ class StreamSink(ABC):
     def finish(self, last: bytes) -> None:
         """Write ``last`` and end the stream (the hub lets go of it)."""
 
+    def stage(self, event: bytes, offset: int, writes: list[tuple[Any, bytes]]) -> bool:
+        """:meth:`send`, but a sink that writes to a transport may add ``(transport, event)`` to
+        ``writes`` instead: the hub makes a group's writes together (``write_all``)."""
+        return self.send(event, offset)
+
 
 class _Group:
     """The streams of one partition waiting at one offset, and the task polling for them."""
@@ -115,8 +121,12 @@ class StreamHub:
         max_streams: int,
         max_streams_per_key: int,
         retry_after_s: int,
+        write_all: Callable[[list[tuple[Any, bytes]]], None] | None = None,
     ) -> None:
         self.waits = waits
+        # How a group's staged writes are made (StreamSink.stage): the service shares them among
+        # threads (http._fanout_writes); by default each is its transport's write.
+        self.write_all = write_all or _write_each
         self.heartbeat_ms = heartbeat_ms
         self.max_streams = max_streams
         self.max_streams_per_key = max_streams_per_key
@@ -250,9 +260,12 @@ class StreamHub:
     def _write(self, group: _Group, event: bytes) -> None:
         # A snapshot: a sink that overflows leaves the set while it is walked.
         offset = group.offset
+        writes: list[tuple[Any, bytes]] = []
         for sink in tuple(group.sinks):
-            if not sink.send(event, offset):
+            if not sink.stage(event, offset, writes):
                 self._drop(group, sink)
+        if writes:
+            self.write_all(writes)
 
     def _advance(self, group: _Group, offset: int) -> None:
         """The group's streams now wait at ``offset``: with the group there, if one waits already."""
@@ -292,3 +305,8 @@ class StreamHub:
             }
             for p in list(self._partitions.values())  # list(): one step, tests read from another thread
         }
+
+
+def _write_each(writes: list[tuple[Any, bytes]]) -> None:
+    for transport, data in writes:
+        transport.write(data)

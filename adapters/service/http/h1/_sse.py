@@ -100,6 +100,17 @@ class SseConnection(asyncio.Protocol, StreamSink):
         transport.write(event)
         return True
 
+    def stage(self, event: bytes, offset: int, writes: list[tuple[Any, bytes]]) -> bool:
+        """:meth:`send`, the write left to the hub's ``write_all`` (made with its group's others)."""
+        transport = self.transport
+        if transport.is_closing():
+            return False
+        pending = transport.get_write_buffer_size()
+        if pending and pending + len(event) > self.buffer_bytes:
+            return self.send(event, offset)  # the overflow: written and closed now
+        writes.append((transport, event))
+        return True
+
     def finish(self, last: bytes) -> None:
         if not self.transport.is_closing():
             if last:
