@@ -41,6 +41,10 @@ __all__ = ["StreamHub", "StreamSink", "StreamWaits"]
 
 _log = structlog.get_logger("purgatory.service")
 
+# A group's staged writes are made this many at a time: staging 10,000 streams before the first
+# write held the first event ~10 ms (and every other one with it).
+STAGED_WRITES = 512
+
 
 class StreamWaits(Protocol):
     """What the hub asks of the service: one long poll, and how many waiters it holds (the gateway)."""
@@ -264,6 +268,9 @@ class StreamHub:
         for sink in tuple(group.sinks):
             if not sink.stage(event, offset, writes):
                 self._drop(group, sink)
+            elif len(writes) >= STAGED_WRITES:
+                self.write_all(writes)  # the first streams get the event while the rest are staged
+                writes = []
         if writes:
             self.write_all(writes)
 
