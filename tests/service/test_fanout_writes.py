@@ -141,3 +141,28 @@ def test_a_client_gone_before_the_write_closes_its_connection_and_not_the_others
                 writes.close()
 
     asyncio.run(scenario())
+
+
+def test_a_transport_refusing_the_write_is_closed_alone_and_every_share_still_goes() -> None:
+    """A write the transport refuses (after ``write_eof()``): reported, that connection aborted,
+    and the writes around it — shared among threads — still made."""
+
+    async def scenario() -> None:
+        errors: list[dict[str, object]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
+        async with _connections(2 * MIN_SHARED_WRITES) as pairs:
+            broken_sink, _ = pairs[0]
+            assert broken_sink.transport is not None
+            broken_sink.transport.write_eof()  # its next write raises RuntimeError
+            writes = FanoutWrites(threads=2)
+            try:
+                writes.write([(transport, b"y") for transport in _transports(pairs)])
+                await asyncio.wait_for(broken_sink.lost.wait(), 10)
+                assert [e["message"] for e in errors] == ["fan-out write failed"]
+                for sink, client in pairs[1:]:
+                    assert not sink.lost.is_set()
+                    assert await asyncio.to_thread(_read_exactly, client, 1) == b"y"
+            finally:
+                writes.close()
+
+    asyncio.run(scenario())

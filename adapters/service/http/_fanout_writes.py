@@ -84,6 +84,17 @@ def _send_share(share: list[tuple[int, bytes]]) -> list[int]:
     return written
 
 
+def _write(transport: asyncio.Transport, data: bytes) -> None:
+    """``transport.write``, a failure reported and that connection closed: the others still go."""
+    try:
+        transport.write(data)
+    except Exception as exc:  # e.g. a write after write_eof(): a bug of the caller's, one connection's
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": "fan-out write failed", "exception": exc, "transport": transport}
+        )
+        transport.abort()
+
+
 class FanoutWrites:
     """Many transports' writes at once, shared among the loop's thread and helpers (module docstring)."""
 
@@ -102,43 +113,70 @@ class FanoutWrites:
         """
         # (the pairs of a share, its result: the bytes written per pair, or the helper's future)
         shares: list[tuple[list[tuple[asyncio.Transport, bytes]], list[int] | Future[list[int]]]] = []
+        try:
+            self._hand_out(writes, shares)
+        finally:
+            # Every share is waited for before this returns, whatever happened meanwhile: once it
+            # returns, the loop may close a descriptor that a helper would still be writing.
+            for owners, result in shares:
+                written = result if isinstance(result, list) else result.result()
+                for (transport, data), n in zip(owners, written, strict=True):
+                    if n < 0:
+                        _write(transport, data)  # meets the error again: asyncio closes the connection
+                    elif n < len(data):
+                        _write(transport, data[n:])  # the rest, buffered by asyncio until writable
+
+    def _hand_out(
+        self,
+        writes: list[tuple[asyncio.Transport, bytes]],
+        shares: list[tuple[list[tuple[asyncio.Transport, bytes]], list[int] | Future[list[int]]]],
+    ) -> None:
         threads = self._threads
         for start in range(0, len(writes), CHUNK_WRITES):
             direct: list[tuple[int, bytes]] = []
             owners: list[tuple[asyncio.Transport, bytes]] = []
             for transport, data in writes[start : start + CHUNK_WRITES]:
-                if type(transport) is _PLAIN and not transport.get_write_buffer_size():
+                if (
+                    type(transport) is _PLAIN
+                    and not transport.get_write_buffer_size()
+                    and not transport.is_closing()
+                ):
                     # The descriptor of asyncio's own socket transport (the class is checked).
                     direct.append((transport._sock_fd, data))  # type: ignore[attr-defined]
                     owners.append((transport, data))
                 else:
-                    transport.write(data)
+                    _write(transport, data)
             if not direct:
                 continue
             self.direct += len(direct)
-            if threads == 1 or len(direct) < MIN_SHARED_WRITES:
+            helpers = self._helpers_for(len(direct))
+            if helpers is None:
                 shares.append((owners, _send_share(direct)))
                 continue
             self.shared += 1
-            helpers = self._helpers
-            if helpers is None:
-                helpers = self._helpers = ThreadPoolExecutor(
-                    max_workers=threads - 1, thread_name_prefix="purgatory-fanout-send"
-                )
             # The loop's thread also prepares every write and runs the callbacks around them: it
             # takes a smaller share (LOOP_SHARE of an equal one), the helpers the rest.
             own = max(1, int(len(direct) / threads * LOOP_SHARE))
             size = -(-(len(direct) - own) // (threads - 1))
             for i in range(own, len(direct), size):
-                shares.append((owners[i : i + size], helpers.submit(_send_share, direct[i : i + size])))
+                share = direct[i : i + size]
+                try:
+                    result: list[int] | Future[list[int]] = helpers.submit(_send_share, share)
+                except RuntimeError:  # the interpreter is shutting down: written here instead
+                    result = _send_share(share)
+                shares.append((owners[i : i + size], result))
             shares.append((owners[:own], _send_share(direct[:own])))
-        for owners, result in shares:
-            written = result if isinstance(result, list) else result.result()
-            for (transport, data), n in zip(owners, written, strict=True):
-                if n < 0:
-                    transport.write(data)  # meets the error again: asyncio closes the connection
-                elif n < len(data):
-                    transport.write(data[n:])  # the rest, buffered by asyncio until writable
+
+    def _helpers_for(self, writes: int) -> ThreadPoolExecutor | None:
+        """The helper threads, made on first use; None when ``writes`` are made by the loop alone."""
+        if self._threads == 1 or writes < MIN_SHARED_WRITES:
+            return None
+        helpers = self._helpers
+        if helpers is None:
+            helpers = self._helpers = ThreadPoolExecutor(
+                max_workers=self._threads - 1, thread_name_prefix="purgatory-fanout-send"
+            )
+        return helpers
 
     def close(self) -> None:
         """Stop the helper threads (a later shared write starts them again)."""

@@ -135,9 +135,11 @@ class AnswerBurst:
                     {"message": "long-poll answer failed", "exception": exc, "protocol": protocol}
                 )
                 protocol.transport.close()
-        self._writes.write(writes)
-        for each in servers.values():
-            each.done(self._loop)
+        try:
+            self._writes.write(writes)
+        finally:
+            for each in servers.values():
+                each.done(self._loop)  # the answered connections' shared timeouts, whatever happened
 
 
 class _Served:
