@@ -352,26 +352,13 @@ class PollGroups:
             return  # left (or answered): exactly once
         waiter.callback = None
         waiter.op = None  # no cycle left to the collector: op -> its callback -> waiter -> op
-        self._one_less(waiter.key)
-        if waiter.joined_ns and self.journal is not None and op.outcome is not None:
-            joined = cast(
-                "DelayedOperation", _JoinedWaiter(op, waiter.joined_ns)
-            )  # what the journal reads of one
-            self.journal.record_unsubmitted(self.purgatory, joined, op.watch_keys())
+        self.answered(waiter.key, 1, op, [waiter.joined_ns] if waiter.joined_ns else [])
         callback(op)
 
     def answered(self, key: Hashable, n: int, op: DelayedFetch, joined_ns: list[int]) -> None:
         """:meth:`answer`'s counting for ``n`` waiters on ``key`` answered with ``op`` at once (their
         callbacks are about to run): out of the counts, and the joined ones journaled."""
-        per_key = self.per_key
-        count = per_key.get(key)
-        if count is not None:
-            n = min(n, count)
-            self.waiters -= n
-            if count > n:
-                per_key[key] = count - n
-            else:
-                del per_key[key]
+        self._one_less(key, n)
         journal = self.journal
         if journal is not None and joined_ns and op.outcome is not None:
             keys = op.watch_keys()
@@ -412,15 +399,16 @@ class PollGroups:
         if self.groups.get(group.equal) is group:
             del self.groups[group.equal]
 
-    def _one_less(self, key: Hashable) -> None:
-        """A waiter on ``key`` answered or gone. One dict lookup: it runs once per answer of a
-        burst (10,000 at once), where ``_count`` would look the key up twice."""
+    def _one_less(self, key: Hashable, n: int = 1) -> None:
+        """``n`` waiters on ``key`` answered or gone. One dict lookup: it runs for every answer (or
+        slice of a burst's answers), where ``_count`` would look the key up twice."""
         per_key = self.per_key
         count = per_key.get(key)
         if count is not None:
-            self.waiters -= 1
-            if count > 1:
-                per_key[key] = count - 1
+            n = min(n, count)
+            self.waiters -= n
+            if count > n:
+                per_key[key] = count - n
             else:
                 del per_key[key]
 

@@ -227,10 +227,7 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
                 self.loop.call_soon(self._answer_early, op)
             return
         parked.op = op
-        if parked.close or parked.target is not None:
-            self._answer(parked)  # not plain (._burst): answered now, on its own
-        else:
-            answer_burst(self.loop).add(self)  # written with the burst's others (._burst)
+        answer_burst(self.loop).add(self)  # written with the burst's others, or alone if not plain (._burst)
 
     def _answer_early(self, op: DelayedFetch) -> None:
         parked = self._parked

@@ -89,6 +89,16 @@ class SseConnection(asyncio.Protocol, StreamSink):
     # -- the hub's sink --------------------------------------------------------------------------
 
     def send(self, event: bytes, offset: int) -> bool:
+        writes: list[tuple[Any, bytes]] = []
+        if not self.stage(event, offset, writes):
+            return False
+        for transport, data in writes:
+            transport.write(data)
+        return True
+
+    def stage(self, event: bytes, offset: int, writes: list[tuple[Any, bytes]]) -> bool:
+        """The event's write left to the hub's ``write_all`` (made with its group's others); an
+        overflow is written here, and the stream ends."""
         transport = self.transport
         if transport.is_closing():
             return False  # connection_lost lets go of it
@@ -97,17 +107,6 @@ class SseConnection(asyncio.Protocol, StreamSink):
             transport.write(overflow_event(offset, self.buffer_bytes))
             transport.close()  # what is buffered still goes out, then the connection closes
             return False
-        transport.write(event)
-        return True
-
-    def stage(self, event: bytes, offset: int, writes: list[tuple[Any, bytes]]) -> bool:
-        """:meth:`send`, the write left to the hub's ``write_all`` (made with its group's others)."""
-        transport = self.transport
-        if transport.is_closing():
-            return False
-        pending = transport.get_write_buffer_size()
-        if pending and pending + len(event) > self.buffer_bytes:
-            return self.send(event, offset)  # the overflow: written and closed now
         writes.append((transport, event))
         return True
 
