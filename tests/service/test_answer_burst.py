@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 import pytest
 from purgatory.adapters.kafka.settings import KafkaSettings
@@ -23,6 +24,24 @@ pytestmark = pytest.mark.kafka
 
 HEAD_TIMEOUT_MS = 1500  # below uvicorn's 5 s keep-alive: the head bound is what an idle one meets
 POLLS = MIN_SHARED_WRITES + 8  # enough for the run's writes to be shared among threads
+
+
+@asynccontextmanager
+async def _released_polls(
+    served: Served, topic: str, value: str
+) -> AsyncIterator[tuple[list[RawConnection], list[bytes]]]:
+    """POLLS long polls waiting on ``topic`` from its start, then released by one produce of
+    ``value``: their connections (closed on exit) and their answers."""
+    conns = [await RawConnection.open(served.port) for _ in range(POLLS)]
+    try:
+        for conn in conns:
+            conn.send(_get(f"/topics/{topic}/partitions/0/records?offset=0&max_wait_ms=30000"))
+        await until(lambda: served.pending >= POLLS, f"{POLLS} long polls waiting")
+        await asyncio.to_thread(_produce, served.port, topic, value)
+        yield conns, [await conn.response() for conn in conns]
+    finally:
+        for conn in conns:
+            await conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -38,16 +57,8 @@ def test_a_burst_answers_every_waiting_poll_with_the_same_bytes(
     _warm(burst_served.port, topic)
 
     async def burst() -> list[bytes]:
-        conns = [await RawConnection.open(burst_served.port) for _ in range(POLLS)]
-        try:
-            for conn in conns:
-                conn.send(_get(f"/topics/{topic}/partitions/0/records?offset=0&max_wait_ms=30000"))
-            await until(lambda: burst_served.pending >= POLLS, f"{POLLS} long polls waiting")
-            await asyncio.to_thread(_produce, burst_served.port, topic, "burst")
-            return [await conn.response() for conn in conns]
-        finally:
-            for conn in conns:
-                await conn.close()
+        async with _released_polls(burst_served, topic, "burst") as (_, answers):
+            return answers
 
     before = burst_served.taken
     answers = asyncio.run(burst())
@@ -67,14 +78,7 @@ def test_after_a_burst_each_connection_is_served_timed_or_closed_as_its_client_a
     timeout_s = HEAD_TIMEOUT_MS / 1000
 
     async def after_burst() -> tuple[bytes, bytes, bytes, float]:
-        conns = [await RawConnection.open(burst_served.port) for _ in range(POLLS)]
-        try:
-            for conn in conns:
-                conn.send(_get(f"/topics/{topic}/partitions/0/records?offset=0&max_wait_ms=30000"))
-            await until(lambda: burst_served.pending >= POLLS, f"{POLLS} long polls waiting")
-            await asyncio.to_thread(_produce, burst_served.port, topic, "x")
-            for conn in conns:
-                await conn.response()
+        async with _released_polls(burst_served, topic, "x") as (conns, _):
             answered = time.monotonic()
             served, trickled, idle = conns[0], conns[1], conns[2]
             served.send(_get("/healthz"))
@@ -84,9 +88,6 @@ def test_after_a_burst_each_connection_is_served_timed_or_closed_as_its_client_a
                 refused = await trickled.reader.read()  # the 408, then EOF
                 idle_tail = await idle.reader.read()  # EOF: closed at the head timeout
             return health, refused, idle_tail, time.monotonic() - answered
-        finally:
-            for conn in conns:
-                await conn.close()
 
     health, refused, idle_tail, idle_s = asyncio.run(after_burst())
     assert health.startswith(b"HTTP/1.1 200"), health[:200]

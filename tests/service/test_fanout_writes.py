@@ -63,6 +63,20 @@ def _transports(pairs: list[tuple[_Sink, socket.socket]]) -> list[asyncio.Transp
     return transports  # type: ignore[return-value]
 
 
+async def _write_all_but_the_first_is_lost(pairs: list[tuple[_Sink, socket.socket]], data: bytes) -> None:
+    """``data`` to every connection in shared writes: the first one's connection is closed, every
+    other one stays open and receives ``data``."""
+    writes = FanoutWrites(threads=2)
+    try:
+        writes.write([(transport, data) for transport in _transports(pairs)])
+        await asyncio.wait_for(pairs[0][0].lost.wait(), 10)
+        for sink, client in pairs[1:]:
+            assert not sink.lost.is_set()
+            assert await asyncio.to_thread(_read_exactly, client, len(data)) == data
+    finally:
+        writes.close()
+
+
 def _read_exactly(sock: socket.socket, n: int) -> bytes:
     sock.settimeout(10)
     chunks = bytearray()
@@ -130,15 +144,7 @@ def test_a_client_gone_before_the_write_closes_its_connection_and_not_the_others
             gone_client.close()
             readable, _, _ = await asyncio.to_thread(select.select, [server_fd], [], [], 10)
             assert readable, "the reset did not arrive"
-            writes = FanoutWrites(threads=2)
-            try:
-                writes.write([(transport, b"x") for transport in _transports(pairs)])
-                await asyncio.wait_for(gone_sink.lost.wait(), 10)
-                for sink, client in pairs[1:]:
-                    assert not sink.lost.is_set()
-                    assert await asyncio.to_thread(_read_exactly, client, 1) == b"x"
-            finally:
-                writes.close()
+            await _write_all_but_the_first_is_lost(pairs, b"x")
 
     asyncio.run(scenario())
 
@@ -154,15 +160,7 @@ def test_a_transport_refusing_the_write_is_closed_alone_and_every_share_still_go
             broken_sink, _ = pairs[0]
             assert broken_sink.transport is not None
             broken_sink.transport.write_eof()  # its next write raises RuntimeError
-            writes = FanoutWrites(threads=2)
-            try:
-                writes.write([(transport, b"y") for transport in _transports(pairs)])
-                await asyncio.wait_for(broken_sink.lost.wait(), 10)
-                assert [e["message"] for e in errors] == ["fan-out write failed"]
-                for sink, client in pairs[1:]:
-                    assert not sink.lost.is_set()
-                    assert await asyncio.to_thread(_read_exactly, client, 1) == b"y"
-            finally:
-                writes.close()
+            await _write_all_but_the_first_is_lost(pairs, b"y")
+            assert [e["message"] for e in errors] == ["fan-out write failed"]
 
     asyncio.run(scenario())
