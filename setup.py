@@ -6,6 +6,11 @@ classes (2.5-3.7x faster than the same code interpreted, docs/performance.md). I
 compiler is missing, or compiling fails, the build still succeeds and installs the pure-Python
 package (the same sources). Set ``PURGATORY_PURE_BUILD=1`` to skip compiling on purpose.
 
+One small C extension is built beside them, on its own: ``purgatory.adapters.service.http.
+_send_share``, the fan-out's socket sends without the GIL (``adapters/service/http/
+_fanout_writes.py``). Its failure leaves the Python sender, whose results are the same, and does
+not touch the timer's extensions.
+
 Next to the extensions the build writes ``purgatory/_compiled_sources.json`` (the SHA-256 of
 each compiled source), which ``purgatory/_accel.py`` checks at import: after editing a compiled
 module in an editable install, the stale extension is ignored (with a warning) until you rebuild
@@ -22,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
@@ -77,6 +82,8 @@ class OptionalBuildExt(build_ext):
         print(f"kafka-purgatory: compiling the timer failed ({exc}); installing pure Python", file=sys.stderr)
         # Remove what was built, so no half-set of extensions shadows the sources.
         for ext in self.extensions:
+            if ext.name == SEND_SHARE.name:  # on its own (module docstring)
+                continue
             for path in (Path(self.get_ext_fullpath(ext.name)),):
                 if path.exists() and self.inplace:
                     path.unlink()
@@ -91,9 +98,22 @@ class OptionalBuildExt(build_ext):
             (target / MANIFEST).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
 
 
+# The fan-out's sends without the GIL (module docstring); plain C, no mypyc needed. Optional:
+# build_ext warns and goes on if it does not compile, and the Python sender is used.
+SEND_SHARE = Extension(
+    "purgatory.adapters.service.http._send_share",
+    sources=["adapters/service/http/_send_share.c"],
+    optional=True,
+)
+
+
 def _ext_modules() -> list[Any]:
     if os.environ.get("PURGATORY_PURE_BUILD", "") not in ("", "0"):
         return []
+    return [*_timer_ext_modules(), SEND_SHARE]
+
+
+def _timer_ext_modules() -> list[Any]:
     try:
         from mypyc.build import mypycify
     except ImportError:

@@ -2,7 +2,8 @@
 and what a socket does not take (a full buffer, a client gone) ends as ``transport.write`` ends it.
 
 Real loopback TCP connections served by an asyncio server on 127.0.0.1; the writes are made
-from a loop callback, as the answer burst makes them.
+from a loop callback, as the answer burst makes them. Every test runs with each share sender:
+the C one (the GIL released for a whole share) and the Python one (where no compiler was).
 """
 
 from __future__ import annotations
@@ -11,12 +12,65 @@ import asyncio
 import select
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
 from purgatory.adapters.service.http import _fanout_writes as fanout
 from purgatory.adapters.service.http._fanout_writes import MIN_SHARED_WRITES, FanoutWrites
+
+Sender = Callable[[list[tuple[int, bytes]]], list[int]]
+
+
+@pytest.fixture(params=["c", "python"])
+def sender(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sender]:
+    """Each share sender in turn, as the one FanoutWrites uses."""
+    chosen = fanout.NATIVE_SEND_SHARE if request.param == "c" else fanout._send_share
+    if chosen is None:  # CI checks it is built (.ci/run); a compiler-less install has only Python's
+        pytest.skip("the C share sender is not built")
+    monkeypatch.setattr(fanout, "send_share", chosen)
+    yield chosen
+
+
+@pytest.fixture(autouse=True)
+def _every_sender(sender: Sender) -> None:
+    """Every test of this module runs once per sender."""
+
+
+def test_a_share_reports_per_socket_what_it_took_would_block_or_failed(sender: Sender) -> None:
+    """The contract both senders keep: the bytes a socket took (all, or what fit in its buffer),
+    0 when it takes nothing without blocking, -1 for an error (here a closed peer, EPIPE)."""
+    pairs = [socket.socketpair() for _ in range(4)]
+    try:
+        for ours, _ in pairs:
+            ours.setblocking(False)
+        fits, full, blocked, gone = pairs
+        big = b"z" * (8 * 1024 * 1024)  # past any socket buffer
+        while True:  # fill ``blocked`` so that it takes nothing
+            try:
+                blocked[0].send(big)
+            except BlockingIOError:
+                break
+        gone[1].close()
+        result = sender(
+            [
+                (fits[0].fileno(), b"hello"),
+                (full[0].fileno(), big),
+                (blocked[0].fileno(), b"x"),
+                (gone[0].fileno(), b"y"),
+            ]
+        )
+        assert result[0] == 5 and fits[1].recv(16) == b"hello"
+        assert 0 < result[1] < len(big), "a full buffer takes a part"
+        assert result[2:] == [0, -1]
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+def test_an_empty_share_sends_nothing(sender: Sender) -> None:
+    assert sender([]) == []
 
 
 class _Sink(asyncio.Protocol):
@@ -114,7 +168,14 @@ def test_what_a_full_socket_does_not_take_is_buffered_by_the_transport_in_order(
 
     async def scenario() -> None:
         async with _connections(MIN_SHARED_WRITES) as pairs:
-            big = bytes(range(256)) * (16 * 1024)  # 4 MiB: past any loopback socket buffer
+            big = bytes(range(256)) * (16 * 1024)  # 4 MiB
+            # Fixed, small buffers on both ends (autotuned, loopback can hold 4 MiB and more).
+            for sink, client in pairs:
+                assert sink.transport is not None
+                sink.transport.get_extra_info("socket").setsockopt(
+                    socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16
+                )
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
             writes = FanoutWrites(threads=2)
             try:
                 writes.write([(transport, big) for transport in _transports(pairs)])

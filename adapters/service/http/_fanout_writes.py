@@ -33,9 +33,20 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-__all__ = ["CHUNK_WRITES", "MIN_SHARED_WRITES", "SEND_THREADS", "FanoutWrites", "fanout_writes"]
+from purgatory._accel import PURE_ENV
+
+__all__ = [
+    "CHUNK_WRITES",
+    "MIN_SHARED_WRITES",
+    "NATIVE_SEND_SHARE",
+    "SEND_THREADS",
+    "FanoutWrites",
+    "fanout_writes",
+    "send_share",
+]
 
 
 def _usable_cpus() -> int:
@@ -82,6 +93,26 @@ def _send_share(share: list[tuple[int, bytes]]) -> list[int]:
         except Exception:  # an error (a client gone): nothing written, transport.write meets it again
             written.append(-1)
     return written
+
+
+def _native_send_share() -> Callable[[list[tuple[int, bytes]]], list[int]] | None:
+    """The C share sender (``_send_share.c``: the same results, the whole share without the GIL),
+    if the install compiled it."""
+    try:
+        from ._send_share import send_share as native
+    except ImportError:  # no compiler at install (setup.py): the Python share
+        return None
+    return native
+
+
+NATIVE_SEND_SHARE = _native_send_share()
+# The sender of every share: the C one where built, unless the pure-Python variant is asked for
+# (``PURGATORY_PURE``, as for the timer's modules).
+send_share: Callable[[list[tuple[int, bytes]]], list[int]] = (
+    _send_share
+    if NATIVE_SEND_SHARE is None or os.environ.get(PURE_ENV, "") not in ("", "0")
+    else NATIVE_SEND_SHARE
+)
 
 
 def _write(transport: asyncio.Transport, data: bytes) -> None:
@@ -151,7 +182,7 @@ class FanoutWrites:
             self.direct += len(direct)
             helpers = self._helpers_for(len(direct))
             if helpers is None:
-                shares.append((owners, _send_share(direct)))
+                shares.append((owners, send_share(direct)))
                 continue
             self.shared += 1
             # The loop's thread also prepares every write and runs the callbacks around them: it
@@ -161,11 +192,11 @@ class FanoutWrites:
             for i in range(own, len(direct), size):
                 share = direct[i : i + size]
                 try:
-                    result: list[int] | Future[list[int]] = helpers.submit(_send_share, share)
+                    result: list[int] | Future[list[int]] = helpers.submit(send_share, share)
                 except RuntimeError:  # the interpreter is shutting down: written here instead
-                    result = _send_share(share)
+                    result = send_share(share)
                 shares.append((owners[i : i + size], result))
-            shares.append((owners[:own], _send_share(direct[:own])))
+            shares.append((owners[:own], send_share(direct[:own])))
 
     def _helpers_for(self, writes: int) -> ThreadPoolExecutor | None:
         """The helper threads, made on first use; None when ``writes`` are made by the loop alone."""
