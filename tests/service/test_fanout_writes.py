@@ -225,3 +225,65 @@ def test_a_transport_refusing_the_write_is_closed_alone_and_every_share_still_go
             assert [e["message"] for e in errors] == ["fan-out write failed"]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("threads", [2, 1], ids=["closer thread", "no helpers"])
+def test_a_lost_connections_socket_is_closed_after_its_last_bytes_and_only_once(threads: int) -> None:
+    """``close_later`` from ``connection_lost``: the peer still gets every byte, then the end of
+    the stream — with helpers the closer thread closes the socket, without, the transport."""
+
+    async def scenario() -> None:
+        writes = FanoutWrites(threads=threads)
+        lost = asyncio.Event()
+
+        class Closing(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                assert isinstance(transport, asyncio.Transport)
+                self.transport = transport
+                transport.write(b"last words")
+                transport.close()
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                writes.close_later(self.transport)
+                lost.set()
+
+        server = await asyncio.get_running_loop().create_server(Closing, "127.0.0.1", 0)
+        client = socket.create_connection(("127.0.0.1", server.sockets[0].getsockname()[1]))
+        try:
+            await asyncio.wait_for(lost.wait(), 10)
+            assert await asyncio.to_thread(_read_to_the_end, client) == b"last words"
+            assert writes.closed_later == (1 if threads > 1 else 0)
+        finally:
+            client.close()
+            writes.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
+def test_a_transport_not_being_closed_keeps_its_socket() -> None:
+    """``close_later`` for a transport asyncio is not closing (its reader still registered) does
+    nothing: the connection stays usable."""
+
+    async def scenario() -> None:
+        async with _connections(1) as pairs:
+            (sink, client), writes = pairs[0], FanoutWrites(threads=2)
+            try:
+                assert sink.transport is not None
+                writes.close_later(sink.transport)
+                assert writes.closed_later == 0
+                writes.write([(sink.transport, b"still here")])
+                assert await asyncio.to_thread(_read_exactly, client, 10) == b"still here"
+            finally:
+                writes.close()
+
+    asyncio.run(scenario())
+
+
+def _read_to_the_end(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    chunks = bytearray()
+    while chunk := sock.recv(4096):
+        chunks += chunk
+    return bytes(chunks)

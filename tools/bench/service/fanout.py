@@ -35,7 +35,8 @@ SIGKILL) whatever happens. The machine may be shared: the load average is printe
 Targets (2 cores, client and service sharing them): N = 50,000 held with 0 unexpected expiries,
 <= 4 KB per waiter, idle CPU <= 5 % of a core, p99 <= 50 ms (HTTP/2) and
 <= 150 ms (HTTP/1.1) for 10,000 waiters on one partition. ``--client node`` runs the same case with
-Node's own HTTP stacks (:mod:`.node_client`), so the figures do not rest on our clients' shortcuts.
+Node's own HTTP stacks (:mod:`.node_client`), ``--client h2load`` with nghttp2's load generator
+(:mod:`.h2load_client`), so the figures do not rest on our clients' shortcuts.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from ..measure import ChildServer, cpu_seconds, percentile, rss_bytes
 from .burst_probe import BurstProbe
 from .h1_client import AnswerReader, H1LongPoll, open_long_polls
 from .h2_client import H2LongPoll, open_h2_long_polls
+from .h2load_client import H2loadLongPolls, h2load_available
 from .node_client import ForeignPoll, NodeLongPolls, node_available
 
 __all__ = ["FanoutResult", "fanout", "long_polls_waiting", "run_case"]
@@ -280,14 +282,14 @@ async def _run_case_async(
     rss0 = rss_bytes(service.pid)
     started = time.monotonic()
     polls: list[H1LongPoll] | list[H2LongPoll] | list[ForeignPoll]
-    reader: AnswerReader | NodeLongPolls | None = None
-    if client == "node":
-        reader = NodeLongPolls(
+    reader: AnswerReader | NodeLongPolls | H2loadLongPolls | None = None
+    if client in FOREIGN_CLIENTS:
+        foreign = FOREIGN_CLIENTS[client](
             port, topic, waiters, partitions, MAX_WAIT_MS, offset=WAIT_AT, http2_streams=http2_streams,
             timeout_s=timeout_s,
         )  # fmt: skip
-        polls = reader.polls
-        await asyncio.to_thread(reader.wait_opened)
+        reader, polls = foreign, foreign.polls
+        await asyncio.to_thread(foreign.wait_opened)
     elif http2_streams:
         polls = await open_h2_long_polls(
             port, topic, waiters, partitions, MAX_WAIT_MS, http2_streams, offset=WAIT_AT
@@ -323,7 +325,7 @@ async def _measure_case(
     started: float,
     rss0: int,
     polls: list[H1LongPoll] | list[H2LongPoll] | list[ForeignPoll],
-    reader: AnswerReader | NodeLongPolls | None,
+    reader: AnswerReader | NodeLongPolls | H2loadLongPolls | None,
     http2_streams: int,
     probe_topic: str,
 ) -> FanoutResult:
@@ -346,8 +348,9 @@ async def _measure_case(
     produced_ns: dict[int, int] = {}
     # Sends a /healthz and a produce as the first answers arrive (issue 30: answered within 100 ms).
     port = int(service.url.rsplit(":", 1)[1])
-    node = reader if isinstance(reader, NodeLongPolls) else None
-    # Node's answers reach this process only at its end: the probe watches its first-answer line.
+    node = reader if isinstance(reader, NodeLongPolls | H2loadLongPolls) else None
+    # A foreign client's answers reach this process only at its end: the probe watches Node's
+    # first-answer line, or h2load's produce acknowledgement (h2load_client's docstring).
     watched = [node.first] if node is not None else polls
     probe = BurstProbe(port, probe_topic, watched, max(1.0, deadline - time.monotonic()))
     probe.start()
@@ -359,6 +362,8 @@ async def _measure_case(
         producer.produce(topic, b"fanout", partition=partition)
     producer.poll(0)
     producer.flush(10)
+    if isinstance(node, H2loadLongPolls):
+        node.first.answered_ns = time.monotonic_ns()
     if reader is not None:
         await asyncio.to_thread(reader.join)  # every answer read, or the deadline passed
     while time.monotonic() < deadline and not all(p.answered_ns for p in polls):
@@ -371,7 +376,7 @@ async def _measure_case(
     client_cpu_s = (node.cpu_s if node is not None else time.process_time()) - client_cpu_before
     await asyncio.to_thread(probe.join)
     if node is not None and node.errors:
-        print(f"note: the Node client's own errors: {node.errors}", file=sys.stderr)
+        print(f"note: the {client_name(node)} client's own errors: {node.errors}", file=sys.stderr)
     lags: list[float] = []
     completed = expired = errors = 0
     for poll in polls:
@@ -408,8 +413,20 @@ async def _measure_case(
         answer_first_ms=lags[0] if lags else float("nan"),
         burst_healthz_ms=probe.healthz_ms,
         burst_produce_ms=probe.produce_ms,
-        client="node" if node is not None else "ours",
+        client=client_name(node) if node is not None else "ours",
     )
+
+
+# The clients that are not ours (the bench runs each where its program is on PATH).
+FOREIGN_CLIENTS: dict[str, type[NodeLongPolls] | type[H2loadLongPolls]] = {
+    "node": NodeLongPolls,
+    "h2load": H2loadLongPolls,
+}
+_FOREIGN_AVAILABLE = {"node": node_available, "h2load": h2load_available}
+
+
+def client_name(reader: NodeLongPolls | H2loadLongPolls) -> str:
+    return "node" if isinstance(reader, NodeLongPolls) else "h2load"
 
 
 def run_case(
@@ -572,8 +589,8 @@ def fanout(
         typer.Option(
             "--client",
             help="Who sends and reads the long polls: ours (the bench's raw-socket and frame-reader "
-            "clients) or node (Node's own http/http2 stacks, node_client.py); repeatable. Default: both "
-            "when node is on PATH.",
+            "clients), node (Node's own http/http2 stacks, node_client.py) or h2load (nghttp2's load "
+            "generator, h2load_client.py); repeatable. Default: ours and each other one on PATH.",
         ),
     ] = None,
     sse: Annotated[
@@ -592,12 +609,14 @@ def fanout(
         fanout_sse(waiters or [10_000], idle, repeats, case_timeout, server, server_arg, service_python, out)
         return
     if clients is None:
-        clients = ["ours", "node"] if node_available() else ["ours"]
+        clients = ["ours", *(name for name, available in _FOREIGN_AVAILABLE.items() if available())]
     for client in clients:
-        if client not in ("ours", "node"):
-            raise typer.BadParameter(f"--client must be ours or node, got {client!r}", param_hint="--client")
-        if client == "node" and not node_available():
-            raise typer.BadParameter("--client node needs node on PATH", param_hint="--client")
+        if client != "ours" and client not in FOREIGN_CLIENTS:
+            raise typer.BadParameter(
+                f"--client must be ours, node or h2load, got {client!r}", param_hint="--client"
+            )
+        if client in _FOREIGN_AVAILABLE and not _FOREIGN_AVAILABLE[client]():
+            raise typer.BadParameter(f"--client {client} needs {client} on PATH", param_hint="--client")
     if server not in ("serve", "uvicorn", "uvicorn-fast"):
         raise typer.BadParameter(
             f"--server must be serve, uvicorn or uvicorn-fast, got {server!r}", param_hint="--server"
@@ -628,7 +647,7 @@ def fanout(
             + (", Connection: close" if connection_close and not http2 else "")
         )
         typer.echo(
-            f"{'':9}{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} "
+            f"{'':11}{'waiters':>8} {'parts':>5} {'reg/s':>8} {'B/waiter':>8} {'idle CPU':>8} "
             f"{'first':>8} {'p50':>8} {'p99':>8} {'max':>8} {'CPU/ans':>8} {'loop/ans':>8} "
             f"{'done':>7} {'expired':>7} {'errors':>6} "
             f"{'no-task':>7} {'cli/ans':>8} {'healthz':>8} {'produce':>8}  load"
@@ -654,8 +673,8 @@ def fanout(
             results.append(result)
             all_runs.extend(runs)
             for i, run in enumerate(runs, 1):
-                typer.echo(f"  {client:<4} {i}: " + _row(run))
-            typer.echo(f"  {client:<4} md: {_row(result)}")
+                typer.echo(f"  {client:<6} {i}: " + _row(run))
+            typer.echo(f"  {client:<6} md: {_row(result)}")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fanout-{time.strftime('%Y%m%dT%H%M%S')}.json"
     document = {"medians": [asdict(r) for r in results], "runs": [asdict(r) for r in all_runs]}

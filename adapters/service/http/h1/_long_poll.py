@@ -63,6 +63,7 @@ from ....kafka import DelayedFetch
 from ...answers._errors import UNEXPECTED_ERROR_BODY, RequestError
 from ...answers._render import error_response, fetch_body_response
 from .._endpoint import LongPollEndpoint
+from .._fanout_writes import fanout_writes
 from ._burst import answer_burst
 from ._coalesced_timers import coalesced_timers
 from ._head_timeout import HeadTimeoutH11Protocol
@@ -452,6 +453,8 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         if self._parked_conn_gone():
             self.conn = self._fresh_connection()  # uvicorn tells h11 the connection closed
         super().connection_lost(exc)
+        # Its socket's close (the kernel's FIN) goes to a thread, off the loop (_fanout_writes).
+        fanout_writes(asyncio.get_running_loop()).close_later(self.transport)
 
     def _parked_conn_gone(self) -> bool:
         # A call, not ``self.conn is None`` inline: uvicorn types ``conn`` as never None.

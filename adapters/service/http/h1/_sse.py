@@ -36,6 +36,7 @@ from ...answers._render import error_response
 from ...stream import StreamSink, overflow_event
 from ...stream._framing import retry_field
 from .._endpoint import CheckedStream, LongPollEndpoint
+from .._fanout_writes import fanout_writes
 
 if TYPE_CHECKING:
     from ._long_poll import LongPollH11Protocol
@@ -183,6 +184,8 @@ class SseConnection(asyncio.Protocol, StreamSink):
         if opening is not None and not opening.done():
             opening.cancel()  # its start's poll is finished CANCELLED
         self.hub.leave(self)  # idempotent: a stream that ended already waits in no group
+        # Its socket's close (the kernel's FIN) goes to a thread, off the loop (_fanout_writes).
+        fanout_writes(asyncio.get_running_loop()).close_later(self.transport)
 
     def shutdown(self) -> None:
         """uvicorn's graceful shutdown: the stream ends now (its client resumes from its last id)."""
