@@ -653,6 +653,9 @@ def fanout(
             f"{'no-task':>7} {'cli/ans':>8} {'healthz':>8} {'produce':>8}  load"
         )
         for count, parts, client in itertools.product(counts, partition_counts, clients):
+            if client == "h2load" and parts > 1 and not http2:
+                typer.echo(f"  note: h2load skipped for {parts} partitions (HTTP/1.1: one partition only)")
+                continue
             runs = [
                 run_case(
                     cluster.bootstrap_servers,

@@ -8,7 +8,8 @@ service's. Debian and Ubuntu ship it as ``nghttp2-client``.
 How the case maps onto h2load: ``-n waiters`` requests, HTTP/1.1 (``--h1``) on ``-c waiters``
 connections (one poll each), or h2c (prior knowledge) on ``-c waiters/streams`` connections with
 ``-m streams`` concurrent streams each; every request is sent at once and waits (the polls'
-``max_wait_ms`` outlasts the case). The URIs are one per partition, which h2load takes in turn.
+``max_wait_ms`` outlasts the case). The URIs are one per partition, which each connection takes
+in turn from the first: over HTTP/1.1 (one request per connection) one partition only.
 
 What is read: h2load's ``--log-file``, one line per answer — its start (µs since the epoch), its
 status, and µs until its end — written as h2load exits. The end time moves to the monotonic clock
@@ -67,6 +68,10 @@ class H2loadLongPolls:
         http2_streams: int,
         timeout_s: float,
     ) -> None:
+        if partitions > 1 and not http2_streams:
+            # h2load starts each connection at its first URI, and an HTTP/1.1 connection here
+            # sends one request: every poll would go to partition 0.
+            raise ValueError("h2load sends HTTP/1.1 long polls to one partition only (partitions=1)")
         uris = [
             f"http://127.0.0.1:{port}/topics/{topic}/partitions/{p}/records?offset={offset}&max_wait_ms={max_wait_ms}"
             for p in range(partitions)
