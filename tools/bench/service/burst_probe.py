@@ -30,7 +30,8 @@ POLL_INTERVAL_S = 0.0005
 
 
 class _Answered(Protocol):
-    answered_ns: int
+    @property
+    def answered_ns(self) -> int: ...  # 0 until answered
 
 
 class BurstProbe(threading.Thread):
