@@ -95,3 +95,37 @@ def test_after_a_burst_each_connection_is_served_timed_or_closed_as_its_client_a
     assert b"REQUEST_TIMEOUT" in refused
     assert idle_tail == b"", "the idle connection is closed with nothing sent"
     assert idle_s >= timeout_s - 0.1, f"closed after {idle_s:.2f} s, before the head timeout"
+
+
+def test_clients_ending_their_connections_after_the_burst_are_all_closed_by_the_service(
+    burst_served: Served, kafka_topic_factory: object
+) -> None:
+    """Each client half-closes as soon as it has its answer (as h2load and ``curl`` end theirs):
+    those arriving while the burst runs are closed after it (AnswerBurst.defer_close), the others
+    at once — every one must end, none left open."""
+    topic = kafka_topic_factory(1)  # type: ignore[operator]
+    _warm(burst_served.port, topic)
+
+    async def half_close_after_the_answer(conn: RawConnection) -> bytes:
+        answer = await conn.response()
+        conn.writer.write_eof()
+        async with asyncio.timeout(WAIT_S):
+            tail = await conn.reader.read()  # EOF once the service has closed its side
+        return answer + tail
+
+    async def burst() -> list[bytes]:
+        conns = [await RawConnection.open(burst_served.port) for _ in range(POLLS)]
+        try:
+            for conn in conns:
+                conn.send(_get(f"/topics/{topic}/partitions/0/records?offset=0&max_wait_ms=30000"))
+            await until(lambda: burst_served.pending >= POLLS, f"{POLLS} long polls waiting")
+            ended = asyncio.gather(*(half_close_after_the_answer(conn) for conn in conns))
+            await asyncio.to_thread(_produce, burst_served.port, topic, "bye")
+            return await ended
+        finally:
+            for conn in conns:
+                await conn.close()
+
+    answers = asyncio.run(burst())
+    assert len(answers) == POLLS
+    assert all(b'"value":"bye"' in answer for answer in answers), "every answer whole, then EOF"

@@ -24,6 +24,7 @@ from purgatory.adapters.service.stream import (
     records_event,
     resume_offset,
 )
+from purgatory.adapters.service.stream import _hub as hub_module
 from purgatory.adapters.service.stream._framing import end_event
 
 
@@ -185,6 +186,87 @@ async def test_a_stream_behind_catches_up_and_merges_into_the_group_ahead() -> N
     waits.answer(7, [_record(7)])
     await _settle()
     assert ahead.events[-1] is behind.events[-1] and _fields(ahead.events[-1])["id"] == "8"
+
+
+class StagingSink(ListSink):
+    """A sink whose events the hub writes in its shares (``stage``), as the HTTP/1.1 one's are."""
+
+    __slots__ = ()
+
+    def stage(self, event: bytes, offset: int, writes: list[tuple[Any, bytes]]) -> bool:
+        writes.append((self, event))
+        return True
+
+
+def _staging_hub(waits: FakeWaits, shares: list[int]) -> StreamHub:
+    def write_all(writes: list[tuple[Any, bytes]]) -> None:
+        shares.append(len(writes))
+        for sink, event in writes:
+            sink.events.append(event)
+
+    return StreamHub(
+        waits,
+        heartbeat_ms=1000,
+        max_streams=100,
+        max_streams_per_key=100,
+        retry_after_s=1,
+        write_all=write_all,
+    )
+
+
+async def _until(condition: Any) -> None:
+    for _ in range(50):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("not reached within 50 loop iterations")
+
+
+async def test_a_groups_event_goes_out_in_shares_with_the_loop_free_between_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hub_module, "STAGED_WRITES", 2)
+    waits, shares = FakeWaits(), []
+    hub = _staging_hub(waits, shares)
+    sinks = [StagingSink() for _ in range(5)]
+    for sink in sinks:
+        hub.join(sink, "t", 0, 5)
+    await _settle()
+    waits.answer(5, [_record(5)])
+    await _until(lambda: shares)
+    # Another request's callback, queued after the first share: it runs before the last share.
+    ran_between: list[int] = []
+    asyncio.get_running_loop().call_soon(lambda: ran_between.append(sum(shares)))
+    await _until(lambda: sum(shares) == 5)
+    assert shares == [2, 2, 1]
+    assert ran_between and ran_between[0] < 5, "the loop ran other callbacks between the shares"
+    assert all(len(sink.events) == 1 for sink in sinks)
+    await _until(lambda: waits.waiting_at() == [6])
+
+
+async def test_streams_joining_or_leaving_while_an_event_is_written_are_counted_and_none_misses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hub_module, "STAGED_WRITES", 2)
+    waits, shares = FakeWaits(), []
+    hub = _staging_hub(waits, shares)
+    sinks = [StagingSink() for _ in range(6)]
+    for sink in sinks:
+        hub.join(sink, "t", 0, 5)
+    await _settle()
+    waits.answer(5, [_record(5)])
+    await _until(lambda: shares)
+    unwritten = [sink for sink in sinks if not sink.events]
+    assert unwritten, "the first share only: nothing tested"
+    leaving, late = unwritten[0], StagingSink()
+    hub.leave(leaving)  # its client went: not written, not counted
+    hub.join(late, "t", 0, 5)  # joins at the offset being written: must get this event too
+    await _until(lambda: waits.waiting_at() == [6])
+    assert leaving.events == []
+    first = next(sink for sink in sinks if sink.events)
+    assert len(late.events) == 1 and late.events[0] is first.events[0]
+    assert all(len(sink.events) == 1 for sink in sinks if sink is not leaving)
+    assert hub.streams == 6, "5 of the first 6, and the late one"
 
 
 async def test_an_expired_poll_writes_a_heartbeat_and_polls_again() -> None:

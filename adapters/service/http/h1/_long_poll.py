@@ -456,6 +456,18 @@ class LongPollH11Protocol(HeadTimeoutH11Protocol):
         # Its socket's close (the kernel's FIN) goes to a thread, off the loop (_fanout_writes).
         fanout_writes(asyncio.get_running_loop()).close_later(self.transport)
 
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # uvicorn's returns None: close
+        # The client ended an idle connection after its answer: while a burst runs, its close
+        # waits for the burst's end (._burst's docstring); True keeps the transport (not read).
+        if (
+            self._parked is None
+            and self._parked_conn_gone()
+            and not self._closing
+            and answer_burst(self.loop).defer_close(self.transport)
+        ):
+            return True
+        return None
+
     def _parked_conn_gone(self) -> bool:
         # A call, not ``self.conn is None`` inline: uvicorn types ``conn`` as never None.
         return getattr(self, "conn", None) is None
