@@ -16,15 +16,15 @@ import json
 import time
 
 import pytest
-from purgatory.tools.bench.service.h2load_client import H2loadLongPolls, h2load_available
+from purgatory.tools.bench.service.h2load_client import H2loadLongPolls
 
 from .test_bench_client import _Server  # the loopback HTTP/1.1 server that answers when told
-from .test_node_bench_client import _h1_answer, _H2Server, _wait_for
+from .test_node_bench_client import COMPLETED, WAIT_S, _h1_answer, _H2Server, _wait_for, loopback_server
 
-pytestmark = pytest.mark.skipif(not h2load_available(), reason="h2load (nghttp2-client) is not on PATH")
+pytestmark = pytest.mark.skipif(
+    not H2loadLongPolls.available(), reason="h2load (nghttp2-client) is not on PATH"
+)
 
-WAIT_S = 20.0
-COMPLETED = json.dumps({"outcome": "COMPLETED", "records": []}).encode()
 # h2load logs whole microseconds since the epoch; moved to the monotonic clock they may land a
 # little before or after the instants the test took around them.
 SLACK_NS = 2_000_000
@@ -32,27 +32,23 @@ SLACK_NS = 2_000_000
 
 async def test_h2load_sends_each_http11_long_poll_on_its_own_connection_and_times_each_answer() -> None:
     connections: list[_Server] = []
-    server = await asyncio.get_running_loop().create_server(
-        type("Server", (_Server,), {"connections": connections}), "127.0.0.1", 0
-    )
-    port = server.sockets[0].getsockname()[1]
-    client = H2loadLongPolls(port, "orders", 3, 1, 30_000, offset=1, http2_streams=0, timeout_s=WAIT_S)
-    try:
-        client.wait_opened()
-        await _wait_for(
-            lambda: sum(c.request.endswith(b"\r\n\r\n") for c in connections) == 3, "3 requests arrive"
-        )
-        paths = {c.request.split(b" ")[1].decode() for c in connections}
-        assert paths == {"/topics/orders/partitions/0/records?offset=1&max_wait_ms=30000"}
-        before = time.monotonic_ns()
-        for i, connection in enumerate(connections):
-            answer = _h1_answer(504, b'{"error":"x"}') if i == 2 else _h1_answer(200, COMPLETED)
-            connection.transport.write(answer)  # type: ignore[attr-defined]
-        await asyncio.to_thread(client.join)
-        after = time.monotonic_ns()
-    finally:
-        client.stop()
-        server.close()
+    async with loopback_server(_Server, connections=connections) as port:
+        client = H2loadLongPolls(port, "orders", 3, 1, 30_000, offset=1, http2_streams=0, timeout_s=WAIT_S)
+        try:
+            client.wait_opened()
+            await _wait_for(
+                lambda: sum(c.request.endswith(b"\r\n\r\n") for c in connections) == 3, "3 requests arrive"
+            )
+            paths = {c.request.split(b" ")[1].decode() for c in connections}
+            assert paths == {"/topics/orders/partitions/0/records?offset=1&max_wait_ms=30000"}
+            before = time.monotonic_ns()
+            for i, connection in enumerate(connections):
+                answer = _h1_answer(504, b'{"error":"x"}') if i == 2 else _h1_answer(200, COMPLETED)
+                connection.transport.write(answer)  # type: ignore[attr-defined]
+            await asyncio.to_thread(client.join)
+            after = time.monotonic_ns()
+        finally:
+            client.stop()
     assert sorted(p.status for p in client.polls) == [200, 200, 504]
     for poll in client.polls:
         assert before - SLACK_NS <= poll.answered_ns <= after + SLACK_NS, "not on time.monotonic_ns's clock"
@@ -63,24 +59,20 @@ async def test_h2load_sends_each_http11_long_poll_on_its_own_connection_and_time
 
 async def test_h2load_sends_http2_long_polls_as_streams_of_shared_connections() -> None:
     sessions: list[_H2Server] = []
-    server = await asyncio.get_running_loop().create_server(
-        type("Server", (_H2Server,), {"sessions": sessions}), "127.0.0.1", 0
-    )
-    port = server.sockets[0].getsockname()[1]
-    client = H2loadLongPolls(port, "orders", 4, 2, 30_000, offset=1, http2_streams=2, timeout_s=WAIT_S)
-    try:
-        await _wait_for(lambda: sum(len(s.paths) for s in sessions) == 4, "4 streams arrive")
-        assert sorted(len(s.paths) for s in sessions) == [2, 2], "2 streams per connection"
-        partitions = sorted(path.split("/")[4] for s in sessions for path in s.paths.values())
-        assert partitions == ["0", "0", "1", "1"], "each connection takes the partitions in turn"
-        before = time.monotonic_ns()
-        for session in sessions:
-            session.answer_all()
-        await asyncio.to_thread(client.join)
-        after = time.monotonic_ns()
-    finally:
-        client.stop()
-        server.close()
+    async with loopback_server(_H2Server, sessions=sessions) as port:
+        client = H2loadLongPolls(port, "orders", 4, 2, 30_000, offset=1, http2_streams=2, timeout_s=WAIT_S)
+        try:
+            await _wait_for(lambda: sum(len(s.paths) for s in sessions) == 4, "4 streams arrive")
+            assert sorted(len(s.paths) for s in sessions) == [2, 2], "2 streams per connection"
+            partitions = sorted(path.split("/")[4] for s in sessions for path in s.paths.values())
+            assert partitions == ["0", "0", "1", "1"], "each connection takes the partitions in turn"
+            before = time.monotonic_ns()
+            for session in sessions:
+                session.answer_all()
+            await asyncio.to_thread(client.join)
+            after = time.monotonic_ns()
+        finally:
+            client.stop()
     assert [p.status for p in client.polls] == [200] * 4
     assert all(before - SLACK_NS <= p.answered_ns <= after + SLACK_NS for p in client.polls)
     assert client.errors == {}

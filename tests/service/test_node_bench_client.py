@@ -12,16 +12,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import h2.config
 import h2.connection
 import h2.events
 import pytest
-from purgatory.tools.bench.service.node_client import NodeLongPolls, node_available
+from purgatory.tools.bench.service.node_client import NodeLongPolls
 
 from .test_bench_client import _Server  # the loopback HTTP/1.1 server that answers when told
 
-pytestmark = pytest.mark.skipif(not node_available(), reason="node is not on PATH")
+pytestmark = pytest.mark.skipif(not NodeLongPolls.available(), reason="node is not on PATH")
 
 WAIT_S = 20.0
 COMPLETED = json.dumps({"outcome": "COMPLETED", "records": []}).encode()
@@ -30,6 +32,19 @@ COMPLETED = json.dumps({"outcome": "COMPLETED", "records": []}).encode()
 def _h1_answer(status: int, body: bytes) -> bytes:
     reason = {200: "OK", 504: "Gateway Timeout"}[status]
     return b"HTTP/1.1 %d %s\r\ncontent-length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body)
+
+
+@asynccontextmanager
+async def loopback_server(protocol: type[asyncio.Protocol], **shared: object) -> AsyncIterator[int]:
+    """A server on 127.0.0.1 making ``protocol`` connections, ``shared`` as their class attributes
+    (the lists they register in); its port, the server closed on exit."""
+    server = await asyncio.get_running_loop().create_server(
+        type("Server", (protocol,), shared), "127.0.0.1", 0
+    )
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
 
 
 async def _wait_for(condition: object, what: str) -> None:
@@ -41,28 +56,26 @@ async def _wait_for(condition: object, what: str) -> None:
 
 async def test_node_sends_each_long_poll_on_its_own_connection_and_times_each_answer() -> None:
     connections: list[_Server] = []
-    server = await asyncio.get_running_loop().create_server(
-        type("Server", (_Server,), {"connections": connections}), "127.0.0.1", 0
-    )
-    port = server.sockets[0].getsockname()[1]
-    client = NodeLongPolls(port, "orders", 3, 2, 30_000, offset=1, http2_streams=0, timeout_s=WAIT_S)
-    try:
-        await asyncio.to_thread(client.wait_opened)
-        await _wait_for(
-            lambda: sum(c.request.endswith(b"\r\n\r\n") for c in connections) == 3, "3 requests arrive"
-        )
-        before = time.monotonic_ns()
-        paths = sorted(c.request.split(b" ")[1].decode() for c in connections)
-        first, second = (f"/topics/orders/partitions/{p}/records?offset=1&max_wait_ms=30000" for p in (0, 1))
-        assert paths == [first, first, second], "waiter i polls partition i % partitions"
-        for i, connection in enumerate(connections):
-            answer = _h1_answer(504, b'{"error":"x"}') if i == 2 else _h1_answer(200, COMPLETED)
-            connection.transport.write(answer)  # type: ignore[attr-defined]
-        await asyncio.to_thread(client.join)
-        after = time.monotonic_ns()
-    finally:
-        client.stop()
-        server.close()
+    async with loopback_server(_Server, connections=connections) as port:
+        client = NodeLongPolls(port, "orders", 3, 2, 30_000, offset=1, http2_streams=0, timeout_s=WAIT_S)
+        try:
+            await asyncio.to_thread(client.wait_opened)
+            await _wait_for(
+                lambda: sum(c.request.endswith(b"\r\n\r\n") for c in connections) == 3, "3 requests arrive"
+            )
+            before = time.monotonic_ns()
+            paths = sorted(c.request.split(b" ")[1].decode() for c in connections)
+            first, second = (
+                f"/topics/orders/partitions/{p}/records?offset=1&max_wait_ms=30000" for p in (0, 1)
+            )
+            assert paths == [first, first, second], "waiter i polls partition i % partitions"
+            for i, connection in enumerate(connections):
+                answer = _h1_answer(504, b'{"error":"x"}') if i == 2 else _h1_answer(200, COMPLETED)
+                connection.transport.write(answer)  # type: ignore[attr-defined]
+            await asyncio.to_thread(client.join)
+            after = time.monotonic_ns()
+        finally:
+            client.stop()
     statuses = sorted(p.status for p in client.polls)
     assert statuses == [200, 200, 504]
     assert sorted(p.partition for p in client.polls) == [0, 0, 1]
@@ -102,23 +115,19 @@ class _H2Server(asyncio.Protocol):
 
 async def test_node_sends_http2_long_polls_as_streams_of_shared_sessions() -> None:
     sessions: list[_H2Server] = []
-    server = await asyncio.get_running_loop().create_server(
-        type("Server", (_H2Server,), {"sessions": sessions}), "127.0.0.1", 0
-    )
-    port = server.sockets[0].getsockname()[1]
-    client = NodeLongPolls(port, "orders", 5, 1, 30_000, offset=1, http2_streams=2, timeout_s=WAIT_S)
-    try:
-        await asyncio.to_thread(client.wait_opened)
-        await _wait_for(lambda: sum(len(s.paths) for s in sessions) == 5, "5 streams arrive")
-        assert sorted(len(s.paths) for s in sessions) == [1, 2, 2], "2 streams per session"
-        before = time.monotonic_ns()
-        for session in sessions:
-            session.answer_all()
-        await asyncio.to_thread(client.join)
-        after = time.monotonic_ns()
-    finally:
-        client.stop()
-        server.close()
+    async with loopback_server(_H2Server, sessions=sessions) as port:
+        client = NodeLongPolls(port, "orders", 5, 1, 30_000, offset=1, http2_streams=2, timeout_s=WAIT_S)
+        try:
+            await asyncio.to_thread(client.wait_opened)
+            await _wait_for(lambda: sum(len(s.paths) for s in sessions) == 5, "5 streams arrive")
+            assert sorted(len(s.paths) for s in sessions) == [1, 2, 2], "2 streams per session"
+            before = time.monotonic_ns()
+            for session in sessions:
+                session.answer_all()
+            await asyncio.to_thread(client.join)
+            after = time.monotonic_ns()
+        finally:
+            client.stop()
     assert [p.status for p in client.polls] == [200] * 5
     assert all(before <= p.answered_ns <= after for p in client.polls)
     assert {json.loads(p.body)["outcome"] for p in client.polls} == {"COMPLETED"}

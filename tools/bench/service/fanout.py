@@ -68,10 +68,11 @@ from purgatory.settings import load_settings
 
 from ..measure import ChildServer, cpu_seconds, percentile, rss_bytes
 from .burst_probe import BurstProbe
+from .foreign_client import ForeignLongPolls, ForeignPoll
 from .h1_client import AnswerReader, H1LongPoll, open_long_polls
 from .h2_client import H2LongPoll, open_h2_long_polls
-from .h2load_client import H2loadLongPolls, h2load_available
-from .node_client import ForeignPoll, NodeLongPolls, node_available
+from .h2load_client import H2loadLongPolls
+from .node_client import NodeLongPolls
 
 __all__ = ["FanoutResult", "fanout", "long_polls_waiting", "run_case"]
 
@@ -285,7 +286,7 @@ async def _run_case_async(
     rss0 = rss_bytes(service.pid)
     started = time.monotonic()
     polls: list[H1LongPoll] | list[H2LongPoll] | list[ForeignPoll]
-    reader: AnswerReader | NodeLongPolls | H2loadLongPolls | None = None
+    reader: AnswerReader | ForeignLongPolls | None = None
     if client in FOREIGN_CLIENTS:
         foreign = FOREIGN_CLIENTS[client](
             port, topic, waiters, partitions, MAX_WAIT_MS, offset=WAIT_AT, http2_streams=http2_streams,
@@ -328,7 +329,7 @@ async def _measure_case(
     started: float,
     rss0: int,
     polls: list[H1LongPoll] | list[H2LongPoll] | list[ForeignPoll],
-    reader: AnswerReader | NodeLongPolls | H2loadLongPolls | None,
+    reader: AnswerReader | ForeignLongPolls | None,
     http2_streams: int,
     probe_topic: str,
 ) -> FanoutResult:
@@ -351,7 +352,7 @@ async def _measure_case(
     produced_ns: dict[int, int] = {}
     # Sends a /healthz and a produce as the first answers arrive (issue 30: answered within 100 ms).
     port = int(service.url.rsplit(":", 1)[1])
-    node = reader if isinstance(reader, NodeLongPolls | H2loadLongPolls) else None
+    node = reader if isinstance(reader, ForeignLongPolls) else None
     # A foreign client's answers reach this process only at its end: the probe watches Node's
     # first-answer line, or h2load's produce acknowledgement (h2load_client's docstring).
     watched = [node.first] if node is not None else polls
@@ -365,8 +366,8 @@ async def _measure_case(
         producer.produce(topic, b"fanout", partition=partition)
     producer.poll(0)
     producer.flush(10)
-    if isinstance(node, H2loadLongPolls):
-        node.first.answered_ns = time.monotonic_ns()
+    if node is not None:
+        node.produced()
     if reader is not None:
         await asyncio.to_thread(reader.join)  # every answer read, or the deadline passed
     while time.monotonic() < deadline and not all(p.answered_ns for p in polls):
@@ -379,7 +380,7 @@ async def _measure_case(
     client_cpu_s = (node.cpu_s if node is not None else time.process_time()) - client_cpu_before
     await asyncio.to_thread(probe.join)
     if node is not None and node.errors:
-        print(f"note: the {client_name(node)} client's own errors: {node.errors}", file=sys.stderr)
+        print(f"note: the {node.name} client's own errors: {node.errors}", file=sys.stderr)
     lags: list[float] = []
     completed = expired = errors = 0
     for poll in polls:
@@ -416,20 +417,14 @@ async def _measure_case(
         answer_first_ms=lags[0] if lags else float("nan"),
         burst_healthz_ms=probe.healthz_ms,
         burst_produce_ms=probe.produce_ms,
-        client=client_name(node) if node is not None else "ours",
+        client=node.name if node is not None else "ours",
     )
 
 
 # The clients that are not ours (the bench runs each where its program is on PATH).
 FOREIGN_CLIENTS: dict[str, type[NodeLongPolls] | type[H2loadLongPolls]] = {
-    "node": NodeLongPolls,
-    "h2load": H2loadLongPolls,
+    client.name: client for client in (NodeLongPolls, H2loadLongPolls)
 }
-_FOREIGN_AVAILABLE = {"node": node_available, "h2load": h2load_available}
-
-
-def client_name(reader: NodeLongPolls | H2loadLongPolls) -> str:
-    return "node" if isinstance(reader, NodeLongPolls) else "h2load"
 
 
 def run_case(
@@ -618,13 +613,13 @@ def fanout(
         fanout_sse(waiters or [10_000], idle, repeats, case_timeout, server, server_arg, service_python, out)
         return
     if clients is None:
-        clients = ["ours", *(name for name, available in _FOREIGN_AVAILABLE.items() if available())]
+        clients = ["ours", *(name for name, client in FOREIGN_CLIENTS.items() if client.available())]
     for client in clients:
         if client != "ours" and client not in FOREIGN_CLIENTS:
             raise typer.BadParameter(
                 f"--client must be ours, node or h2load, got {client!r}", param_hint="--client"
             )
-        if client in _FOREIGN_AVAILABLE and not _FOREIGN_AVAILABLE[client]():
+        if client in FOREIGN_CLIENTS and not FOREIGN_CLIENTS[client].available():
             raise typer.BadParameter(f"--client {client} needs {client} on PATH", param_hint="--client")
     if server not in ("serve", "uvicorn", "uvicorn-fast"):
         raise typer.BadParameter(

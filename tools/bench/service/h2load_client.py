@@ -28,33 +28,29 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from ..measure import cpu_seconds, stop_child
-from .node_client import ForeignPoll
+from ..measure import stop_child
+from .foreign_client import STOP_TIMEOUT_S, ForeignLongPolls
 
-__all__ = ["H2loadLongPolls", "h2load_available"]
+__all__ = ["H2loadLongPolls"]
 
-STOP_TIMEOUT_S = 5.0
 _SUMMARY = re.compile(
     r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
     r"(\d+) failed, (\d+) errored, (\d+) timeout"
 )
 
 
-def h2load_available() -> bool:
-    return shutil.which("h2load") is not None
+class H2loadLongPolls(ForeignLongPolls):
+    """An h2load process holding ``waiters`` long polls; :attr:`polls` are filled when it ends."""
 
-
-class H2loadLongPolls:
-    """An h2load process holding ``waiters`` long polls; :attr:`polls` are filled when it ends.
-
-    The same face as :class:`.node_client.NodeLongPolls` (the bench treats both alike)."""
+    name = "h2load"
+    program = "h2load"
+    reports_first = False  # its log is written as it exits
 
     def __init__(
         self,
@@ -82,13 +78,8 @@ class H2loadLongPolls:
             shape = ["--h1", "-c", str(waiters), "-m", "1"]
         self._dir = tempfile.TemporaryDirectory(prefix="purgatory-h2load-")
         self._log = Path(self._dir.name) / "answers.tsv"
-        self.polls = [ForeignPoll(0) for _ in range(waiters)]
-        self.first = ForeignPoll(0)  # marked by the bench at the produce's acknowledgement (docstring)
-        self.cpu_s = 0.0  # h2load's user+system CPU over its whole life, when it has exited
-        self.errors: dict[str, int] = {}  # h2load's failed / errored / timed-out requests
-        self._deadline = time.monotonic() + timeout_s + STOP_TIMEOUT_S
-        self._ended = threading.Event()
-        self._error: str | None = None
+        # A log line does not say its partition: every answer is timed from the first one's produce.
+        super().__init__(waiters, 1, timeout_s)
         self.process = subprocess.Popen(
             ["h2load", "-n", str(waiters), *shape, "-t", "1", "--log-file", str(self._log), *uris],
             stdin=subprocess.DEVNULL,
@@ -104,10 +95,6 @@ class H2loadLongPolls:
         fetches is what tells every poll is in."""
         if self._ended.is_set() and self._error:
             raise RuntimeError(f"h2load did not open its long polls: {self._error}")
-
-    def client_cpu_s(self) -> float:
-        """h2load's CPU so far (while it runs)."""
-        return cpu_seconds(self.pid)
 
     def _wait(self) -> None:
         assert self.process.stdout is not None
@@ -140,12 +127,6 @@ class H2loadLongPolls:
                 poll.status = int(status)
                 poll.answered_ns = (int(start_us) + int(duration_us)) * 1000 + offset_ns
                 poll.body = b'{"outcome": "COMPLETED"}' if poll.status == 200 else b"{}"
-
-    def join(self) -> None:
-        """Wait for h2load to end (every waiter answered, or its deadline passed)."""
-        self._ended.wait(max(0.0, self._deadline - time.monotonic()))
-        if self._error is not None:
-            raise RuntimeError(f"h2load failed: {self._error}")
 
     def stop(self) -> None:
         """Stop h2load by its PID if it still runs, and remove its log."""

@@ -16,42 +16,25 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-from ..measure import cpu_seconds, stop_child
+from ..measure import stop_child
+from .foreign_client import STOP_TIMEOUT_S, ForeignLongPolls
 
-__all__ = ["NODE_CLIENT", "ForeignPoll", "NodeLongPolls", "node_available"]
+__all__ = ["NODE_CLIENT", "NodeLongPolls"]
 
 NODE_CLIENT = Path(__file__).with_name("fanout_client.mjs")
-STOP_TIMEOUT_S = 5.0
 
 
-def node_available() -> bool:
-    return shutil.which("node") is not None
-
-
-class ForeignPoll:
-    """One long poll of the Node client: when, and with what outcome, it was answered (as
-    ``H1LongPoll``; ``body`` holds only the outcome, which is all the bench reads)."""
-
-    __slots__ = ("answered_ns", "body", "partition", "status")
-
-    def __init__(self, partition: int) -> None:
-        self.partition = partition
-        self.status = 0
-        self.body = b""
-        self.answered_ns = 0
-
-    def close(self) -> None:  # the Node process holds the connection
-        pass
-
-
-class NodeLongPolls:
+class NodeLongPolls(ForeignLongPolls):
     """A Node process holding ``waiters`` long polls; :attr:`polls` are filled when it ends."""
+
+    name = "node"
+    program = "node"
+    reports_first = True  # its "first" line
 
     def __init__(
         self,
@@ -76,14 +59,8 @@ class NodeLongPolls:
             "streamsPerConnection": http2_streams or 1,
             "deadlineMs": int(timeout_s * 1000),
         }
-        self.polls = [ForeignPoll(i % partitions) for i in range(waiters)]
-        self.first = ForeignPoll(0)  # answered_ns set at Node's first answer: the burst probe watches it
-        self.cpu_s = 0.0  # Node's user+system CPU over its whole life, from its final line
-        self.errors: dict[str, int] = {}  # Node's own errors (connect refused, reset) by message
-        self._deadline = time.monotonic() + timeout_s + STOP_TIMEOUT_S
+        super().__init__(waiters, partitions, timeout_s)
         self._opened = threading.Event()
-        self._ended = threading.Event()
-        self._error: str | None = None
         self.process = subprocess.Popen(
             ["node", str(NODE_CLIENT), json.dumps(arguments)],
             stdin=subprocess.PIPE,
@@ -98,10 +75,6 @@ class NodeLongPolls:
         """Block until Node has sent every request (or raise with its stderr)."""
         if not self._opened.wait(max(0.0, self._deadline - time.monotonic())) or self._error:
             raise RuntimeError(f"the Node client did not open its long polls: {self._error or 'timeout'}")
-
-    def client_cpu_s(self) -> float:
-        """Node's CPU so far (while it runs)."""
-        return cpu_seconds(self.pid)
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -131,12 +104,6 @@ class NodeLongPolls:
         errors = document.get("errors")
         self.errors = dict(errors) if isinstance(errors, dict) else {}
         self._ended.set()
-
-    def join(self) -> None:
-        """Wait for Node's answers (every waiter answered, or its deadline passed)."""
-        self._ended.wait(max(0.0, self._deadline - time.monotonic()))
-        if self._error is not None:
-            raise RuntimeError(f"the Node client failed: {self._error}")
 
     def stop(self) -> None:
         """Ask Node to end (stdin closed: it writes what it has), then stop it by its PID."""
