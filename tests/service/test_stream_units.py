@@ -198,13 +198,20 @@ class StagingSink(ListSink):
         return True
 
 
-def _staging_hub(waits: FakeWaits, shares: list[int]) -> StreamHub:
+async def _first_share_written(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[FakeWaits, StreamHub, list[StagingSink], list[int]]:
+    """``n`` staging streams at offset 5 of a hub that writes 2 at a time, answered one record:
+    returned once the first share is written (the sizes of the shares made go into the list)."""
+    monkeypatch.setattr(hub_module, "STAGED_WRITES", 2)
+    waits, shares = FakeWaits(), []
+
     def write_all(writes: list[tuple[Any, bytes]]) -> None:
         shares.append(len(writes))
         for sink, event in writes:
             sink.events.append(event)
 
-    return StreamHub(
+    hub = StreamHub(
         waits,
         heartbeat_ms=1000,
         max_streams=100,
@@ -212,6 +219,13 @@ def _staging_hub(waits: FakeWaits, shares: list[int]) -> StreamHub:
         retry_after_s=1,
         write_all=write_all,
     )
+    sinks = [StagingSink() for _ in range(n)]
+    for sink in sinks:
+        hub.join(sink, "t", 0, 5)
+    await _settle()
+    waits.answer(5, [_record(5)])
+    await _until(lambda: shares)
+    return waits, hub, sinks, shares
 
 
 async def _until(condition: Any) -> None:
@@ -225,15 +239,7 @@ async def _until(condition: Any) -> None:
 async def test_a_groups_event_goes_out_in_shares_with_the_loop_free_between_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(hub_module, "STAGED_WRITES", 2)
-    waits, shares = FakeWaits(), []
-    hub = _staging_hub(waits, shares)
-    sinks = [StagingSink() for _ in range(5)]
-    for sink in sinks:
-        hub.join(sink, "t", 0, 5)
-    await _settle()
-    waits.answer(5, [_record(5)])
-    await _until(lambda: shares)
+    waits, _, sinks, shares = await _first_share_written(5, monkeypatch)
     # Another request's callback, queued after the first share: it runs before the last share.
     ran_between: list[int] = []
     asyncio.get_running_loop().call_soon(lambda: ran_between.append(sum(shares)))
@@ -247,15 +253,7 @@ async def test_a_groups_event_goes_out_in_shares_with_the_loop_free_between_them
 async def test_streams_joining_or_leaving_while_an_event_is_written_are_counted_and_none_misses_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(hub_module, "STAGED_WRITES", 2)
-    waits, shares = FakeWaits(), []
-    hub = _staging_hub(waits, shares)
-    sinks = [StagingSink() for _ in range(6)]
-    for sink in sinks:
-        hub.join(sink, "t", 0, 5)
-    await _settle()
-    waits.answer(5, [_record(5)])
-    await _until(lambda: shares)
+    waits, hub, sinks, _ = await _first_share_written(6, monkeypatch)
     unwritten = [sink for sink in sinks if not sink.events]
     assert unwritten, "the first share only: nothing tested"
     leaving, late = unwritten[0], StagingSink()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 import structlog
@@ -273,13 +273,15 @@ class StreamHub:
         done: set[StreamSink] | None = None  # after a first yield: the streams already handled
         while True:
             # A snapshot: a sink that overflows leaves the set while it is walked.
-            sinks = tuple(group.sinks) if done is None else [s for s in group.sinks if s not in done]
+            if done is None:
+                sinks: Collection[StreamSink] = tuple(group.sinks)
+            else:
+                sinks = group.sinks - done  # joined or merged meanwhile
+                done |= sinks
             if not sinks:
                 return
             writes: list[tuple[Any, bytes]] = []
             for sink in sinks:
-                if done is not None:
-                    done.add(sink)
                 if sink.group is not group:
                     continue  # left while an earlier share was written
                 if not sink.stage(event, offset, writes):
