@@ -122,7 +122,7 @@ class FanoutResult:
     # A /healthz and a produce sent as the burst of answers begins (BurstProbe): send -> answered.
     burst_healthz_ms: float = float("nan")
     burst_produce_ms: float = float("nan")
-    client: str = "ours"  # who sent and read the long polls: ours (h1_client, h2_client) or node
+    client: str = "ours"  # who sent and read the long polls: ours (h1_client, h2_client) node or h2load
 
 
 def _raise_fd_limit(needed: int) -> int:
@@ -352,22 +352,22 @@ async def _measure_case(
     produced_ns: dict[int, int] = {}
     # Sends a /healthz and a produce as the first answers arrive (issue 30: answered within 100 ms).
     port = int(service.url.rsplit(":", 1)[1])
-    node = reader if isinstance(reader, ForeignLongPolls) else None
-    # A foreign client's answers reach this process only at its end: the probe watches Node's
-    # first-answer line, or h2load's produce acknowledgement (h2load_client's docstring).
-    watched = [node.first] if node is not None else polls
+    foreign = reader if isinstance(reader, ForeignLongPolls) else None
+    # A foreign client's answers reach this process only at its end: the probe watches its
+    # first answer (Node reports it; h2load's is marked at the produce: ForeignLongPolls.produced).
+    watched = [foreign.first] if foreign is not None else polls
     probe = BurstProbe(port, probe_topic, watched, max(1.0, deadline - time.monotonic()))
     probe.start()
     cpu_before_produce = cpu_seconds(service.pid)
     loop_cpu_before_produce = cpu_seconds(service.pid, service.pid)
-    client_cpu_before = node.client_cpu_s() if node is not None else time.process_time()
+    client_cpu_before = foreign.client_cpu_s() if foreign is not None else time.process_time()
     for partition in range(partitions):
         produced_ns[partition] = time.monotonic_ns()
         producer.produce(topic, b"fanout", partition=partition)
     producer.poll(0)
     producer.flush(10)
-    if node is not None:
-        node.produced()
+    if foreign is not None:
+        foreign.produced()
     if reader is not None:
         await asyncio.to_thread(reader.join)  # every answer read, or the deadline passed
     while time.monotonic() < deadline and not all(p.answered_ns for p in polls):
@@ -377,10 +377,10 @@ async def _measure_case(
     answer_cpu_s = cpu_seconds(service.pid) - cpu_before_produce
     answer_loop_cpu_s = cpu_seconds(service.pid, service.pid) - loop_cpu_before_produce
     # ... and the client's: reading 50,000 answers shares the same two cores.
-    client_cpu_s = (node.cpu_s if node is not None else time.process_time()) - client_cpu_before
+    client_cpu_s = (foreign.cpu_s if foreign is not None else time.process_time()) - client_cpu_before
     await asyncio.to_thread(probe.join)
-    if node is not None and node.errors:
-        print(f"note: the {node.name} client's own errors: {node.errors}", file=sys.stderr)
+    if foreign is not None and foreign.errors:
+        print(f"note: the {foreign.name} client's own errors: {foreign.errors}", file=sys.stderr)
     lags: list[float] = []
     completed = expired = errors = 0
     for poll in polls:
@@ -417,7 +417,7 @@ async def _measure_case(
         answer_first_ms=lags[0] if lags else float("nan"),
         burst_healthz_ms=probe.healthz_ms,
         burst_produce_ms=probe.produce_ms,
-        client=node.name if node is not None else "ours",
+        client=foreign.name if foreign is not None else "ours",
     )
 
 
