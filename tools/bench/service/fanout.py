@@ -122,7 +122,7 @@ class FanoutResult:
     # A /healthz and a produce sent as the burst of answers begins (BurstProbe): send -> answered.
     burst_healthz_ms: float = float("nan")
     burst_produce_ms: float = float("nan")
-    client: str = "ours"  # who sent and read the long polls: ours (h1_client, h2_client) node or h2load
+    client: str = "ours"  # who sent and read the long polls: ours (h1_client, h2_client), node or h2load
 
 
 def _raise_fd_limit(needed: int) -> int:
