@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -28,17 +28,26 @@ POLLS = MIN_SHARED_WRITES + 8  # enough for the run's writes to be shared among 
 
 @asynccontextmanager
 async def _released_polls(
-    served: Served, topic: str, value: str
+    served: Served,
+    topic: str,
+    value: str,
+    read: Callable[[RawConnection], Awaitable[bytes]] = RawConnection.response,
 ) -> AsyncIterator[tuple[list[RawConnection], list[bytes]]]:
     """POLLS long polls waiting on ``topic`` from its start, then released by one produce of
-    ``value``: their connections (closed on exit) and their answers."""
+    ``value``: their connections (closed on exit) and what ``read`` read of each (by default its
+    answer), every connection read from before the produce, as clients wait."""
     conns = [await RawConnection.open(served.port) for _ in range(POLLS)]
     try:
         for conn in conns:
             conn.send(_get(f"/topics/{topic}/partitions/0/records?offset=0&max_wait_ms=30000"))
         await until(lambda: served.pending >= POLLS, f"{POLLS} long polls waiting")
-        await asyncio.to_thread(_produce, served.port, topic, value)
-        yield conns, [await conn.response() for conn in conns]
+        reading = asyncio.gather(*(read(conn) for conn in conns))
+        try:
+            await asyncio.to_thread(_produce, served.port, topic, value)
+            answers = await reading
+        finally:
+            reading.cancel()  # nothing left reading once the connections close (a no-op if done)
+        yield conns, answers
     finally:
         for conn in conns:
             await conn.close()
@@ -114,17 +123,8 @@ def test_clients_ending_their_connections_after_the_burst_are_all_closed_by_the_
         return answer + tail
 
     async def burst() -> list[bytes]:
-        conns = [await RawConnection.open(burst_served.port) for _ in range(POLLS)]
-        try:
-            for conn in conns:
-                conn.send(_get(f"/topics/{topic}/partitions/0/records?offset=0&max_wait_ms=30000"))
-            await until(lambda: burst_served.pending >= POLLS, f"{POLLS} long polls waiting")
-            ended = asyncio.gather(*(half_close_after_the_answer(conn) for conn in conns))
-            await asyncio.to_thread(_produce, burst_served.port, topic, "bye")
-            return await ended
-        finally:
-            for conn in conns:
-                await conn.close()
+        async with _released_polls(burst_served, topic, "bye", half_close_after_the_answer) as (_, ended):
+            return ended
 
     answers = asyncio.run(burst())
     assert len(answers) == POLLS

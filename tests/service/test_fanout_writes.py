@@ -12,7 +12,7 @@ import asyncio
 import select
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
@@ -22,19 +22,15 @@ from purgatory.adapters.service.http._fanout_writes import MIN_SHARED_WRITES, Fa
 Sender = Callable[[list[tuple[int, bytes]]], list[int]]
 
 
-@pytest.fixture(params=["c", "python"])
-def sender(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sender]:
-    """Each share sender in turn, as the one FanoutWrites uses."""
+@pytest.fixture(autouse=True, params=["c", "python"])
+def sender(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Sender:
+    """Each share sender in turn, as the one FanoutWrites uses: every test of this module runs
+    once per sender."""
     chosen = fanout.NATIVE_SEND_SHARE if request.param == "c" else fanout._send_share
     if chosen is None:  # CI checks it is built (.ci/run); a compiler-less install has only Python's
         pytest.skip("the C share sender is not built")
     monkeypatch.setattr(fanout, "send_share", chosen)
-    yield chosen
-
-
-@pytest.fixture(autouse=True)
-def _every_sender(sender: Sender) -> None:
-    """Every test of this module runs once per sender."""
+    return chosen
 
 
 def test_a_share_reports_per_socket_what_it_took_would_block_or_failed(sender: Sender) -> None:
